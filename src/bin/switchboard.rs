@@ -1,0 +1,40 @@
+//! The switchboard server. `cargo run --release`; see README.md.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use switchboard::{Server, Settings};
+
+/// A comet server for very many concurrent, mostly idle HTTP streams.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// A TOML file with settings on top of the defaults (any subset of the
+    /// keys in config/default.toml). SWITCHBOARD__SECTION__KEY environment
+    /// variables override both.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref())?;
+    switchboard::telemetry::init(&settings.log)?;
+    let server = Server::bind(settings)?;
+    actix::System::new().block_on(server.run(shutdown_signal()))?;
+    Ok(())
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
+        _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
+    }
+}

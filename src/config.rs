@@ -1,0 +1,328 @@
+//! Typed settings: `config/default.toml` (compiled in) < `--config FILE` <
+//! `SWITCHBOARD__SECTION__KEY` environment variables.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat};
+use serde::{Deserialize, Serialize};
+
+/// The documented defaults, the base layer of every configuration.
+const DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// Most listening ports one process will open (c1000k used 100).
+pub const MAX_PORTS: usize = 1000;
+
+/// Why the settings could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A file or variable could not be read or has the wrong type.
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A value has the right type but makes no sense.
+    #[error("configuration: {key}: {reason}")]
+    Invalid {
+        /// The offending key, e.g. `server.extra_ports`.
+        key: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Every setting of the server. `config/default.toml` documents each key.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Listening and connection handling.
+    pub server: ServerSettings,
+    /// Streams (`GET /test/{id}`).
+    pub stream: StreamSettings,
+    /// Routed messages.
+    pub message: MessageSettings,
+    /// Who may publish.
+    pub auth: AuthSettings,
+    /// Logging.
+    pub log: LogSettings,
+    /// Test-only switches.
+    pub debug: DebugSettings,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    pub host: String,
+    /// Main port; 0 picks a free one.
+    pub port: u16,
+    /// More ports, as "8001-8099,9000"; see [`parse_ports`].
+    pub extra_ports: String,
+    /// Worker threads; 0 means one per core.
+    pub workers: usize,
+    /// Listen backlog.
+    pub backlog: u32,
+    /// Most concurrent non-stream HTTP connections.
+    pub max_connections: usize,
+    /// Time allowed for a complete request head.
+    pub head_timeout_ms: u64,
+    /// Largest request head on the lean stream path.
+    pub max_head_bytes: usize,
+    /// Keep-alive for ordinary HTTP connections; 0 disables it.
+    pub keep_alive_ms: u64,
+    /// Upper bound on a graceful shutdown.
+    pub shutdown_timeout_ms: u64,
+}
+
+/// `[stream]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSettings {
+    /// Tick period.
+    pub tick_interval_ms: u64,
+    /// Most open streams.
+    pub max_streams: usize,
+    /// Longest id.
+    pub max_id_len: usize,
+    /// Per-stream bound on unsent output.
+    pub max_pending_bytes: usize,
+}
+
+/// `[message]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageSettings {
+    /// Largest message body.
+    pub max_bytes: usize,
+}
+
+/// `[auth]`
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Bearer token for publishing; empty disables auth.
+    pub publish_token: String,
+}
+
+impl std::fmt::Debug for AuthSettings {
+    /// Never prints the token itself: the start-up line logs the settings.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let token = if self.publish_token.is_empty() {
+            "<none>"
+        } else {
+            "<set>"
+        };
+        f.debug_struct("AuthSettings")
+            .field("publish_token", &token)
+            .finish()
+    }
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// tracing filter directives.
+    pub level: String,
+    /// Output format.
+    pub format: LogFormat,
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[debug]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebugSettings {
+    /// Enables `/admin/crash/*`.
+    pub fault_injection: bool,
+}
+
+impl Settings {
+    /// The compiled-in defaults only: no file, no environment. Tests start here.
+    pub fn defaults() -> Self {
+        // unwrap: default.toml is part of the build and covered by tests.
+        Self::build(None, false).expect("config/default.toml is valid")
+    }
+
+    /// Defaults, then `file` if given, then `SWITCHBOARD__*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
+        Self::build(file, true)
+    }
+
+    fn build(file: Option<&Path>, env: bool) -> Result<Self, SettingsError> {
+        let mut builder = Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
+        if let Some(path) = file {
+            builder = builder.add_source(File::from(path).required(true));
+        }
+        if env {
+            builder = builder.add_source(
+                Environment::with_prefix("SWITCHBOARD")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            );
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what types alone cannot.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let invalid = |key, reason: &str| {
+            Err(SettingsError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.server.host.parse::<IpAddr>().is_err() {
+            return invalid(
+                "server.host",
+                "must be an IP address such as 127.0.0.1 or 0.0.0.0",
+            );
+        }
+        parse_ports(&self.server.extra_ports).map_err(|reason| SettingsError::Invalid {
+            key: "server.extra_ports",
+            reason,
+        })?;
+        if self.server.max_connections == 0 {
+            return invalid("server.max_connections", "must be at least 1");
+        }
+        if self.server.head_timeout_ms == 0 {
+            return invalid("server.head_timeout_ms", "must be at least 1");
+        }
+        if self.server.max_head_bytes < 256 {
+            return invalid("server.max_head_bytes", "must be at least 256");
+        }
+        if self.stream.tick_interval_ms == 0 {
+            return invalid("stream.tick_interval_ms", "must be at least 1");
+        }
+        if self.stream.max_id_len == 0 || self.stream.max_id_len > 1024 {
+            return invalid("stream.max_id_len", "must be between 1 and 1024");
+        }
+        if self.stream.max_pending_bytes < 1024 {
+            return invalid("stream.max_pending_bytes", "must be at least 1024");
+        }
+        if self.message.max_bytes == 0 || self.message.max_bytes > 16 * 1024 * 1024 {
+            return invalid("message.max_bytes", "must be between 1 and 16777216");
+        }
+        if self.message.max_bytes + 64 > self.stream.max_pending_bytes {
+            return invalid(
+                "message.max_bytes",
+                "must be at least 64 below stream.max_pending_bytes, or no message would fit",
+            );
+        }
+        Ok(())
+    }
+
+    /// Main address plus one per extra port.
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        // unwrap: validate() checked both.
+        let ip: IpAddr = self.server.host.parse().expect("validated host");
+        let mut ports = vec![self.server.port];
+        ports.extend(parse_ports(&self.server.extra_ports).expect("validated ports"));
+        ports.into_iter().map(|p| SocketAddr::new(ip, p)).collect()
+    }
+
+    /// Worker threads to start.
+    pub fn workers(&self) -> usize {
+        match self.server.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+
+    /// `stream.tick_interval_ms` as a duration.
+    pub fn tick_interval(&self) -> Duration {
+        Duration::from_millis(self.stream.tick_interval_ms)
+    }
+
+    /// `server.head_timeout_ms` as a duration.
+    pub fn head_timeout(&self) -> Duration {
+        Duration::from_millis(self.server.head_timeout_ms)
+    }
+
+    /// `server.shutdown_timeout_ms` as a duration.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.server.shutdown_timeout_ms)
+    }
+}
+
+/// Parses "8001-8003,9000" into `[8001, 8002, 8003, 9000]`. Empty means none.
+pub fn parse_ports(spec: &str) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let port = |s: &str| {
+            s.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{s:?} is not a port number from 1 to 65535"))
+        };
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => (port(part)?, port(part)?),
+        };
+        if lo > hi {
+            return Err(format!("range {part:?} runs backwards"));
+        }
+        if ports.len() + usize::from(hi - lo) + 1 > MAX_PORTS {
+            return Err(format!("more than {MAX_PORTS} ports"));
+        }
+        ports.extend(lo..=hi);
+    }
+    Ok(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let s = Settings::defaults();
+        assert_eq!(s.server.port, 8000);
+        assert_eq!(s.server.host, "127.0.0.1");
+        assert_eq!(s.stream.tick_interval_ms, 10_000);
+        assert!(!s.debug.fault_injection);
+        assert!(s.auth.publish_token.is_empty());
+    }
+
+    #[test]
+    fn port_specs() {
+        assert_eq!(parse_ports("").unwrap(), Vec::<u16>::new());
+        assert_eq!(
+            parse_ports("8001-8003, 9000").unwrap(),
+            vec![8001, 8002, 8003, 9000]
+        );
+        assert!(parse_ports("9000-8000").is_err());
+        assert!(parse_ports("0").is_err());
+        assert!(parse_ports("70000").is_err());
+        assert!(parse_ports("1-2000").is_err());
+        assert!(parse_ports("abc").is_err());
+    }
+
+    #[test]
+    fn invalid_values_are_named() {
+        let mut s = Settings::defaults();
+        s.server.host = "localhost:80".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.host"), "{e}");
+    }
+
+    #[test]
+    fn token_is_not_printed() {
+        let mut s = Settings::defaults();
+        s.auth.publish_token = "sekrit".into();
+        assert!(!format!("{s:?}").contains("sekrit"));
+    }
+}

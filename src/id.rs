@@ -1,0 +1,64 @@
+//! Stream ids: what a client names its stream and a publisher addresses.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why an id was refused; the text goes into the 400 response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// Zero-length id.
+    #[error("invalid id: empty")]
+    Empty,
+    /// Longer than `stream.max_id_len`.
+    #[error("invalid id: longer than {max} characters")]
+    TooLong {
+        /// The configured maximum.
+        max: usize,
+    },
+    /// A character outside the unreserved URL set.
+    #[error("invalid id: only A-Za-z0-9 and . _ ~ - are allowed")]
+    BadChar,
+}
+
+/// True for the characters an id may contain: RFC 3986 "unreserved", so an id
+/// never needs escaping in a URL and never breaks a line of the wire format.
+pub fn is_id_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-')
+}
+
+/// Checks an id against the rules and the configured length limit.
+pub fn validate(id: &str, max_len: usize) -> Result<(), IdError> {
+    if id.is_empty() {
+        Err(IdError::Empty)
+    } else if id.len() > max_len {
+        Err(IdError::TooLong { max: max_len })
+    } else if !id.bytes().all(is_id_byte) {
+        Err(IdError::BadChar)
+    } else {
+        Ok(())
+    }
+}
+
+/// Identifies one stream connection (several may share a stream id).
+pub type ConnId = u64;
+
+/// Hands out process-unique connection ids.
+pub fn next_conn_id() -> ConnId {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules() {
+        assert_eq!(validate("foo-1.2_x~", 64), Ok(()));
+        assert_eq!(validate("", 64), Err(IdError::Empty));
+        assert_eq!(validate("abcd", 3), Err(IdError::TooLong { max: 3 }));
+        assert_eq!(validate("a b", 64), Err(IdError::BadChar));
+        assert_eq!(validate("a/b", 64), Err(IdError::BadChar));
+        assert_eq!(validate("é", 64), Err(IdError::BadChar));
+        assert_eq!(validate("a%20", 64), Err(IdError::BadChar));
+    }
+}

@@ -1,0 +1,38 @@
+//! switchboard: a comet server for very many concurrent, mostly idle HTTP
+//! streams, routing messages to any of them by id.
+//!
+//! # Layout
+//!
+//! - [`config`]: typed settings from `config/default.toml`, a file, and
+//!   `SWITCHBOARD__*` environment variables.
+//! - [`server`]: binding, worker threads, the accept loop, graceful shutdown.
+//! - [`handoff`]: peeks each new connection's request line and sends lean
+//!   `GET /test/{id}` streams to a [`stream::Stream`] actor that owns the
+//!   socket, everything else to actix-web.
+//! - [`http`]: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
+//!   `/stats`, the fallback `/test`), their errors and auth.
+//! - [`stream`]: the Stream actor (one per streaming connection) and its sink.
+//! - [`router`]: the Router actor, id -> streams.
+//! - [`counter`]: the Counter actor behind `/dispatcher`.
+//! - [`supervision`]: how a panic in a Router or Counter handler becomes a
+//!   restart that keeps the actor's state.
+//! - [`stats`]: the counters behind `/stats`.
+//! - [`state`]: what the pieces of one server share.
+//! - [`id`]: stream id rules.
+//! - [`telemetry`]: logging setup for the binary.
+
+pub mod config;
+pub mod counter;
+pub mod handoff;
+pub mod http;
+pub mod id;
+pub mod router;
+pub mod server;
+pub mod state;
+pub mod stats;
+pub mod stream;
+mod supervision;
+pub mod telemetry;
+
+pub use config::Settings;
+pub use server::Server;

@@ -1,0 +1,404 @@
+//! Listening, accepting, handing connections out, and shutting down.
+//!
+//! Every worker is an actix `Arbiter` (one thread, one event loop). Each runs
+//! an accept loop on its own duplicate of every listening socket, builds its
+//! own actix-web `HttpService` (the same steps `HttpServer::listen` takes),
+//! and for each connection asks [`crate::handoff`] whether it is a lean stream
+//! (the Stream actor then owns the socket, on this worker) or an ordinary
+//! request for actix-web. The Router and Counter run supervised on an arbiter
+//! of their own.
+//!
+//! Shutdown is one future passed to [`Server::run`]. When it resolves:
+//! 1. `ServerState::shutdown` is cancelled: accept loops return and close
+//!    their sockets, actix-web connections drain (idle keep-alives close,
+//!    in-flight requests finish), new streams are refused;
+//! 2. the Router tells every stream to end: each writes the final zero-length
+//!    chunk and closes;
+//! 3. `run` waits for streams and HTTP connections to reach zero, at most
+//!    `server.shutdown_timeout_ms` in all, then stops the workers and returns.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use actix::{Arbiter, Supervisor};
+use actix_http::{HttpService, KeepAlive};
+use actix_rt::net::{TcpListener, TcpStream};
+use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, map_config};
+use actix_web::dev::AppConfig;
+use actix_web::{App, web};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::counter::Counter;
+use crate::handoff::{self, Class, HeadError};
+use crate::router::{CloseAll, Router};
+use crate::state::ServerState;
+use crate::stats::Stats;
+use crate::stream::Stream;
+
+/// Pause after `accept` fails for lack of file descriptors. The pending
+/// connection stays in the backlog and is accepted once descriptors free up.
+const FD_LIMIT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Pause after any other unexpected `accept` failure.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How often shutdown checks whether streams and connections are gone.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// actix-web's time to flush a response before dropping a closing connection.
+const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A bound, not yet running server.
+pub struct Server {
+    settings: Settings,
+    listeners: Vec<std::net::TcpListener>,
+}
+
+impl Server {
+    /// Binds the main port and every extra port from `settings`.
+    pub fn bind(settings: Settings) -> io::Result<Self> {
+        let listeners = settings
+            .listen_addrs()
+            .into_iter()
+            .map(|addr| listen(addr, settings.server.backlog))
+            .collect::<io::Result<_>>()?;
+        Ok(Server { settings, listeners })
+    }
+
+    /// Uses listeners the caller bound (tests bind `127.0.0.1:0`).
+    pub fn from_listeners(settings: Settings, listeners: Vec<std::net::TcpListener>) -> io::Result<Self> {
+        for l in &listeners {
+            l.set_nonblocking(true)?;
+        }
+        Ok(Server { settings, listeners })
+    }
+
+    /// Where the server listens (actual ports, also when 0 was asked for).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down gracefully (see the
+    /// module docs). Must run inside an actix `System`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let Server { settings, listeners } = self;
+        let addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let workers = settings.workers();
+        let stats = Arc::new(Stats::new());
+
+        let actors = Arbiter::new();
+        let router = {
+            let stats = Arc::clone(&stats);
+            Supervisor::start_in_arbiter(&actors.handle(), move |_| Router::new(stats))
+        };
+        let counter = {
+            let stats = Arc::clone(&stats);
+            Supervisor::start_in_arbiter(&actors.handle(), move |_| Counter::new(stats))
+        };
+        let state = Arc::new(ServerState {
+            settings,
+            stats,
+            router,
+            counter,
+            shutdown: CancellationToken::new(),
+        });
+
+        let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
+        let mut arbiters = vec![actors];
+        for _ in 0..workers {
+            let mine = listeners
+                .iter()
+                .map(|l| l.try_clone())
+                .collect::<io::Result<Vec<_>>>()?;
+            let worker = Arbiter::new();
+            let (state, slots, main_addr) = (Arc::clone(&state), Arc::clone(&slots), addrs[0]);
+            // The worker future is not Send (actix-web services are !Send):
+            // send a closure that spawns it on the worker's own thread.
+            worker.spawn_fn(move || {
+                actix_rt::spawn(run_worker(mine, main_addr, state, slots));
+            });
+            arbiters.push(worker);
+        }
+        drop(listeners);
+
+        state.stats.set_baseline();
+        tracing::info!(?addrs, workers, "switchboard listening");
+        tracing::info!(settings = ?state.settings, "effective configuration");
+
+        shutdown.await;
+        shut_down(&state).await;
+        for a in arbiters {
+            a.stop();
+        }
+        Ok(())
+    }
+}
+
+/// A listening socket with `SO_REUSEADDR` and the configured backlog.
+fn listen(addr: SocketAddr, backlog: u32) -> io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// Steps 1-3 of the module docs.
+async fn shut_down(state: &ServerState) {
+    let started = Instant::now();
+    let deadline = started + state.settings.shutdown_timeout();
+    tracing::info!(
+        streams = state.stats.streams_active(),
+        connections = state.stats.http_active(),
+        "shutting down"
+    );
+    state.shutdown.cancel();
+    let _ = tokio::time::timeout_at(deadline, state.router.send(CloseAll)).await;
+    let gone = |s: &ServerState| s.stats.streams_active() == 0 && s.stats.http_active() == 0;
+    while !gone(state) && Instant::now() < deadline {
+        sleep(DRAIN_POLL).await;
+    }
+    // Let the dispatchers write what the last streams queued.
+    sleep(DRAIN_POLL).await;
+    if gone(state) {
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "shutdown complete"
+        );
+    } else {
+        tracing::warn!(
+            streams = state.stats.streams_active(),
+            connections = state.stats.http_active(),
+            "shutdown timeout reached; dropping what is left"
+        );
+    }
+}
+
+/// One worker: its actix-web service and an accept loop per listener.
+async fn run_worker(
+    listeners: Vec<std::net::TcpListener>,
+    local_addr: SocketAddr,
+    state: Arc<ServerState>,
+    slots: Arc<Semaphore>,
+) {
+    let http = match http_service(&state, local_addr).new_service(()).await {
+        Ok(s) => Rc::new(s),
+        Err(()) => {
+            tracing::error!("worker could not build its HTTP service; it serves nothing");
+            return;
+        }
+    };
+    for l in listeners {
+        match TcpListener::from_std(l) {
+            Ok(l) => {
+                actix_rt::spawn(accept_loop(
+                    l,
+                    Rc::clone(&http),
+                    Arc::clone(&state),
+                    Arc::clone(&slots),
+                ));
+            }
+            Err(e) => tracing::error!(cause = %e, "worker could not register a listener"),
+        }
+    }
+}
+
+/// actix-web's HTTP/1 service with `HttpServer::listen`'s settings, built by
+/// hand because connections reach it through [`handoff`] instead of
+/// actix-server.
+fn http_service(
+    state: &Arc<ServerState>,
+    local_addr: SocketAddr,
+) -> impl ServiceFactory<
+    TcpStream,
+    Config = (),
+    Response = (),
+    Error = actix_http::error::DispatchError,
+    InitError = (),
+> + use<> {
+    let s = &state.settings.server;
+    let keep_alive = match s.keep_alive_ms {
+        0 => KeepAlive::Disabled,
+        ms => KeepAlive::Timeout(Duration::from_millis(ms)),
+    };
+    let app_state = web::Data::from(Arc::clone(state));
+    let fault_injection = state.settings.debug.fault_injection;
+    let app = App::new()
+        .app_data(app_state)
+        .configure(move |cfg| crate::http::routes(cfg, fault_injection))
+        .into_factory()
+        .map_err(|err: actix_web::Error| err.error_response());
+    let drain = state.shutdown.clone();
+    HttpService::build()
+        .keep_alive(keep_alive)
+        .client_request_timeout(state.settings.head_timeout())
+        .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+        // A fallback stream must notice a client that closes (EOF), not keep
+        // writing to a half-closed connection until the next tick fails.
+        .h1_allow_half_closed(false)
+        .local_addr(local_addr)
+        // Hidden but stable in actix-http 3: what HttpServer uses to drain
+        // keep-alive connections on graceful shutdown.
+        .graceful_shutdown_signal(move || {
+            let drain = drain.clone();
+            async move { drain.cancelled().await }
+        })
+        .finish(map_config(app, |_| AppConfig::default()))
+        .tcp()
+}
+
+/// Accepts until shutdown, at most `server.max_connections` HTTP connections
+/// at once. Running out of file descriptors is logged once per episode,
+/// counted in `/stats` (`accept.fd_limit`), and retried after a pause; open
+/// streams are not disturbed.
+async fn accept_loop<S>(listener: TcpListener, http: Rc<S>, state: Arc<ServerState>, slots: Arc<Semaphore>)
+where
+    S: Service<TcpStream, Response = (), Error = actix_http::error::DispatchError> + 'static,
+{
+    let mut fd_limit_since: Option<Instant> = None;
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = state.shutdown.cancelled() => return,
+            p = Arc::clone(&slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            biased;
+            () = state.shutdown.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((io, _peer)) => {
+                state.stats.accepted.fetch_add(1, Relaxed);
+                if let Some(since) = fd_limit_since.take() {
+                    tracing::info!(
+                        paused_ms = since.elapsed().as_millis() as u64,
+                        "file descriptors available again; accepting"
+                    );
+                }
+                let conn = HttpConn::new(permit, &state.stats);
+                actix_rt::spawn(serve(io, Rc::clone(&http), Arc::clone(&state), conn));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                state.stats.accept_fd_limit.fetch_add(1, Relaxed);
+                if fd_limit_since.is_none() {
+                    fd_limit_since = Some(Instant::now());
+                    tracing::warn!(
+                        cause = %e,
+                        streams = state.stats.streams_active(),
+                        connections = state.stats.http_active(),
+                        "open-file limit reached; accepting again when descriptors free up"
+                    );
+                }
+                sleep(FD_LIMIT_BACKOFF).await;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionAborted
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => {
+                state.stats.accept_errors.fetch_add(1, Relaxed);
+                tracing::warn!(cause = %e, "accept failed");
+                sleep(ACCEPT_ERROR_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// An HTTP connection slot: a `max_connections` permit plus the
+/// `http_active` count, both given back on drop (or at stream hand-off).
+struct HttpConn {
+    _permit: OwnedSemaphorePermit,
+    stats: Arc<Stats>,
+}
+
+impl HttpConn {
+    fn new(permit: OwnedSemaphorePermit, stats: &Arc<Stats>) -> Self {
+        stats.http_active.fetch_add(1, Relaxed);
+        HttpConn {
+            _permit: permit,
+            stats: Arc::clone(stats),
+        }
+    }
+}
+
+impl Drop for HttpConn {
+    fn drop(&mut self) {
+        self.stats.http_active.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Serves one accepted connection: lean stream or actix-web.
+async fn serve<S>(io: TcpStream, http: Rc<S>, state: Arc<ServerState>, conn: HttpConn)
+where
+    S: Service<TcpStream, Response = (), Error = actix_http::error::DispatchError> + 'static,
+{
+    let settings = &state.settings;
+    let deadline = Instant::now() + settings.head_timeout();
+    let class = handoff::classify(&io, deadline, settings.stream.max_id_len).await;
+    let id = match class {
+        Class::Stream(id)
+            if !state.shutdown.is_cancelled()
+                && state.stats.try_reserve_stream(settings.stream.max_streams) =>
+        {
+            id
+        }
+        // Over the limit or shutting down: actix-web's /test route says so.
+        Class::Stream(_) | Class::Http => {
+            // Boxed: the dispatcher future is large and only this branch needs it.
+            let _ = Box::pin(http.call(io)).await;
+            return;
+        }
+        Class::Timeout => {
+            let reason = format!(
+                "request head not received within {} ms",
+                settings.server.head_timeout_ms
+            );
+            handoff::reject(io, "408 Request Timeout", &reason, &state.stats).await;
+            return;
+        }
+        Class::Gone => return,
+    };
+    match handoff::consume_head(&io, deadline, settings.server.max_head_bytes).await {
+        Ok(()) => {
+            drop(conn);
+            Stream::start_lean(io, id, state);
+        }
+        Err(e) => {
+            state.stats.stream_abandoned();
+            let (status, reason) = match e {
+                HeadError::Timeout => (
+                    "408 Request Timeout",
+                    "request head not complete in time".to_owned(),
+                ),
+                HeadError::TooLarge => (
+                    "431 Request Header Fields Too Large",
+                    format!(
+                        "request head larger than {} bytes",
+                        settings.server.max_head_bytes
+                    ),
+                ),
+                HeadError::Gone => return,
+            };
+            handoff::reject(io, status, &reason, &state.stats).await;
+        }
+    }
+}

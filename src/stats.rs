@@ -1,0 +1,205 @@
+//! Process-wide counters behind `GET /stats`. Plain atomics: every worker,
+//! the Router and the Counter bump them without talking to each other.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+/// Counters for one server. Shared by `Arc`; each field is bumped where the
+/// event happens.
+#[derive(Debug)]
+pub struct Stats {
+    /// When the server started, for `uptime_s`.
+    started: Instant,
+    /// RSS once the server was ready and held no connection; the base of
+    /// `memory.bytes_per_connection`.
+    baseline_rss: AtomicU64,
+    /// Streams open now (lean and fallback); also the stream-limit gate.
+    streams_active: AtomicUsize,
+    /// Streams ever opened.
+    streams_opened: AtomicU64,
+    /// Streams ever closed, for any reason.
+    streams_closed: AtomicU64,
+    /// Streams served through actix-web's streaming body (not the lean path).
+    streams_fallback: AtomicU64,
+    /// Streams closed because the client stopped reading (pending bound hit).
+    pub(crate) slow_disconnects: AtomicU64,
+    /// Event chunks written to streams (welcome, ticks, messages).
+    pub(crate) chunks_sent: AtomicU64,
+    /// Messages accepted by the Router (`/send` and `/broadcast`).
+    pub(crate) messages_routed: AtomicU64,
+    /// Message events written to a stream.
+    pub(crate) messages_delivered: AtomicU64,
+    /// Message events a stream could not take (slow client or already closing).
+    pub(crate) messages_dropped: AtomicU64,
+    /// Mirror of the Counter actor's value, for reading without a round trip.
+    pub(crate) counter: AtomicU64,
+    /// Times the Router was restarted after a crash.
+    pub(crate) router_restarts: AtomicU64,
+    /// Times the Counter was restarted after a crash.
+    pub(crate) counter_restarts: AtomicU64,
+    /// Non-stream HTTP connections open now (including ones still being classified).
+    pub(crate) http_active: AtomicUsize,
+    /// Connections accepted, all kinds.
+    pub(crate) accepted: AtomicU64,
+    /// accept() failures because the process ran out of file descriptors.
+    pub(crate) accept_fd_limit: AtomicU64,
+    /// Other accept() failures.
+    pub(crate) accept_errors: AtomicU64,
+    /// Connections closed with 408/431 before a request head was complete.
+    pub(crate) bad_heads: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stats {
+    /// All zero, clock starting now.
+    pub fn new() -> Self {
+        Stats {
+            started: Instant::now(),
+            baseline_rss: AtomicU64::new(0),
+            streams_active: AtomicUsize::new(0),
+            streams_opened: AtomicU64::new(0),
+            streams_closed: AtomicU64::new(0),
+            streams_fallback: AtomicU64::new(0),
+            slow_disconnects: AtomicU64::new(0),
+            chunks_sent: AtomicU64::new(0),
+            messages_routed: AtomicU64::new(0),
+            messages_delivered: AtomicU64::new(0),
+            messages_dropped: AtomicU64::new(0),
+            counter: AtomicU64::new(0),
+            router_restarts: AtomicU64::new(0),
+            counter_restarts: AtomicU64::new(0),
+            http_active: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
+            accept_fd_limit: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
+            bad_heads: AtomicU64::new(0),
+        }
+    }
+
+    /// Records the idle RSS, once the server is ready to serve.
+    pub fn set_baseline(&self) {
+        self.baseline_rss.store(rss_bytes().unwrap_or(0), Relaxed);
+    }
+
+    /// Takes a stream slot if fewer than `max` are open. The slot is given
+    /// back by [`Stats::stream_closed`], or by [`Stats::stream_abandoned`] if
+    /// the stream never started.
+    pub fn try_reserve_stream(&self, max: usize) -> bool {
+        self.streams_active
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .is_ok()
+    }
+
+    /// A reserved slot became a running stream.
+    pub fn stream_opened(&self, fallback: bool) {
+        self.streams_opened.fetch_add(1, Relaxed);
+        if fallback {
+            self.streams_fallback.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A reserved slot is given back without a stream having run.
+    pub fn stream_abandoned(&self) {
+        self.streams_active.fetch_sub(1, Relaxed);
+    }
+
+    /// A running stream ended.
+    pub fn stream_closed(&self) {
+        self.streams_active.fetch_sub(1, Relaxed);
+        self.streams_closed.fetch_add(1, Relaxed);
+    }
+
+    /// Streams open now.
+    pub fn streams_active(&self) -> usize {
+        self.streams_active.load(Relaxed)
+    }
+
+    /// Non-stream HTTP connections open now.
+    pub fn http_active(&self) -> usize {
+        self.http_active.load(Relaxed)
+    }
+
+    /// The `/stats` document.
+    pub fn snapshot(&self) -> Value {
+        let active = self.streams_active.load(Relaxed);
+        let rss = rss_bytes().unwrap_or(0);
+        let baseline = self.baseline_rss.load(Relaxed);
+        let per_conn = (active > 0).then(|| rss.saturating_sub(baseline) / active as u64);
+        let get = |a: &AtomicU64| a.load(Relaxed);
+        json!({
+            "connections": {
+                "active": active,
+                "opened": get(&self.streams_opened),
+                "closed": get(&self.streams_closed),
+                "fallback": get(&self.streams_fallback),
+                "slow_disconnects": get(&self.slow_disconnects),
+                "http_active": self.http_active.load(Relaxed),
+                "accepted": get(&self.accepted),
+                "bad_heads": get(&self.bad_heads),
+            },
+            "accept": {
+                "fd_limit": get(&self.accept_fd_limit),
+                "errors": get(&self.accept_errors),
+            },
+            "chunks_sent": get(&self.chunks_sent),
+            "messages": {
+                "routed": get(&self.messages_routed),
+                "delivered": get(&self.messages_delivered),
+                "dropped": get(&self.messages_dropped),
+            },
+            "counter": get(&self.counter),
+            "memory": {
+                "rss_bytes": rss,
+                "baseline_rss_bytes": baseline,
+                "bytes_per_connection": per_conn,
+            },
+            "actors": {
+                "router": { "restarts": get(&self.router_restarts) },
+                "counter": { "restarts": get(&self.counter_restarts) },
+            },
+            "uptime_s": self.started.elapsed().as_secs(),
+        })
+    }
+}
+
+/// Resident set size of this process, from `/proc/self/statm`.
+pub fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * page_size())
+}
+
+#[allow(unsafe_code)]
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions; it only reads a system constant.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as u64 } else { 4096 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_limit_is_exact() {
+        let s = Stats::new();
+        assert!(s.try_reserve_stream(2));
+        assert!(s.try_reserve_stream(2));
+        assert!(!s.try_reserve_stream(2));
+        s.stream_closed();
+        assert!(s.try_reserve_stream(2));
+        assert_eq!(s.streams_active(), 2);
+    }
+
+    #[test]
+    fn rss_is_readable() {
+        assert!(rss_bytes().unwrap() > 0);
+    }
+}

@@ -1,0 +1,250 @@
+//! The Stream actor: one per `GET /test/{id}` connection.
+//!
+//! It writes a welcome line, a tick every `stream.tick_interval_ms`, and every
+//! message the Router delivers, each as one chunk holding one line:
+//!
+//! ```text
+//! Switchboard welcomes you! Your Id: foo
+//! Chunk 1 for id foo
+//! Recvd msg #2: 'hello'
+//! ```
+//!
+//! On the lean path (see [`crate::handoff`]) the actor owns the socket itself,
+//! so an idle stream holds no HTTP framework buffers; on the fallback path it
+//! feeds actix-web's streaming body. Either way it watches for the client
+//! going away ([`Watch`]) and stops at once, which logs it out of the Router.
+
+mod sink;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{self, Poll};
+
+use actix::{Actor, ActorContext, ActorFuture, AsyncContext, Context, Handler, Message};
+use actix_rt::net::TcpStream;
+
+pub use sink::BodyStream;
+use sink::{Sink, SinkError, Written};
+
+use crate::id::{ConnId, next_conn_id};
+use crate::router::{Login, Logout};
+use crate::state::ServerState;
+
+/// One streaming connection.
+pub struct Stream {
+    /// The id the client asked for; shared with the Router's table key.
+    id: Arc<str>,
+    /// Tells this connection apart from others with the same id.
+    conn: ConnId,
+    /// Events sent so far (ticks and messages share the count, as in the original).
+    seq: u64,
+    /// Where events go.
+    sink: Sink,
+    /// A [`Flush`] is running; set while the sink holds pending bytes.
+    flushing: bool,
+    /// Router address, stats and limits, shared by every stream of the server.
+    state: Arc<ServerState>,
+}
+
+/// A message for this stream, from `/send` or `/broadcast`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Deliver {
+    /// One line of text (validated: no CR or LF).
+    pub msg: Arc<str>,
+}
+
+/// The server is shutting down: send the final chunk and stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Close;
+
+impl Stream {
+    /// Starts a lean stream on the current worker: the actor owns `io`, whose
+    /// request head has been read. The caller has reserved a stream slot.
+    pub fn start_lean(io: TcpStream, id: Arc<str>, state: Arc<ServerState>) {
+        let _ = io.set_nodelay(true);
+        Stream::new(id, Sink::socket(io), state, false).start();
+    }
+
+    /// Starts a fallback stream feeding an actix-web streaming body, which it
+    /// returns. The caller has reserved a stream slot.
+    pub fn start_body(id: Arc<str>, state: Arc<ServerState>) -> BodyStream {
+        let (sink, body) = Sink::body();
+        Stream::new(id, sink, state, true).start();
+        body
+    }
+
+    fn new(id: Arc<str>, sink: Sink, state: Arc<ServerState>, fallback: bool) -> Self {
+        state.stats.stream_opened(fallback);
+        Stream {
+            id,
+            conn: next_conn_id(),
+            seq: 0,
+            sink,
+            flushing: false,
+            state,
+        }
+    }
+
+    /// Writes one event line. Returns false if the stream had to stop (client
+    /// gone, or too slow: see the policy in `sink.rs`).
+    fn emit(&mut self, ctx: &mut Context<Self>, line: fmt::Arguments<'_>) -> bool {
+        let max = self.state.settings.stream.max_pending_bytes;
+        let result = push_line(&mut self.sink, max, line);
+        self.after_write(ctx, result)
+    }
+
+    fn after_write(&mut self, ctx: &mut Context<Self>, result: Result<Written, SinkError>) -> bool {
+        match result {
+            Ok(written) => {
+                self.state.stats.chunks_sent.fetch_add(1, Relaxed);
+                if written == Written::Pending && !self.flushing {
+                    self.flushing = true;
+                    ctx.spawn(Flush);
+                }
+                true
+            }
+            Err(SinkError::Full) => {
+                self.state.stats.slow_disconnects.fetch_add(1, Relaxed);
+                tracing::debug!(id = %self.id, "client not reading; pending bound reached, disconnecting");
+                ctx.stop();
+                false
+            }
+            Err(SinkError::Closed) => {
+                ctx.stop();
+                false
+            }
+        }
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        self.seq += 1;
+        let max = self.state.settings.stream.max_pending_bytes;
+        let line = format_args!("Chunk {} for id {}", self.seq, self.id);
+        let result = push_line(&mut self.sink, max, line);
+        self.after_write(ctx, result);
+    }
+}
+
+/// Formats `line` plus `\n` into the worker's scratch buffer and pushes it.
+fn push_line(sink: &mut Sink, max_pending: usize, line: fmt::Arguments<'_>) -> Result<Written, SinkError> {
+    LINE.with_borrow_mut(|buf| {
+        buf.clear();
+        // unwrap: writing into a Vec cannot fail.
+        buf.write_fmt(line).expect("format into Vec");
+        buf.push(b'\n');
+        sink.push_line(buf, max_pending)
+    })
+}
+
+thread_local! {
+    /// Scratch space for formatting one event line; one per worker thread.
+    static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Actor for Stream {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let max = self.state.settings.stream.max_pending_bytes;
+        let opened = self.sink.open(max);
+        if !self.after_write(ctx, opened) {
+            return;
+        }
+        let line = format_args!("Switchboard welcomes you! Your Id: {}", self.id);
+        let welcome = push_line(&mut self.sink, max, line);
+        if !self.after_write(ctx, welcome) {
+            return;
+        }
+        self.state.router.do_send(Login {
+            id: Arc::clone(&self.id),
+            conn: self.conn,
+            addr: ctx.address(),
+        });
+        ctx.spawn(Watch);
+        ctx.run_interval(self.state.settings.tick_interval(), Self::tick);
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.state.router.do_send(Logout {
+            id: Arc::clone(&self.id),
+            conn: self.conn,
+        });
+        self.state.stats.stream_closed();
+    }
+}
+
+impl Handler<Deliver> for Stream {
+    type Result = ();
+
+    fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
+        self.seq += 1;
+        let seq = self.seq;
+        if self.emit(ctx, format_args!("Recvd msg #{seq}: '{}'", m.msg)) {
+            self.state.stats.messages_delivered.fetch_add(1, Relaxed);
+        } else {
+            self.state.stats.messages_dropped.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+impl Handler<Close> for Stream {
+    type Result = ();
+
+    fn handle(&mut self, _: Close, ctx: &mut Context<Self>) {
+        self.sink.finish();
+        ctx.stop();
+    }
+}
+
+/// Watches the client side; stops the stream when the client goes. Holds no
+/// state of its own (zero-sized, so spawning it allocates nothing).
+struct Watch;
+
+impl ActorFuture<Stream> for Watch {
+    type Output = ();
+
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut Stream,
+        ctx: &mut Context<Stream>,
+        cx: &mut task::Context<'_>,
+    ) -> Poll<()> {
+        let gone = act.sink.poll_gone(cx);
+        if gone.is_ready() {
+            ctx.stop();
+        }
+        gone
+    }
+}
+
+/// Drains the sink's pending bytes into the socket as the client reads them.
+/// Zero-sized; spawned only while there is something pending.
+struct Flush;
+
+impl ActorFuture<Stream> for Flush {
+    type Output = ();
+
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut Stream,
+        ctx: &mut Context<Stream>,
+        cx: &mut task::Context<'_>,
+    ) -> Poll<()> {
+        match act.sink.poll_flush(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                act.flushing = false;
+                if result.is_err() {
+                    ctx.stop();
+                }
+                Poll::Ready(())
+            }
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Where a Stream's events go: straight onto its own socket (lean path) or into
+//! the queue behind an actix-web streaming body (fallback path).
+//!
+//! Slow-client policy, in one place: each sink holds at most
+//! `stream.max_pending_bytes` of output the client has not taken yet. An event
+//! that would pass the bound is refused with [`SinkError::Full`] and the
+//! Stream disconnects the client: memory per stream stays bounded, and a
+//! client that cannot keep up learns it (the connection ends) instead of
+//! silently missing events.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use actix_rt::net::TcpStream;
+use bytes::Bytes;
+
+/// Response head of a lean stream; the same headers actix-web would send.
+const RESPONSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\n\
+content-type: text/plain; charset=utf-8\r\n\
+transfer-encoding: chunked\r\n\
+cache-control: no-cache\r\n\
+x-accel-buffering: no\r\n\r\n";
+
+/// The last chunk of a chunked body.
+const FINAL_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Why a write was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SinkError {
+    /// The client is gone.
+    Closed,
+    /// The client is not reading and the pending bound is reached.
+    Full,
+}
+
+/// What became of a write that succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// All of it is with the kernel (or the body queue).
+    Done,
+    /// Part waits in the pending buffer: a flush must be driven.
+    Pending,
+}
+
+/// An event destination.
+pub(crate) enum Sink {
+    /// Lean path: the Stream owns the socket and frames chunks itself.
+    Socket {
+        /// The client connection.
+        io: TcpStream,
+        /// Bytes the kernel would not take yet (bounded); empty when idle, and
+        /// deallocated as soon as it drains.
+        pending: Vec<u8>,
+    },
+    /// Fallback path: actix-web's dispatcher reads a [`BodyStream`].
+    Body(Rc<RefCell<BodyQueue>>),
+}
+
+impl Sink {
+    /// A lean sink; `open` writes the response head.
+    pub(crate) fn socket(io: TcpStream) -> Self {
+        Sink::Socket {
+            io,
+            pending: Vec::new(),
+        }
+    }
+
+    /// A fallback sink and the body actix-web should stream.
+    pub(crate) fn body() -> (Self, BodyStream) {
+        let queue = Rc::new(RefCell::new(BodyQueue::default()));
+        (Sink::Body(Rc::clone(&queue)), BodyStream(queue))
+    }
+
+    /// Writes what precedes the first event (the lean response head).
+    pub(crate) fn open(&mut self, max_pending: usize) -> Result<Written, SinkError> {
+        match self {
+            Sink::Socket { io, pending } => write_all(io, pending, &[RESPONSE_HEAD], max_pending),
+            Sink::Body(_) => Ok(Written::Done),
+        }
+    }
+
+    /// Sends one event; `line` ends with `\n` and becomes one chunk.
+    pub(crate) fn push_line(&mut self, line: &[u8], max_pending: usize) -> Result<Written, SinkError> {
+        match self {
+            Sink::Socket { io, pending } => {
+                let mut head = [0u8; 18];
+                let head = chunk_head(line.len(), &mut head);
+                write_all(io, pending, &[head, line, b"\r\n"], max_pending)
+            }
+            Sink::Body(queue) => queue.borrow_mut().push(line, max_pending),
+        }
+    }
+
+    /// Moves pending bytes to the kernel; ready when none are left.
+    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SinkError>> {
+        let Sink::Socket { io, pending } = self else {
+            return Poll::Ready(Ok(()));
+        };
+        while !pending.is_empty() {
+            match io.poll_write_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => return Poll::Ready(Err(SinkError::Closed)),
+                Poll::Ready(Ok(())) => {}
+            }
+            match io.try_write(pending) {
+                Ok(n) => {
+                    pending.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Poll::Ready(Err(SinkError::Closed)),
+            }
+        }
+        *pending = Vec::new();
+        Poll::Ready(Ok(()))
+    }
+
+    /// Ready once the client has gone: EOF or an error on the read side of
+    /// the socket, or actix-web dropping the body. Anything the client sends
+    /// after its request is read into a small stack buffer and discarded.
+    pub(crate) fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            Sink::Socket { io, .. } => loop {
+                match io.poll_read_ready(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(())) => {}
+                }
+                let mut scratch = [0u8; 64];
+                match io.try_read(&mut scratch) {
+                    Ok(0) => return Poll::Ready(()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => return Poll::Ready(()),
+                }
+            },
+            Sink::Body(queue) => {
+                let mut q = queue.borrow_mut();
+                if q.reader_gone {
+                    Poll::Ready(())
+                } else {
+                    q.watcher = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    /// Ends the body cleanly: the final zero-length chunk, best effort (a
+    /// client that is not reading may not get it).
+    pub(crate) fn finish(&mut self) {
+        match self {
+            Sink::Socket { io, pending } => {
+                if pending.is_empty() {
+                    let _ = io.try_write(FINAL_CHUNK);
+                } else {
+                    pending.extend_from_slice(FINAL_CHUNK);
+                    let _ = io.try_write(pending);
+                }
+            }
+            Sink::Body(queue) => {
+                let mut q = queue.borrow_mut();
+                q.done = true;
+                if let Some(w) = q.reader.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
+
+/// Writes `parts` in one `writev`; what the kernel does not take goes to
+/// `pending`, unless that would pass `max_pending`.
+fn write_all(
+    io: &TcpStream,
+    pending: &mut Vec<u8>,
+    parts: &[&[u8]],
+    max_pending: usize,
+) -> Result<Written, SinkError> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut written = 0;
+    if pending.is_empty() {
+        let slices: [IoSlice<'_>; 3] =
+            std::array::from_fn(|i| IoSlice::new(parts.get(i).copied().unwrap_or_default()));
+        match io.try_write_vectored(&slices[..parts.len()]) {
+            Ok(n) if n == total => return Ok(Written::Done),
+            Ok(n) => written = n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(SinkError::Closed),
+        }
+    }
+    if pending.len() + (total - written) > max_pending {
+        return Err(SinkError::Full);
+    }
+    let mut skip = written;
+    for part in parts {
+        let s = skip.min(part.len());
+        pending.extend_from_slice(&part[s..]);
+        skip -= s;
+    }
+    Ok(Written::Pending)
+}
+
+/// Formats the `{len:x}\r\n` line of a chunk into `buf`.
+fn chunk_head(len: usize, buf: &mut [u8; 18]) -> &[u8] {
+    use std::io::Write;
+    let mut cursor = io::Cursor::new(&mut buf[..]);
+    // unwrap: 16 hex digits + CRLF always fit in 18 bytes.
+    write!(cursor, "{len:x}\r\n").expect("chunk head fits");
+    let n = cursor.position() as usize;
+    &buf[..n]
+}
+
+/// The queue between a fallback Stream and actix-web's body. Both ends live on
+/// the same worker thread, hence `Rc<RefCell<_>>` and no channel.
+#[derive(Default)]
+pub(crate) struct BodyQueue {
+    /// Event lines not yet taken by the dispatcher; each becomes one chunk.
+    lines: VecDeque<Bytes>,
+    /// Total bytes in `lines`, held under the pending bound.
+    bytes: usize,
+    /// The Stream has ended; the body ends once `lines` is drained.
+    done: bool,
+    /// actix-web dropped the body (client gone).
+    reader_gone: bool,
+    /// Wakes the dispatcher when there is data or the end.
+    reader: Option<Waker>,
+    /// Wakes the Stream's watcher when the reader goes.
+    watcher: Option<Waker>,
+}
+
+impl BodyQueue {
+    fn push(&mut self, line: &[u8], max_pending: usize) -> Result<Written, SinkError> {
+        if self.reader_gone {
+            return Err(SinkError::Closed);
+        }
+        if self.bytes + line.len() > max_pending {
+            return Err(SinkError::Full);
+        }
+        self.bytes += line.len();
+        self.lines.push_back(Bytes::copy_from_slice(line));
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+        Ok(Written::Done)
+    }
+}
+
+/// The body of a fallback stream response.
+pub struct BodyStream(Rc<RefCell<BodyQueue>>);
+
+impl futures_core::Stream for BodyStream {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut q = self.0.borrow_mut();
+        if let Some(line) = q.lines.pop_front() {
+            q.bytes -= line.len();
+            Poll::Ready(Some(Ok(line)))
+        } else if q.done {
+            Poll::Ready(None)
+        } else {
+            q.reader = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for BodyStream {
+    fn drop(&mut self) {
+        let mut q = self.0.borrow_mut();
+        q.reader_gone = true;
+        if let Some(w) = q.watcher.take() {
+            w.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_heads() {
+        let mut b = [0u8; 18];
+        assert_eq!(chunk_head(0x1a, &mut b), b"1a\r\n");
+        assert_eq!(chunk_head(usize::MAX, &mut b), b"ffffffffffffffff\r\n");
+    }
+}
