@@ -197,8 +197,10 @@ impl Settings {
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
         }
-        if self.server.head_timeout_ms == 0 {
-            return invalid("server.head_timeout_ms", "must be at least 1");
+        if self.server.head_timeout_ms < 1000 {
+            // actix-web computes the deadline from a clock it updates every
+            // 500 ms; a shorter timeout can land in the past and never fire.
+            return invalid("server.head_timeout_ms", "must be at least 1000");
         }
         if self.server.max_head_bytes < 256 {
             return invalid("server.max_head_bytes", "must be at least 256");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use actix_web::http::{StatusCode, header};
 use actix_web::web::{self, Data, Path, Payload, ServiceConfig};
-use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use actix_web::{HttpRequest, HttpResponse, ResponseError, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
@@ -103,43 +103,28 @@ impl ResponseError for ApiError {
 
 /// Registers every route. `fault_injection` adds `/admin/crash/*`.
 pub fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
-    let only = |allow: &'static str| {
-        web::to(move || async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed(allow)) })
-    };
-    cfg.service(
-        web::resource("/test/{id}")
-            .get(stream)
-            .default_service(only("GET")),
-    )
-    .service(
-        web::resource("/send/{id}")
-            .post(send)
-            .default_service(only("POST")),
-    )
-    .service(
-        web::resource("/broadcast")
-            .post(broadcast)
-            .default_service(only("POST")),
-    )
-    .service(
-        web::resource("/dispatcher")
-            .get(dispatcher)
-            .default_service(only("GET")),
-    )
-    .service(web::resource("/stats").get(stats).default_service(only("GET")))
-    .service(
-        web::resource("/healthz")
-            .get(healthz)
-            .default_service(only("GET")),
-    );
+    let get = |path: &str, route: Route| web::resource(path).route(route).default_service(only("GET"));
+    let post = |path: &str, route: Route| web::resource(path).route(route).default_service(only("POST"));
+    cfg.service(web::resource(["/test/", "/send/"]).to(|| fail(ApiError::BadId(IdError::Empty))))
+        .service(get("/test/{id}", web::get().to(stream)))
+        .service(post("/send/{id}", web::post().to(send)))
+        .service(post("/broadcast", web::post().to(broadcast)))
+        .service(get("/dispatcher", web::get().to(dispatcher)))
+        .service(get("/stats", web::get().to(stats)))
+        .service(get("/healthz", web::get().to(healthz)));
     if fault_injection {
-        cfg.service(
-            web::resource("/admin/crash/{actor}")
-                .post(crash)
-                .default_service(only("POST")),
-        );
+        cfg.service(post("/admin/crash/{actor}", web::post().to(crash)));
     }
-    cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) }));
+    cfg.default_service(web::to(|| fail(ApiError::NotFound)));
+}
+
+/// A resource's answer to any method it does not serve.
+fn only(allow: &'static str) -> Route {
+    web::to(move || fail(ApiError::MethodNotAllowed(allow)))
+}
+
+async fn fail(e: ApiError) -> Result<HttpResponse, ApiError> {
+    Err(e)
 }
 
 /// `GET /test/{id}` through actix-web: same wire format, heavier per stream.

@@ -1,5 +1,7 @@
 //! Logging through `tracing`, configured by `[log]`.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogSettings};
@@ -11,7 +13,8 @@ pub fn init(log: &LogSettings) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("configuration: log.level {:?}: {e}", log.level))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let result = match log.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -1,0 +1,255 @@
+//! The request API over real sockets: bad input, auth, `/dispatcher`
+//! uniqueness, supervision of the Router and Counter.
+
+mod common;
+
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{StreamClient, TestServer, read_response, request, settings};
+
+/// Sends raw bytes, returns the response and whether the server then closed.
+fn raw(srv: &TestServer, bytes: &[u8]) -> (common::Response, bool) {
+    let mut s = TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut r = BufReader::new(s);
+    let res = read_response(&mut r).unwrap();
+    let mut rest = Vec::new();
+    // EOF or a reset both mean closed; only a read timeout means still open.
+    let closed = match r.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    (res, closed)
+}
+
+#[test]
+fn bad_input_gets_a_clear_4xx_and_disturbs_no_stream() {
+    let mut s = settings();
+    s.stream.max_id_len = 16;
+    s.message.max_bytes = 100;
+    s.server.head_timeout_ms = 1000;
+    let srv = TestServer::start(s);
+    let mut bystander = srv.open("bystander");
+    bystander.line();
+
+    let long_id = "a".repeat(17);
+    for path in [
+        "/test/",
+        "/send/",
+        &format!("/test/{long_id}"),
+        "/test/a%20b",
+        "/test/sp%C3%A9cial",
+    ] {
+        let r = if path.starts_with("/send") {
+            srv.post(path, "x")
+        } else {
+            srv.get(path)
+        };
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert!(r.error().starts_with("invalid id"), "{path}: {}", r.text());
+    }
+    let r = srv.post(&format!("/send/{long_id}"), "x");
+    assert_eq!(
+        (r.status, r.error()),
+        (400, "invalid id: longer than 16 characters".into())
+    );
+    let r = srv.post("/send/a.b", "x");
+    assert_eq!(r.status, 200, "dots are allowed");
+
+    let r = srv.post("/send/bystander", &"x".repeat(101));
+    assert_eq!(r.status, 413);
+    assert!(r.error().contains("larger than 100 bytes"));
+    let r = request(srv.addr, "POST", "/send/bystander", &[], &[0xff, 0xfe]).unwrap();
+    assert_eq!(
+        (r.status, r.error()),
+        (400, "message body is not valid UTF-8".into())
+    );
+    for body in ["a\nb", "a\rb", "a\r\n"] {
+        let r = srv.post("/send/bystander", body);
+        assert_eq!(r.status, 400, "{body:?}");
+        assert!(r.error().contains("CR or LF"));
+    }
+    assert_eq!(srv.post("/broadcast", "").status, 400);
+    assert_eq!(srv.post("/broadcast", &"y".repeat(101)).status, 413);
+
+    assert_eq!(srv.get("/nope").status, 404);
+    assert_eq!(
+        srv.get("/admin/crash/router").status,
+        404,
+        "no fault injection by default"
+    );
+    let r = srv.get("/send/x");
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
+    let r = srv.post("/dispatcher", "");
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
+    assert_eq!(srv.post("/test/foo", "").status, 405);
+
+    // Malformed heads: 4xx and the socket closed.
+    let (r, closed) = raw(&srv, b"THIS IS NOT HTTP\r\n\r\n");
+    assert_eq!(r.status, 400);
+    assert!(closed);
+    // Oversized head on the lean path.
+    let big = format!("GET /test/big HTTP/1.1\r\nx-pad: {}\r\n\r\n", "p".repeat(10_000));
+    let (r, closed) = raw(&srv, big.as_bytes());
+    assert_eq!(r.status, 431, "{}", r.text());
+    assert!(closed);
+    // Oversized head through actix-web.
+    let big = format!(
+        "GET /dispatcher HTTP/1.1\r\nx-pad: {}\r\n\r\n",
+        "p".repeat(200_000)
+    );
+    let (r, closed) = raw(&srv, big.as_bytes());
+    assert!(r.status == 431 || r.status == 400, "{}", r.status);
+    assert!(closed);
+    // Heads that never complete: nothing at all, half a request line, half the headers.
+    let partials = [
+        &b""[..],
+        b"GET /te",
+        b"GET /test/slow HTTP/1.1\r\nhost: x\r\n",
+        b"POST /send/x HTTP/1.1\r\n",
+    ];
+    std::thread::scope(|scope| {
+        for partial in partials {
+            let srv = &srv;
+            scope.spawn(move || {
+                let started = std::time::Instant::now();
+                let (r, closed) = raw(srv, partial);
+                let what = String::from_utf8_lossy(partial);
+                assert_eq!(r.status, 408, "{what:?}");
+                assert!(closed, "{what:?}");
+                assert!(started.elapsed() < Duration::from_secs(3), "{what:?}");
+            });
+        }
+    });
+
+    // The bystander saw none of it and still gets its messages.
+    assert_eq!(srv.post("/send/bystander", "fine").json()["delivered"], 1);
+    assert_eq!(bystander.message(), "Recvd msg #1: 'fine'");
+    assert_eq!(srv.stats()["connections"]["active"], 1);
+}
+
+#[test]
+fn publish_token_guards_send_broadcast_and_admin() {
+    let mut s = settings();
+    s.auth.publish_token = "s3cret".into();
+    s.debug.fault_injection = true;
+    let srv = TestServer::start(s);
+    let mut c = srv.open("auth");
+    c.line();
+    for path in ["/send/auth", "/broadcast", "/admin/crash/counter"] {
+        let r = srv.post(path, "m");
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+        let r = request(srv.addr, "POST", path, &[("authorization", "Bearer nope")], b"m").unwrap();
+        assert_eq!(r.status, 401, "{path}");
+    }
+    assert_eq!(
+        srv.stats()["actors"]["counter"]["restarts"],
+        0,
+        "unauthorized crash did nothing"
+    );
+    let ok = [("authorization", "Bearer s3cret")];
+    let r = request(srv.addr, "POST", "/send/auth", &ok, b"m").unwrap();
+    assert_eq!(r.json()["delivered"], 1);
+    assert_eq!(c.line(), "Recvd msg #1: 'm'");
+    let r = request(srv.addr, "POST", "/broadcast", &ok, b"b").unwrap();
+    assert_eq!(r.json()["delivered"], 1);
+    // Reading needs no token.
+    assert_eq!(srv.get("/dispatcher").status, 200);
+    assert_eq!(srv.get("/stats").status, 200);
+}
+
+#[test]
+fn no_token_means_open_publishing() {
+    let srv = TestServer::start(settings());
+    assert_eq!(srv.post("/send/x", "m").status, 200);
+    assert_eq!(srv.post("/broadcast", "m").status, 200);
+}
+
+#[test]
+fn dispatcher_counts_exactly_under_concurrency() {
+    let srv = TestServer::start(settings());
+    let addr = srv.addr;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut values: Vec<u64> = rt.block_on(async move {
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    s.write_all(b"GET /dispatcher HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+                        .await
+                        .unwrap();
+                    let mut buf = Vec::new();
+                    s.read_to_end(&mut buf).await.unwrap();
+                    let text = String::from_utf8(buf).unwrap();
+                    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+                    text.rsplit("\r\n\r\n").next().unwrap().parse::<u64>().unwrap()
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    values.sort_unstable();
+    assert_eq!(values, (1..=1000).collect::<Vec<_>>());
+    assert_eq!(srv.stats()["counter"], 1000);
+}
+
+#[test]
+fn crashed_router_restarts_with_its_registrations() {
+    let mut s = settings();
+    s.debug.fault_injection = true;
+    let srv = TestServer::start(s);
+    let mut a = srv.open("keep");
+    let mut b = StreamClient::open_fallback(srv.addr, "keep");
+    a.line();
+    b.line();
+    srv.wait_stats(Duration::from_secs(1), |s| s["connections"]["active"] == 2);
+
+    let r = srv.post("/admin/crash/router", "");
+    assert_eq!(r.status, 202);
+    let stats = srv.wait_stats(Duration::from_secs(2), |s| s["actors"]["router"]["restarts"] == 1);
+    assert_eq!(stats["actors"]["router"]["restarts"], 1);
+
+    // Registrations from before the crash still route.
+    assert_eq!(srv.post("/send/keep", "after").json()["delivered"], 2);
+    assert_eq!(a.line(), "Recvd msg #1: 'after'");
+    assert_eq!(b.line(), "Recvd msg #1: 'after'");
+    // And new streams register with the restarted Router.
+    let mut c = srv.open("new");
+    c.line();
+    srv.wait_stats(Duration::from_secs(1), |s| s["connections"]["active"] == 3);
+    assert_eq!(srv.post("/broadcast", "all").json()["delivered"], 3);
+    assert_eq!(c.line(), "Recvd msg #1: 'all'");
+    // A second crash is survived too.
+    assert_eq!(srv.post("/admin/crash/router", "").status, 202);
+    assert_eq!(srv.post("/send/new", "again").json()["delivered"], 1);
+    assert_eq!(srv.stats()["actors"]["router"]["restarts"], 2);
+}
+
+#[test]
+fn crashed_counter_restarts_and_continues_the_count() {
+    let mut s = settings();
+    s.debug.fault_injection = true;
+    let srv = TestServer::start(s);
+    for expect in 1..=3 {
+        assert_eq!(srv.get("/dispatcher").text(), expect.to_string());
+    }
+    assert_eq!(srv.post("/admin/crash/counter", "").status, 202);
+    assert_eq!(srv.get("/dispatcher").text(), "4");
+    assert_eq!(srv.stats()["actors"]["counter"]["restarts"], 1);
+    assert_eq!(srv.post("/admin/crash/nothing", "").status, 404);
+}
