@@ -52,10 +52,8 @@ impl TestServer {
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(r) = self.try_get("/healthz") {
-                if r.status == 200 {
-                    return;
-                }
+            if self.try_get("/healthz").is_ok_and(|r| r.status == 200) {
+                return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
