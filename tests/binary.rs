@@ -1,0 +1,275 @@
+//! The real `switchboard` binary as a process: configuration layering, extra
+//! ports, SIGTERM, and the open-file limit.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{StreamClient, request};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+
+/// A running binary, its listening addresses and its log lines.
+struct Proc {
+    child: Child,
+    addrs: Vec<SocketAddr>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    /// Starts `cmd` (JSON logs, port 0 unless set) and waits for "listening".
+    fn start(mut cmd: Command) -> Proc {
+        cmd.env("SWITCHBOARD__LOG__FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if v["fields"]["message"] == "switchboard listening" {
+                        let addrs = v["fields"]["addrs"].as_str().unwrap().to_owned();
+                        let _ = tx.send(addrs);
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addrs = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no listening line; log: {:?}", log.lock().unwrap()));
+        let addrs = addrs
+            .trim_matches(['[', ']'])
+            .split(", ")
+            .map(|a| a.parse().unwrap())
+            .collect();
+        Proc { child, addrs, log }
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "did not exit within {within:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        request(self.addrs[0], "GET", "/stats", &[], b"").unwrap().json()
+    }
+
+    fn log_contains(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0");
+    cmd
+}
+
+#[test]
+fn sigterm_ends_streams_with_a_final_chunk_and_exits_zero() {
+    let mut cmd = server();
+    cmd.env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000");
+    let mut p = Proc::start(cmd);
+    let mut a = StreamClient::open(p.addrs[0], "term");
+    a.line();
+    let started = Instant::now();
+    p.sigterm();
+    assert_eq!(
+        a.read_to_end().unwrap(),
+        Vec::<String>::new(),
+        "final zero-length chunk"
+    );
+    let status = p.wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(p.log_contains("SIGTERM"));
+    assert!(p.log_contains("shutdown complete"));
+}
+
+#[test]
+fn sigint_with_nothing_open_exits_zero() {
+    let mut p = Proc::start(server());
+    let ok = Command::new("kill")
+        .args(["-INT", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    assert!(p.wait_exit(Duration::from_secs(5)).success());
+}
+
+#[test]
+fn environment_overrides_the_config_file_which_overrides_defaults() {
+    let dir = std::env::temp_dir().join(format!("switchboard-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("test.toml");
+    std::fs::write(&file, "[stream]\ntick_interval_ms = 600000\nmax_id_len = 4\n").unwrap();
+    let mut cmd = server();
+    cmd.arg("--config").arg(&file);
+    cmd.env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "100");
+    cmd.env("SWITCHBOARD__AUTH__PUBLISH_TOKEN", "12345");
+    let p = Proc::start(cmd);
+    // From the file: ids of at most 4 characters.
+    let r = request(p.addrs[0], "GET", "/test/abcde", &[], b"").unwrap();
+    assert_eq!(r.status, 400);
+    // From the environment: ticks every 100 ms, not every 10 minutes.
+    let mut c = StreamClient::open(p.addrs[0], "abcd");
+    c.line();
+    assert_eq!(c.line(), "Chunk 1 for id abcd");
+    // A numeric-looking token is still a string token.
+    let r = request(
+        p.addrs[0],
+        "POST",
+        "/send/abcd",
+        &[("authorization", "Bearer 12345")],
+        b"m",
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    assert!(!p.log_contains("12345"), "the token is never logged");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_key_named() {
+    for (key, value, expect) in [
+        ("SWITCHBOARD__SERVER__PORT", "eighty", "port"),
+        ("SWITCHBOARD__SERVER__PROT", "80", "prot"),
+        (
+            "SWITCHBOARD__SERVER__EXTRA_PORTS",
+            "9000-8000",
+            "server.extra_ports",
+        ),
+        ("SWITCHBOARD__LOG__FORMAT", "xml", "xml"),
+    ] {
+        let out = Command::new(BIN).env(key, value).output().unwrap();
+        assert!(!out.status.success(), "{key}={value} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{key}={value}: {err}");
+    }
+    let out = Command::new(BIN)
+        .args(["--config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn extra_ports_serve_the_same_server() {
+    let free: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let mut cmd = server();
+    cmd.env(
+        "SWITCHBOARD__SERVER__EXTRA_PORTS",
+        format!("{},{}", free[0], free[1]),
+    );
+    let p = Proc::start(cmd);
+    assert_eq!(p.addrs.len(), 3);
+    let mut c = StreamClient::open(p.addrs[2], "port");
+    c.line();
+    let r = request(p.addrs[1], "POST", "/send/port", &[], b"via another port").unwrap();
+    assert_eq!(r.json()["delivered"], 1);
+    assert_eq!(c.line(), "Recvd msg #1: 'via another port'");
+}
+
+#[test]
+fn at_the_open_file_limit_streams_survive_and_accepting_resumes() {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &format!("ulimit -n 64 && exec {BIN}")]);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__SERVER__WORKERS", "1")
+        .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "200");
+    let p = Proc::start(cmd);
+    let addr = p.addrs[0];
+
+    // Open more streams than the server has descriptors for.
+    let mut welcomed = Vec::new();
+    let mut waiting = Vec::new();
+    for i in 0..80 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            format!("GET /test/f{i} HTTP/1.1\r\nhost: t\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut r = BufReader::new(s);
+        match common::read_head(&mut r) {
+            Ok((200, _)) => welcomed.push(r),
+            _ => waiting.push(r),
+        }
+        if waiting.len() == 3 {
+            break;
+        }
+    }
+    assert!(
+        welcomed.len() > 20 && !waiting.is_empty(),
+        "{} welcomed",
+        welcomed.len()
+    );
+    assert!(p.log_contains("open-file limit reached"));
+
+    // Existing streams keep ticking.
+    for r in welcomed.iter_mut().take(5) {
+        r.get_mut()
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let first = common::read_chunk(r).unwrap().unwrap();
+        assert!(
+            String::from_utf8(first)
+                .unwrap()
+                .starts_with("Switchboard welcomes you!")
+        );
+        let tick = common::read_chunk(r).unwrap().unwrap();
+        assert!(String::from_utf8(tick).unwrap().starts_with("Chunk 1 for id"));
+    }
+
+    // Free descriptors: the queued connections are accepted and served.
+    welcomed.truncate(welcomed.len() - 30);
+    let mut r = waiting.remove(0);
+    r.get_mut()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let (status, _) = common::read_head(&mut r).unwrap();
+    assert_eq!(status, 200);
+    drop(waiting);
+    let stats = p.stats();
+    assert!(stats["accept"]["fd_limit"].as_u64().unwrap() > 0, "{stats}");
+    assert!(p.log_contains("accepting again"));
+}
