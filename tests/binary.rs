@@ -34,11 +34,11 @@ impl Proc {
         let sink = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                    if v["fields"]["message"] == "switchboard listening" {
-                        let addrs = v["fields"]["addrs"].as_str().unwrap().to_owned();
-                        let _ = tx.send(addrs);
-                    }
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && v["fields"]["message"] == "switchboard listening"
+                {
+                    let addrs = v["fields"]["addrs"].as_str().unwrap().to_owned();
+                    let _ = tx.send(addrs);
                 }
                 sink.lock().unwrap().push(line);
             }
