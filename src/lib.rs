@@ -20,19 +20,32 @@
 //! - [`state`]: what the pieces of one server share.
 //! - [`id`]: stream id rules.
 //! - [`telemetry`]: logging setup for the binary.
+//!
+//! The load tools (binaries `floodtest` and `loadtest`):
+//!
+//! - [`flood`]: floodtest, many long-lived streams and message latency.
+//! - [`target`]: loopback-checked target URLs.
+//! - [`latency`]: HDR latency histograms.
+//! - [`limits`]: open-file limit and source-address socket options.
+//! - [`units`]: durations on the command line.
 
 pub mod config;
 pub mod counter;
+pub mod flood;
 pub mod handoff;
 pub mod http;
 pub mod id;
+pub mod latency;
+pub mod limits;
 pub mod router;
 pub mod server;
 pub mod state;
 pub mod stats;
 pub mod stream;
 mod supervision;
+pub mod target;
 pub mod telemetry;
+pub mod units;
 
 pub use config::Settings;
 pub use server::Server;

@@ -1,0 +1,135 @@
+//! Message mode: POSTs `--msg-rate` messages per second to random streams this
+//! process holds. Each body is `@<send time in µs>`; the receiving stream
+//! reads the stamp back and records the latency.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use super::Plan;
+use super::conn::now_micros;
+use super::report::Counters;
+use crate::target::id_of;
+
+/// Keep-alive connections messages are spread over.
+const SENDERS: usize = 4;
+
+/// Sending stops this long before the run ends, so the last messages arrive.
+pub const DRAIN: Duration = Duration::from_secs(1);
+
+/// Random picks tried to find an open stream before skipping a message.
+const PICK_TRIES: usize = 16;
+
+/// Paces messages until `deadline - DRAIN`.
+pub async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instant) {
+    // unwrap: only spawned when messages are on.
+    let send = plan.send.clone().expect("message target");
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (tx, rx) = mpsc::unbounded_channel::<String>();
+            let handle = tokio::task::spawn_local(send_loop(send.addr, rx, Rc::clone(&counters)));
+            (tx, handle)
+        })
+        .collect();
+    let started = Instant::now();
+    let stop_at = deadline.checked_sub(DRAIN).unwrap_or(deadline);
+    let mut rng = SmallRng::seed_from_u64(plan.first_n ^ now_micros());
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut queued = 0u64;
+    while Instant::now() < stop_at {
+        tick.tick().await;
+        let due = (started.elapsed().as_secs_f64() * plan.msg_rate) as u64;
+        while queued < due {
+            queued += 1;
+            let pick = (0..PICK_TRIES)
+                .map(|_| rng.random_range(0..plan.count))
+                .find(|&i| counters.is_open(i as usize));
+            let Some(i) = pick else { continue };
+            let (_, path, _) = plan.conn(plan.first_n + i);
+            let target = send.path.replace("{id}", id_of(&path));
+            let _ = senders[(queued as usize) % SENDERS].0.send(target);
+        }
+    }
+    for (tx, handle) in senders {
+        drop(tx);
+        let _ = handle.await;
+    }
+}
+
+/// One keep-alive connection sending what it is given, reconnecting once on failure.
+async fn send_loop(
+    addr: std::net::SocketAddr,
+    mut rx: mpsc::UnboundedReceiver<String>,
+    counters: Rc<Counters>,
+) {
+    let mut conn: Option<BufReader<TcpStream>> = None;
+    while let Some(path) = rx.recv().await {
+        let mut ok = false;
+        for _ in 0..2 {
+            if conn.is_none() {
+                conn = TcpStream::connect(addr).await.ok().map(BufReader::new);
+            }
+            let Some(c) = conn.as_mut() else { break };
+            match post(c, addr, &path).await {
+                Ok(status) => {
+                    ok = status == 200;
+                    break;
+                }
+                Err(_) => conn = None,
+            }
+        }
+        let cell = if ok {
+            &counters.msgs_sent
+        } else {
+            &counters.send_errors
+        };
+        cell.set(cell.get() + 1);
+    }
+}
+
+async fn post(c: &mut BufReader<TcpStream>, addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
+    let body = format!("@{}", now_micros());
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.get_mut().write_all(req.as_bytes()).await?;
+    read_response(c).await
+}
+
+/// Reads a response with a content-length body; returns its status.
+pub async fn read_response(c: &mut BufReader<TcpStream>) -> std::io::Result<u16> {
+    let mut line = String::new();
+    if c.read_line(&mut line).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        if c.read_line(&mut line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; len];
+    c.read_exact(&mut body).await?;
+    Ok(status)
+}

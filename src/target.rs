@@ -1,0 +1,131 @@
+//! Load-tool targets: `http://HOST:PORT/PATH` URLs, checked to be loopback.
+//!
+//! The load tools only aim at this machine unless told otherwise
+//! (`--allow-remote`): a typo must not flood someone else's server.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// Why a URL cannot be a target.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TargetError {
+    /// Not `http://host:port/path`.
+    #[error("{0:?} is not an http:// URL with an IP host (or localhost)")]
+    Malformed(String),
+    /// Not a loopback address, and remote targets were not allowed.
+    #[error("{0} is not a loopback address; pass --allow-remote to load another machine")]
+    NotLoopback(IpAddr),
+}
+
+/// A parsed `http://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// Path and query, starting with `/`; may hold a `{n}` or `{id}` placeholder.
+    pub path: String,
+}
+
+impl Target {
+    /// Parses `url`; refuses non-loopback hosts unless `allow_remote`.
+    pub fn parse(url: &str, allow_remote: bool) -> Result<Self, TargetError> {
+        let bad = || TargetError::Malformed(url.to_owned());
+        let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                (h, p.parse::<u16>().map_err(|_| bad())?)
+            }
+            _ => (authority, 80),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let ip: IpAddr = if host.eq_ignore_ascii_case("localhost") {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            host.parse().map_err(|_| bad())?
+        };
+        if !allow_remote && !ip.is_loopback() {
+            return Err(TargetError::NotLoopback(ip));
+        }
+        Ok(Target {
+            addr: SocketAddr::new(ip, port),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The path with `{n}` replaced by `n`.
+    pub fn path_for(&self, n: u64) -> String {
+        self.path.replace("{n}", &n.to_string())
+    }
+
+    /// The `Host` header value.
+    pub fn host_header(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+/// The stream id in a stream path: its last segment, without a query.
+pub fn id_of(path: &str) -> &str {
+    let path = path.split('?').next().unwrap_or(path);
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Parses "127.0.0.2-127.0.0.20" or "127.0.0.2,127.0.0.5" into addresses.
+pub fn parse_ip_list(spec: &str) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ip = |s: &str| {
+            s.trim()
+                .parse::<Ipv4Addr>()
+                .map_err(|_| format!("{s:?} is not an IPv4 address"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (u32::from(ip(a)?), u32::from(ip(b)?));
+                if a > b || b - a > 65_535 {
+                    return Err(format!("bad address range {part:?}"));
+                }
+                out.extend((a..=b).map(|x| IpAddr::V4(Ipv4Addr::from(x))));
+            }
+            None => out.push(IpAddr::V4(ip(part)?)),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_guards() {
+        let t = Target::parse("http://127.0.0.1:8000/test/{n}", false).unwrap();
+        assert_eq!(t.addr, "127.0.0.1:8000".parse().unwrap());
+        assert_eq!(t.path_for(7), "/test/7");
+        assert_eq!(
+            Target::parse("http://localhost/x", false).unwrap().addr.port(),
+            80
+        );
+        assert_eq!(
+            Target::parse("http://[::1]:9/", false).unwrap().addr,
+            "[::1]:9".parse().unwrap()
+        );
+        assert_eq!(
+            Target::parse("http://10.0.0.1:80/", false),
+            Err(TargetError::NotLoopback("10.0.0.1".parse().unwrap()))
+        );
+        assert!(Target::parse("http://10.0.0.1:80/", true).is_ok());
+        assert!(Target::parse("https://127.0.0.1/", false).is_err());
+        assert!(Target::parse("http://example.com/", true).is_err());
+    }
+
+    #[test]
+    fn ids_and_ip_lists() {
+        assert_eq!(id_of("/test/c12?x=1"), "c12");
+        assert_eq!(parse_ip_list("127.0.0.2-127.0.0.4").unwrap().len(), 3);
+        assert_eq!(parse_ip_list("127.0.0.2,127.0.0.9").unwrap().len(), 2);
+        assert!(parse_ip_list("127.0.0.5-127.0.0.2").is_err());
+    }
+}
