@@ -133,7 +133,7 @@ fn counts_closed_streams_and_http_errors() {
     assert!(stdout.contains("Final: {30, 0, "), "{stdout}");
     // Now a server that goes away mid-run: every stream counts as Closed.
     let url = format!("http://{}/test/c{{n}}", srv.addr);
-    let mut flood = Command::new(BIN)
+    let flood = Command::new(BIN)
         .args([
             "--url",
             &url,
