@@ -28,6 +28,12 @@ use crate::target::{Target, parse_ip_list};
 use crate::units::parse_duration;
 use report::{Counters, Summary};
 
+/// Connections per (source address, server address) pair above which Linux's
+/// connect() slows to a crawl: it looks for a free even port first and only
+/// then falls back to odd ones, so past half the ephemeral range (~14k of
+/// 32768-60999) every connect scans the whole even half.
+pub const PAIR_SOFT_LIMIT: u64 = 14_000;
+
 /// Descriptors a process keeps for itself (stdio, epoll, sender and stats
 /// connections) beyond the streams it holds.
 pub const FD_RESERVE: u64 = 64;
@@ -137,6 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<Summary> {
     if args.child.is_none() && args.count > budget {
         return children::run(&args, budget);
     }
+    warn_port_pressure(&args);
     let (index, of) = match &args.child {
         Some(spec) => parse_child(spec)?,
         None => (0, 1),
@@ -170,6 +177,26 @@ fn validate(args: &Args) -> anyhow::Result<()> {
         bail!("--interval must be at least 100ms");
     }
     Ok(())
+}
+
+/// Says so when the flood will run into the ephemeral-port slowdown
+/// described at [`PAIR_SOFT_LIMIT`].
+fn warn_port_pressure(args: &Args) {
+    if args.child.is_some() {
+        return;
+    }
+    let n = |spec: &Option<String>, f: fn(&str) -> usize| spec.as_deref().map_or(1, f).max(1) as u64;
+    let ips = n(&args.source_ips, |s| parse_ip_list(s).map_or(1, |v| v.len()));
+    let ports = n(&args.ports, |s| {
+        crate::config::parse_ports(s).map_or(1, |v| v.len())
+    });
+    let per_pair = args.count / (ips * ports);
+    if per_pair > PAIR_SOFT_LIMIT {
+        eprintln!(
+            "floodtest: warning: {per_pair} connections per source/destination pair; past ~{PAIR_SOFT_LIMIT} \
+             connect() crawls (ephemeral ports). Spread them with --source-ips 127.0.0.2-127.0.0.9 or --ports."
+        );
+    }
 }
 
 fn parse_child(spec: &str) -> anyhow::Result<(u64, u64)> {
