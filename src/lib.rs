@@ -24,6 +24,7 @@
 //! The load tools (binaries `floodtest` and `loadtest`):
 //!
 //! - [`flood`]: floodtest, many long-lived streams and message latency.
+//! - [`load`]: loadtest, request throughput (ibrowse- and wrk-style).
 //! - [`target`]: loopback-checked target URLs.
 //! - [`latency`]: HDR latency histograms.
 //! - [`limits`]: open-file limit and source-address socket options.
@@ -37,6 +38,7 @@ pub mod http;
 pub mod id;
 pub mod latency;
 pub mod limits;
+pub mod load;
 pub mod router;
 pub mod server;
 pub mod state;

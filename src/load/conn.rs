@@ -1,0 +1,279 @@
+//! One loadtest connection: keeps up to `pipeline` requests in flight, parses
+//! responses as they complete, reconnects after failures.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::report::{Outcome, Tally};
+use super::{Job, Queue, Shape};
+use crate::flood::report::ErrorKind;
+
+/// Room made in the read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Pause after a failed connect, so a dead server is not hammered in a loop.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
+
+/// Where a connection's requests come from.
+trait Source {
+    /// What identifies a request until it completes.
+    type Token;
+    /// A request to send now, if there is one.
+    fn take(&self) -> Option<Self::Token>;
+    /// Would `take` give a request now?
+    fn has_more(&self) -> bool;
+    /// Waits for more requests; false when there will be none.
+    async fn wait(&self) -> bool;
+    /// A request finished.
+    fn complete(&self, token: Self::Token, outcome: Outcome, latency: Duration);
+}
+
+/// wrk-style: requests until the deadline.
+struct Until {
+    deadline: Instant,
+    tally: Rc<RefCell<Tally>>,
+}
+
+impl Source for Until {
+    type Token = ();
+    fn take(&self) -> Option<()> {
+        self.has_more().then_some(())
+    }
+    fn has_more(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+    async fn wait(&self) -> bool {
+        false
+    }
+    fn complete(&self, (): (), outcome: Outcome, latency: Duration) {
+        self.tally.borrow_mut().record(outcome, latency);
+    }
+}
+
+/// ibrowse-style: requests from the workers' shared queue.
+struct FromQueue {
+    queue: Rc<Queue>,
+    tally: Rc<RefCell<Tally>>,
+}
+
+impl Source for FromQueue {
+    type Token = Job;
+    fn take(&self) -> Option<Job> {
+        self.queue.jobs.borrow_mut().pop_front()
+    }
+    fn has_more(&self) -> bool {
+        !self.queue.jobs.borrow().is_empty()
+    }
+    async fn wait(&self) -> bool {
+        loop {
+            if !self.queue.jobs.borrow().is_empty() {
+                return true;
+            }
+            if self.queue.closed.get() {
+                return false;
+            }
+            self.queue.ready.notified().await;
+        }
+    }
+    fn complete(&self, job: Job, outcome: Outcome, latency: Duration) {
+        self.tally.borrow_mut().record(outcome, latency);
+        let _ = job.done.send(outcome);
+    }
+}
+
+/// Runs one connection until `deadline`.
+pub async fn run_until(shape: Shape, deadline: Instant, tally: Rc<RefCell<Tally>>) {
+    drive(&shape, &Until { deadline, tally }).await;
+}
+
+/// Runs one pooled connection serving the workers' queue until it closes.
+pub async fn serve_queue(shape: Shape, queue: Rc<Queue>, tally: Rc<RefCell<Tally>>) {
+    drive(&shape, &FromQueue { queue, tally }).await;
+}
+
+/// An open connection and its unparsed input.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+async fn drive<S: Source>(shape: &Shape, source: &S) {
+    let mut conn: Option<Conn> = None;
+    let mut inflight: VecDeque<(S::Token, Instant)> = VecDeque::new();
+    let mut out: Vec<u8> = Vec::with_capacity(shape.request.len() * shape.pipeline);
+    loop {
+        // Connect only for a request that is there to send.
+        if !source.has_more() && inflight.is_empty() && !source.wait().await {
+            return;
+        }
+        if conn.is_none() {
+            match TcpStream::connect(shape.target.addr).await {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    conn = Some(Conn {
+                        stream,
+                        buf: Vec::with_capacity(READ_CHUNK),
+                    });
+                }
+                Err(e) => {
+                    match source.take() {
+                        Some(t) => source.complete(t, Outcome::Error(ErrorKind::of(&e)), Duration::ZERO),
+                        None if !source.wait().await => return,
+                        None => {}
+                    }
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                    continue;
+                }
+            }
+        }
+        // unwrap: set just above.
+        let c = conn.as_mut().expect("connected");
+        out.clear();
+        while inflight.len() < shape.pipeline {
+            let Some(t) = source.take() else { break };
+            out.extend_from_slice(&shape.request);
+            inflight.push_back((t, Instant::now()));
+        }
+        if inflight.is_empty() {
+            if source.wait().await {
+                continue;
+            }
+            return;
+        }
+        let result = match tokio::time::timeout(shape.timeout, exchange(c, &out, &mut inflight, source)).await
+        {
+            Ok(r) => r,
+            Err(_) => Err(ErrorKind::Timeout),
+        };
+        match result {
+            Ok(keep) if keep && !shape.close => {}
+            Ok(_) => conn = None,
+            Err(kind) => {
+                // Everything in flight on a broken connection failed.
+                for (t, sent) in inflight.drain(..) {
+                    source.complete(t, Outcome::Error(kind), sent.elapsed());
+                }
+                conn = None;
+            }
+        }
+    }
+}
+
+/// Writes `out`, then reads until at least one response completed. Returns
+/// whether the connection may be reused.
+async fn exchange<S: Source>(
+    c: &mut Conn,
+    out: &[u8],
+    inflight: &mut VecDeque<(S::Token, Instant)>,
+    source: &S,
+) -> Result<bool, ErrorKind> {
+    if !out.is_empty() {
+        c.stream.write_all(out).await.map_err(|e| ErrorKind::of(&e))?;
+    }
+    let mut completed = 0;
+    loop {
+        // Parse what is buffered.
+        let mut at = 0;
+        while let Some(parsed) = parse_response(&c.buf[at..]).map_err(|()| ErrorKind::Protocol)? {
+            at += parsed.len;
+            let Some((t, sent)) = inflight.pop_front() else {
+                return Err(ErrorKind::Protocol);
+            };
+            source.complete(t, parsed.outcome, sent.elapsed());
+            completed += 1;
+            if parsed.close {
+                c.buf.drain(..at);
+                return Ok(false);
+            }
+        }
+        c.buf.drain(..at);
+        if completed > 0 {
+            return Ok(true);
+        }
+        c.buf.reserve(READ_CHUNK);
+        match c.stream.read_buf(&mut c.buf).await {
+            Ok(0) => return Err(ErrorKind::Eof),
+            Ok(_) => {}
+            Err(e) => return Err(ErrorKind::of(&e)),
+        }
+    }
+}
+
+/// One complete response at the start of a buffer.
+#[derive(Debug, PartialEq, Eq)]
+struct Parsed {
+    /// Bytes it spans.
+    len: usize,
+    outcome: Outcome,
+    /// The server will close the connection.
+    close: bool,
+}
+
+/// Parses a response with a `content-length` body (or none for 204/304).
+/// `Ok(None)`: incomplete. `Err`: not parseable (chunked responses included).
+fn parse_response(buf: &[u8]) -> Result<Option<Parsed>, ()> {
+    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return if buf.len() > 64 * 1024 { Err(()) } else { Ok(None) };
+    };
+    let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| ())?;
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or(())?;
+    let mut length = None;
+    let mut close = false;
+    for line in lines {
+        let (k, v) = line.split_once(':').ok_or(())?;
+        let (k, v) = (k.trim(), v.trim());
+        if k.eq_ignore_ascii_case("content-length") {
+            length = Some(v.parse::<usize>().map_err(|_| ())?);
+        } else if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
+            close = true;
+        } else if k.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(());
+        }
+    }
+    let length = match (length, status) {
+        (Some(n), _) => n,
+        (None, 204 | 304) => 0,
+        (None, _) => return Err(()),
+    };
+    let len = head_end + 4 + length;
+    if buf.len() < len {
+        return Ok(None);
+    }
+    let outcome = match status {
+        200..=299 if length > 0 => Outcome::Success,
+        200..=299 => Outcome::Error(ErrorKind::Protocol),
+        _ => Outcome::Error(ErrorKind::Status(status)),
+    };
+    Ok(Some(Parsed { len, outcome, close }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses() {
+        let r = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n12HTTP/1.1 503 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let first = parse_response(r).unwrap().unwrap();
+        assert_eq!(first.outcome, Outcome::Success);
+        let second = parse_response(&r[first.len..]).unwrap().unwrap();
+        assert_eq!(second.outcome, Outcome::Error(ErrorKind::Status(503)));
+        assert!(second.close);
+        assert_eq!(parse_response(&r[..first.len - 1]).unwrap(), None);
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_err());
+        let empty = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(empty.outcome, Outcome::Error(ErrorKind::Protocol));
+    }
+}

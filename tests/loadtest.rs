@@ -1,0 +1,158 @@
+//! The loadtest binary as a real process against a real server; connection
+//! counts are checked on the server side.
+
+mod common;
+
+use std::process::Command;
+
+use common::{TestServer, settings};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_loadtest");
+
+fn load(srv: &TestServer, path: &str, args: &[&str]) -> (String, Value) {
+    let json = std::env::temp_dir().join(format!("loadtest-{}-{}.json", std::process::id(), args.join("_")));
+    let out = Command::new(BIN)
+        .arg("--url")
+        .arg(format!("http://{}{path}", srv.addr))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    (stdout, v)
+}
+
+/// Connections the server accepted while `f` ran (the `/stats` reads excluded).
+fn accepted_during(srv: &TestServer, f: impl FnOnce()) -> u64 {
+    let before = srv.stats()["connections"]["accepted"].as_u64().unwrap();
+    f();
+    let after = srv.stats()["connections"]["accepted"].as_u64().unwrap();
+    after - before - 1
+}
+
+#[test]
+fn ibrowse_style_workers_share_a_bounded_pool() {
+    let srv = TestServer::start(settings());
+    let mut report = Value::Null;
+    let mut stdout = String::new();
+    let conns = accepted_during(&srv, || {
+        (stdout, report) = load(
+            &srv,
+            "/dispatcher",
+            &["--workers", "10", "--requests", "20", "--max-sessions", "3"],
+        );
+    });
+    assert_eq!(conns, 3, "pool of 3 sessions");
+    assert_eq!(report["requests"], 200);
+    assert_eq!(report["success"], 200);
+    assert_eq!(report["workers"].as_array().unwrap().len(), 10);
+    assert!(stdout.contains("worker   10:"), "{stdout}");
+    assert!(report["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        srv.stats()["counter"],
+        200,
+        "every request reached the Counter once"
+    );
+}
+
+#[test]
+fn pipelining_keeps_several_requests_on_one_connection() {
+    let srv = TestServer::start(settings());
+    let mut report = Value::Null;
+    let conns = accepted_during(&srv, || {
+        (_, report) = load(
+            &srv,
+            "/dispatcher",
+            &[
+                "--workers",
+                "8",
+                "--requests",
+                "25",
+                "--max-sessions",
+                "1",
+                "--pipeline",
+                "4",
+            ],
+        );
+    });
+    assert_eq!(conns, 1);
+    assert_eq!(report["success"], 200);
+    assert_eq!(srv.stats()["counter"], 200);
+}
+
+#[test]
+fn no_keepalive_opens_a_connection_per_request() {
+    let srv = TestServer::start(settings());
+    let mut report = Value::Null;
+    let conns = accepted_during(&srv, || {
+        (_, report) = load(
+            &srv,
+            "/dispatcher",
+            &[
+                "--workers",
+                "2",
+                "--requests",
+                "10",
+                "--max-sessions",
+                "2",
+                "--no-keepalive",
+            ],
+        );
+    });
+    assert_eq!(conns, 20);
+    assert_eq!(report["success"], 20);
+}
+
+#[test]
+fn wrk_style_runs_for_a_duration_over_fixed_connections() {
+    let srv = TestServer::start(settings());
+    let mut report = Value::Null;
+    let conns = accepted_during(&srv, || {
+        (_, report) = load(&srv, "/dispatcher", &["--connections", "8", "--duration", "1s"]);
+    });
+    assert_eq!(conns, 8);
+    let requests = report["requests"].as_u64().unwrap();
+    assert!(requests > 100, "{report}");
+    assert_eq!(report["success"], requests);
+    assert!(report["rps"].as_f64().unwrap() > 100.0);
+    // Requests still in flight at the deadline reached the server uncounted.
+    let counter = srv.stats()["counter"].as_u64().unwrap();
+    assert!(
+        (requests..=requests + 8).contains(&counter),
+        "{counter} vs {requests}"
+    );
+}
+
+#[test]
+fn errors_are_counted_by_kind() {
+    let srv = TestServer::start(settings());
+    let (stdout, report) = load(&srv, "/nope", &["--workers", "2", "--requests", "5"]);
+    assert_eq!(report["success"], 0);
+    assert_eq!(report["errors"]["http_404"], 10, "{stdout}");
+}
+
+#[test]
+fn refuses_non_loopback_targets() {
+    let out = Command::new(BIN)
+        .args([
+            "--url",
+            "http://192.168.1.1/dispatcher",
+            "--workers",
+            "1",
+            "--requests",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
+}
