@@ -167,8 +167,10 @@ impl Settings {
             builder = builder.add_source(
                 Environment::with_prefix("SWITCHBOARD")
                     .prefix_separator("__")
-                    .separator("__")
-                    .try_parsing(true),
+                    .separator("__"),
+                // No try_parsing: values stay strings until serde converts
+                // them to the field's type, so a token like "007" is kept as
+                // written instead of becoming the number 7.
             );
         }
         let settings: Settings = builder.build()?.try_deserialize()?;

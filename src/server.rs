@@ -94,6 +94,9 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let Server { settings, listeners } = self;
         let addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let Some(&main_addr) = addrs.first() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no listening socket"));
+        };
         let workers = settings.workers();
         let stats = Arc::new(Stats::new());
 
@@ -116,21 +119,29 @@ impl Server {
 
         let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
         let mut arbiters = vec![actors];
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(workers);
         for _ in 0..workers {
             let mine = listeners
                 .iter()
                 .map(|l| l.try_clone())
                 .collect::<io::Result<Vec<_>>>()?;
             let worker = Arbiter::new();
-            let (state, slots, main_addr) = (Arc::clone(&state), Arc::clone(&slots), addrs[0]);
+            let (state, slots, ready) = (Arc::clone(&state), Arc::clone(&slots), ready_tx.clone());
             // The worker future is not Send (actix-web services are !Send):
             // send a closure that spawns it on the worker's own thread.
             worker.spawn_fn(move || {
-                actix_rt::spawn(run_worker(mine, main_addr, state, slots));
+                actix_rt::spawn(run_worker(mine, main_addr, state, slots, ready));
             });
             arbiters.push(worker);
         }
         drop(listeners);
+        drop(ready_tx);
+        // Wait until every worker serves, so the idle baseline includes them.
+        for _ in 0..workers {
+            if ready_rx.recv().await.is_none() {
+                break;
+            }
+        }
 
         state.stats.set_baseline();
         tracing::info!(?addrs, workers, "switchboard listening");
@@ -192,6 +203,7 @@ async fn run_worker(
     local_addr: SocketAddr,
     state: Arc<ServerState>,
     slots: Arc<Semaphore>,
+    ready: tokio::sync::mpsc::Sender<()>,
 ) {
     let http = match http_service(&state, local_addr).new_service(()).await {
         Ok(s) => Rc::new(s),
@@ -213,6 +225,7 @@ async fn run_worker(
             Err(e) => tracing::error!(cause = %e, "worker could not register a listener"),
         }
     }
+    let _ = ready.send(()).await;
 }
 
 /// actix-web's HTTP/1 service with `HttpServer::listen`'s settings, built by
@@ -353,7 +366,12 @@ where
 {
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
-    let class = handoff::classify(&io, deadline, settings.stream.max_id_len).await;
+    // A connection still sending its head when shutdown starts is dropped,
+    // so it cannot hold shutdown up for a whole head timeout.
+    let class = tokio::select! {
+        class = handoff::classify(&io, deadline, settings.stream.max_id_len) => class,
+        () = state.shutdown.cancelled() => return,
+    };
     let id = match class {
         Class::Stream(id)
             if !state.shutdown.is_cancelled()
@@ -377,7 +395,11 @@ where
         }
         Class::Gone => return,
     };
-    match handoff::consume_head(&io, deadline, settings.server.max_head_bytes).await {
+    let head = tokio::select! {
+        head = handoff::consume_head(&io, deadline, settings.server.max_head_bytes) => head,
+        () = state.shutdown.cancelled() => Err(HeadError::Gone),
+    };
+    match head {
         Ok(()) => {
             drop(conn);
             Stream::start_lean(io, id, state);

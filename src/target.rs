@@ -34,13 +34,21 @@ impl Target {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
-                (h, p.parse::<u16>().map_err(|_| bad())?)
+        let (host, port) = match authority.strip_prefix('[') {
+            // [v6] or [v6]:port
+            Some(v6) => {
+                let (host, rest) = v6.split_once(']').ok_or_else(bad)?;
+                match rest.strip_prefix(':') {
+                    Some(p) => (host, p.parse::<u16>().map_err(|_| bad())?),
+                    None if rest.is_empty() => (host, 80),
+                    None => return Err(bad()),
+                }
             }
-            _ => (authority, 80),
+            None => match authority.split_once(':') {
+                Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
+                None => (authority, 80),
+            },
         };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
         let ip: IpAddr = if host.eq_ignore_ascii_case("localhost") {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         } else {

@@ -136,7 +136,7 @@ fn environment_overrides_the_config_file_which_overrides_defaults() {
     let mut cmd = server();
     cmd.arg("--config").arg(&file);
     cmd.env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "100");
-    cmd.env("SWITCHBOARD__AUTH__PUBLISH_TOKEN", "12345");
+    cmd.env("SWITCHBOARD__AUTH__PUBLISH_TOKEN", "0071e3");
     let p = Proc::start(cmd);
     // From the file: ids of at most 4 characters.
     let r = request(p.addrs[0], "GET", "/test/abcde", &[], b"").unwrap();
@@ -145,17 +145,21 @@ fn environment_overrides_the_config_file_which_overrides_defaults() {
     let mut c = StreamClient::open(p.addrs[0], "abcd");
     c.line();
     assert_eq!(c.line(), "Chunk 1 for id abcd");
-    // A numeric-looking token is still a string token.
-    let r = request(
-        p.addrs[0],
-        "POST",
-        "/send/abcd",
-        &[("authorization", "Bearer 12345")],
-        b"m",
-    )
-    .unwrap();
-    assert_eq!(r.status, 200);
-    assert!(!p.log_contains("12345"), "the token is never logged");
+    // A numeric-looking token is kept exactly as written.
+    let send = |token: &str| {
+        let auth = format!("Bearer {token}");
+        request(
+            p.addrs[0],
+            "POST",
+            "/send/abcd",
+            &[("authorization", &auth)],
+            b"m",
+        )
+        .unwrap()
+    };
+    assert_eq!(send("71000").status, 401);
+    assert_eq!(send("0071e3").status, 200);
+    assert!(!p.log_contains("0071e3"), "the token is never logged");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

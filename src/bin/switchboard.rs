@@ -20,6 +20,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let settings = Settings::load(cli.config.as_deref())?;
     switchboard::telemetry::init(&settings.log)?;
+    // Streams are file descriptors: use the whole hard limit, not the soft one.
+    match switchboard::limits::raise_nofile() {
+        Ok(n) => tracing::info!(open_files = n, "open-file limit"),
+        Err(e) => tracing::warn!(cause = %e, "could not read or raise the open-file limit"),
+    }
     let server = Server::bind(settings)?;
     actix::System::new().block_on(server.run(shutdown_signal()))?;
     Ok(())

@@ -123,11 +123,13 @@ impl Plan {
     pub fn conn(&self, n: u64) -> (SocketAddr, String, Option<IpAddr>) {
         let t = &self.targets[(n % self.targets.len() as u64) as usize];
         let mut addr = t.addr;
+        // Source IP varies fastest, port next: every (source, port) pair is
+        // used equally, whatever the two counts are.
+        let ips = self.source_ips.len().max(1) as u64;
         if !self.ports.is_empty() {
-            addr.set_port(self.ports[(n % self.ports.len() as u64) as usize]);
+            addr.set_port(self.ports[((n / ips) % self.ports.len() as u64) as usize]);
         }
-        let src = (!self.source_ips.is_empty())
-            .then(|| self.source_ips[(n % self.source_ips.len() as u64) as usize]);
+        let src = (!self.source_ips.is_empty()).then(|| self.source_ips[(n % ips) as usize]);
         (addr, t.path_for(n), src)
     }
 }
@@ -201,7 +203,11 @@ fn warn_port_pressure(args: &Args) {
 
 fn parse_child(spec: &str) -> anyhow::Result<(u64, u64)> {
     let (i, k) = spec.split_once('/').context("--child takes I/K")?;
-    Ok((i.parse()?, k.parse()?))
+    let (i, k): (u64, u64) = (i.parse()?, k.parse()?);
+    if k == 0 || i >= k {
+        bail!("--child {spec}: need 0 <= I < K");
+    }
+    Ok((i, k))
 }
 
 /// This process's share (`index` of `of`) of the whole flood.

@@ -92,7 +92,9 @@ impl EventParser {
                         }
                         self.state = State::Headers { matched: 2 };
                     } else if b == b' ' {
-                        self.state = State::Status { spaces: spaces + 1 };
+                        self.state = State::Status {
+                            spaces: spaces.saturating_add(1),
+                        };
                     } else if spaces == 1 && b.is_ascii_digit() && self.num < 1000 {
                         self.num = self.num * 10 + u64::from(b - b'0');
                     }

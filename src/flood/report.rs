@@ -217,14 +217,14 @@ impl Snapshot {
     }
 
     /// The line a child process prints.
-    pub fn to_json(&self, with_latency: bool) -> Value {
+    pub fn to_json(&self) -> Value {
         json!({
             "active": self.active, "closed": self.closed, "chunks": self.chunks,
             "established": self.established, "errors": self.errors,
             "msgs_sent": self.msgs_sent, "send_errors": self.send_errors,
             "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
             "ramp_s": self.ramp_s,
-            "latency": if with_latency { self.latency.to_pairs() } else { Value::Null },
+            "latency": self.latency.to_pairs(),
         })
     }
 
@@ -308,7 +308,7 @@ impl Reporter {
     pub async fn interval(&mut self, counters: &super::report::Counters, started: Instant) {
         let snap = counters.snapshot(started);
         if self.child {
-            println!("{}", snap.to_json(false));
+            println!("{}", snap.to_json());
             return;
         }
         self.report(snap).await;
@@ -364,7 +364,7 @@ impl Reporter {
     ) -> Summary {
         let snap = counters.snapshot(started);
         if self.child {
-            println!("{}", json!({ "final": snap.to_json(true) }));
+            println!("{}", json!({ "final": snap.to_json() }));
             let _ = io::stdout().flush();
         }
         self.summarize(snap, started.elapsed(), 1).await

@@ -152,9 +152,13 @@ impl Actor for Stream {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let max = self.state.settings.stream.max_pending_bytes;
-        let opened = self.sink.open(max);
-        if !self.after_write(ctx, opened) {
-            return;
+        match self.sink.open(max) {
+            Ok(Written::Pending) => {
+                self.flushing = true;
+                ctx.spawn(Flush);
+            }
+            Ok(Written::Done) => {}
+            Err(_) => return ctx.stop(),
         }
         let line = format_args!("Switchboard welcomes you! Your Id: {}", self.id);
         let welcome = push_line(&mut self.sink, max, line);
