@@ -156,3 +156,31 @@ fn refuses_non_loopback_targets() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
 }
+
+#[test]
+fn a_server_that_never_answers_counts_as_timeouts() {
+    // Accepts and then says nothing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let holder = std::thread::spawn(move || {
+        let conns: Vec<_> = silent.incoming().take(2).collect();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        drop(conns);
+    });
+    let out = Command::new(BIN)
+        .args([
+            "--url",
+            &format!("http://{addr}/dispatcher"),
+            "--workers",
+            "1",
+            "--requests",
+            "2",
+        ])
+        .args(["--max-sessions", "1", "--timeout", "300ms"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("success 0  errors: timeout=2"), "{stdout}");
+    holder.join().unwrap();
+}

@@ -103,6 +103,8 @@ struct Conn {
 }
 
 async fn drive<S: Source>(shape: &Shape, source: &S) {
+    let deadline = tokio::time::sleep(shape.timeout);
+    tokio::pin!(deadline);
     let mut conn: Option<Conn> = None;
     let mut inflight: VecDeque<(S::Token, Instant)> = VecDeque::new();
     let mut out: Vec<u8> = Vec::with_capacity(shape.request.len() * shape.pipeline);
@@ -145,11 +147,12 @@ async fn drive<S: Source>(shape: &Shape, source: &S) {
             }
             return;
         }
-        let result = match tokio::time::timeout(shape.timeout, exchange(c, &out, &mut inflight, source)).await
-        {
-            Ok(r) => r,
-            Err(_) => Err(ErrorKind::Timeout),
-        };
+        // Pushing a pending deadline later is a cheap state update in tokio
+        // (no timer-wheel re-insert), unlike a fresh `timeout` per request.
+        deadline
+            .as_mut()
+            .reset(tokio::time::Instant::now() + shape.timeout);
+        let result = exchange(c, &out, &mut inflight, source, deadline.as_mut()).await;
         match result {
             Ok(keep) if keep && !shape.close => {}
             Ok(_) => conn = None,
@@ -164,16 +167,20 @@ async fn drive<S: Source>(shape: &Shape, source: &S) {
     }
 }
 
-/// Writes `out`, then reads until at least one response completed. Returns
-/// whether the connection may be reused.
+/// Writes `out`, then reads until at least one response completed, giving up
+/// at `deadline`. Returns whether the connection may be reused.
 async fn exchange<S: Source>(
     c: &mut Conn,
     out: &[u8],
     inflight: &mut VecDeque<(S::Token, Instant)>,
     source: &S,
+    mut deadline: std::pin::Pin<&mut tokio::time::Sleep>,
 ) -> Result<bool, ErrorKind> {
     if !out.is_empty() {
-        c.stream.write_all(out).await.map_err(|e| ErrorKind::of(&e))?;
+        tokio::select! {
+            r = c.stream.write_all(out) => r.map_err(|e| ErrorKind::of(&e))?,
+            () = &mut deadline => return Err(ErrorKind::Timeout),
+        }
     }
     let mut completed = 0;
     loop {
@@ -196,7 +203,11 @@ async fn exchange<S: Source>(
             return Ok(true);
         }
         c.buf.reserve(READ_CHUNK);
-        match c.stream.read_buf(&mut c.buf).await {
+        let read = tokio::select! {
+            r = c.stream.read_buf(&mut c.buf) => r,
+            () = &mut deadline => return Err(ErrorKind::Timeout),
+        };
+        match read {
             Ok(0) => return Err(ErrorKind::Eof),
             Ok(_) => {}
             Err(e) => return Err(ErrorKind::of(&e)),
