@@ -25,8 +25,7 @@ trait Source {
     type Token;
     /// A request to send now, if there is one.
     fn take(&self) -> Option<Self::Token>;
-    /// Would `take` give a request now?
-    fn has_more(&self) -> bool;
+
     /// Waits for more requests; false when there will be none.
     async fn wait(&self) -> bool;
     /// A request finished.
@@ -42,10 +41,7 @@ struct Until {
 impl Source for Until {
     type Token = ();
     fn take(&self) -> Option<()> {
-        self.has_more().then_some(())
-    }
-    fn has_more(&self) -> bool {
-        Instant::now() < self.deadline
+        (Instant::now() < self.deadline).then_some(())
     }
     async fn wait(&self) -> bool {
         false
@@ -65,9 +61,6 @@ impl Source for FromQueue {
     type Token = Job;
     fn take(&self) -> Option<Job> {
         self.queue.jobs.borrow_mut().pop_front()
-    }
-    fn has_more(&self) -> bool {
-        !self.queue.jobs.borrow().is_empty()
     }
     async fn wait(&self) -> bool {
         loop {
@@ -109,32 +102,8 @@ async fn drive<S: Source>(shape: &Shape, source: &S) {
     let mut inflight: VecDeque<(S::Token, Instant)> = VecDeque::new();
     let mut out: Vec<u8> = Vec::with_capacity(shape.request.len() * shape.pipeline);
     loop {
-        // Connect only for a request that is there to send.
-        if !source.has_more() && inflight.is_empty() && !source.wait().await {
-            return;
-        }
-        if conn.is_none() {
-            match TcpStream::connect(shape.target.addr).await {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
-                    conn = Some(Conn {
-                        stream,
-                        buf: Vec::with_capacity(READ_CHUNK),
-                    });
-                }
-                Err(e) => {
-                    match source.take() {
-                        Some(t) => source.complete(t, Outcome::Error(ErrorKind::of(&e)), Duration::ZERO),
-                        None if !source.wait().await => return,
-                        None => {}
-                    }
-                    tokio::time::sleep(RECONNECT_PAUSE).await;
-                    continue;
-                }
-            }
-        }
-        // unwrap: set just above.
-        let c = conn.as_mut().expect("connected");
+        // Take requests first, connect after: a connection is opened only for
+        // a request this task holds (another task cannot take it meanwhile).
         out.clear();
         while inflight.len() < shape.pipeline {
             let Some(t) = source.take() else { break };
@@ -147,23 +116,48 @@ async fn drive<S: Source>(shape: &Shape, source: &S) {
             }
             return;
         }
+        if conn.is_none() {
+            match TcpStream::connect(shape.target.addr).await {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    conn = Some(Conn {
+                        stream,
+                        buf: Vec::with_capacity(READ_CHUNK),
+                    });
+                }
+                Err(e) => {
+                    fail_all(source, &mut inflight, ErrorKind::of(&e));
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                    continue;
+                }
+            }
+        }
+        // unwrap: set just above.
+        let c = conn.as_mut().expect("connected");
         // Pushing a pending deadline later is a cheap state update in tokio
         // (no timer-wheel re-insert), unlike a fresh `timeout` per request.
         deadline
             .as_mut()
             .reset(tokio::time::Instant::now() + shape.timeout);
-        let result = exchange(c, &out, &mut inflight, source, deadline.as_mut()).await;
-        match result {
-            Ok(keep) if keep && !shape.close => {}
-            Ok(_) => conn = None,
+        match exchange(c, &out, &mut inflight, source, deadline.as_mut()).await {
+            Ok(true) if !shape.close => {}
+            Ok(_) => {
+                // The connection ends here: what it still carried is lost.
+                fail_all(source, &mut inflight, ErrorKind::Eof);
+                conn = None;
+            }
             Err(kind) => {
-                // Everything in flight on a broken connection failed.
-                for (t, sent) in inflight.drain(..) {
-                    source.complete(t, Outcome::Error(kind), sent.elapsed());
-                }
+                fail_all(source, &mut inflight, kind);
                 conn = None;
             }
         }
+    }
+}
+
+/// Completes every request in flight as failed with `kind`.
+fn fail_all<S: Source>(source: &S, inflight: &mut VecDeque<(S::Token, Instant)>, kind: ErrorKind) {
+    for (t, sent) in inflight.drain(..) {
+        source.complete(t, Outcome::Error(kind), sent.elapsed());
     }
 }
 
