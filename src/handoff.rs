@@ -20,6 +20,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 
 use crate::id::is_id_byte;
 use crate::stats::Stats;
+use crate::wire::head_end_step;
 
 /// How much of the request line is peeked. Larger lines go to actix-web. Kept
 /// small because this buffer lives in every connection's future while it is
@@ -144,11 +145,7 @@ pub async fn consume_head(io: &TcpStream, deadline: Instant, max_head: usize) ->
         };
         for &b in &buf[..n] {
             seen += 1;
-            matched = match (matched, b) {
-                (0 | 2, b'\r') | (1 | 3, b'\n') => matched + 1,
-                (_, b'\r') => 1,
-                _ => 0,
-            };
+            matched = head_end_step(matched, b);
             if matched == 4 {
                 return Ok(());
             }

@@ -28,7 +28,8 @@
 //! - [`target`]: loopback-checked target URLs.
 //! - [`latency`]: HDR latency histograms.
 //! - [`limits`]: open-file limit and source-address socket options.
-//! - [`units`]: durations on the command line.
+//! - [`units`]: durations on the command line, splitting work evenly.
+//! - [`wire`]: HTTP/1.1 framing shared by the lean path and the tools.
 
 pub mod config;
 pub mod counter;
@@ -48,6 +49,7 @@ mod supervision;
 pub mod target;
 pub mod telemetry;
 pub mod units;
+pub mod wire;
 
 pub use config::Settings;
 pub use server::Server;

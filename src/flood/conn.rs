@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::Plan;
@@ -42,13 +43,13 @@ pub async fn hold(i: u64, plan: Rc<Plan>, counters: Rc<Counters>) {
 async fn open(i: u64, plan: Rc<Plan>, counters: &Counters) -> Option<(TcpStream, EventParser)> {
     let n = plan.first_n + i;
     let (addr, path, src) = plan.conn(n);
-    let stream = match tokio::time::timeout(plan.connect_timeout, connect(addr, src)).await {
+    let mut stream = match tokio::time::timeout(plan.connect_timeout, connect(addr, src)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return fail(counters, ErrorKind::of(&e)),
         Err(_) => return fail(counters, ErrorKind::Timeout),
     };
     let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nuser-agent: floodtest\r\n\r\n");
-    if let Err(e) = write_all(&stream, request.as_bytes()).await {
+    if let Err(e) = stream.write_all(request.as_bytes()).await {
         return fail(counters, ErrorKind::of(&e));
     }
     let mut parser = EventParser::default();
@@ -81,18 +82,6 @@ async fn connect(addr: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStream>
         socket.bind(SocketAddr::new(ip, 0))?;
     }
     socket.connect(addr).await
-}
-
-async fn write_all(stream: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        stream.writable().await?;
-        match stream.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Reads until the response head is through. `Ok(false)`: the server

@@ -4,6 +4,8 @@
 //! connection and never buffers a whole event: only its first
 //! [`CAPTURE`] bytes, enough to find a message's send timestamp.
 
+use crate::wire::head_end_step;
+
 /// Bytes of each event kept for inspection.
 pub const CAPTURE: usize = 48;
 
@@ -111,11 +113,7 @@ impl EventParser {
                     } else {
                         self.chunked_match = u8::from(b.eq_ignore_ascii_case(&CHUNKED[0]));
                     }
-                    let matched = match (matched, b) {
-                        (0 | 2, b'\r') | (1 | 3, b'\n') => matched + 1,
-                        (_, b'\r') => 1,
-                        _ => 0,
-                    };
+                    let matched = head_end_step(matched, b);
                     self.state = if matched == 4 {
                         self.num = 0;
                         self.cap_len = 0;

@@ -423,8 +423,8 @@ pub fn fetch_json(addr: SocketAddr, path: &str) -> Option<Value> {
     .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
-    let at = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
-    serde_json::from_slice(&buf[at + 4..]).ok()
+    let response = crate::wire::parse_response(&buf).ok()??;
+    serde_json::from_slice(response.body(&buf)).ok()
 }
 
 /// The final result of a flood.

@@ -2,12 +2,14 @@
 //! process holds. Each body is `@<send time in µs>`; the receiving stream
 //! reads the stamp back and records the latency.
 
+use std::io;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -15,6 +17,7 @@ use super::Plan;
 use super::conn::now_micros;
 use super::report::Counters;
 use crate::target::id_of;
+use crate::wire;
 
 /// Keep-alive connections messages are spread over.
 const SENDERS: usize = 4;
@@ -62,20 +65,18 @@ pub async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instant) {
 }
 
 /// One keep-alive connection sending what it is given, reconnecting once on failure.
-async fn send_loop(
-    addr: std::net::SocketAddr,
-    mut rx: mpsc::UnboundedReceiver<String>,
-    counters: Rc<Counters>,
-) {
-    let mut conn: Option<BufReader<TcpStream>> = None;
+async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, counters: Rc<Counters>) {
+    let mut conn: Option<TcpStream> = None;
+    let mut buf = Vec::new();
     while let Some(path) = rx.recv().await {
         let mut ok = false;
         for _ in 0..2 {
             if conn.is_none() {
-                conn = TcpStream::connect(addr).await.ok().map(BufReader::new);
+                conn = TcpStream::connect(addr).await.ok();
+                buf.clear();
             }
             let Some(c) = conn.as_mut() else { break };
-            match post(c, addr, &path).await {
+            match post(c, &mut buf, addr, &path).await {
                 Ok(status) => {
                     ok = status == 200;
                     break;
@@ -92,44 +93,25 @@ async fn send_loop(
     }
 }
 
-async fn post(c: &mut BufReader<TcpStream>, addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
+/// Sends one stamped message and reads the answer; returns its status.
+async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<u16> {
     let body = format!("@{}", now_micros());
     let req = format!(
         "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    c.get_mut().write_all(req.as_bytes()).await?;
-    read_response(c).await
-}
-
-/// Reads a response with a content-length body; returns its status.
-pub async fn read_response(c: &mut BufReader<TcpStream>) -> std::io::Result<u16> {
-    let mut line = String::new();
-    if c.read_line(&mut line).await? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let mut len = 0usize;
+    c.write_all(req.as_bytes()).await?;
     loop {
-        line.clear();
-        if c.read_line(&mut line).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        match wire::parse_response(buf) {
+            Ok(Some(r)) => {
+                buf.drain(..r.len);
+                return Ok(r.status);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
         }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':')
-            && k.trim().eq_ignore_ascii_case("content-length")
-        {
-            len = v.trim().parse().unwrap_or(0);
+        if c.read_buf(buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
     }
-    let mut body = vec![0; len];
-    c.read_exact(&mut body).await?;
-    Ok(status)
 }

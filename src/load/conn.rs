@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use super::report::{Outcome, Tally};
 use super::{Job, Queue, Shape};
 use crate::flood::report::ErrorKind;
+use crate::wire;
 
 /// Room made in the read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -180,12 +181,12 @@ async fn exchange<S: Source>(
     loop {
         // Parse what is buffered.
         let mut at = 0;
-        while let Some(parsed) = parse_response(&c.buf[at..]).map_err(|()| ErrorKind::Protocol)? {
+        while let Some(parsed) = wire::parse_response(&c.buf[at..]).map_err(|_| ErrorKind::Protocol)? {
             at += parsed.len;
             let Some((t, sent)) = inflight.pop_front() else {
                 return Err(ErrorKind::Protocol);
             };
-            source.complete(t, parsed.outcome, sent.elapsed());
+            source.complete(t, outcome(&parsed), sent.elapsed());
             completed += 1;
             if parsed.close {
                 c.buf.drain(..at);
@@ -209,57 +210,13 @@ async fn exchange<S: Source>(
     }
 }
 
-/// One complete response at the start of a buffer.
-#[derive(Debug, PartialEq, Eq)]
-struct Parsed {
-    /// Bytes it spans.
-    len: usize,
-    outcome: Outcome,
-    /// The server will close the connection.
-    close: bool,
-}
-
-/// Parses a response with a `content-length` body (or none for 204/304).
-/// `Ok(None)`: incomplete. `Err`: not parseable (chunked responses included).
-fn parse_response(buf: &[u8]) -> Result<Option<Parsed>, ()> {
-    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return if buf.len() > 64 * 1024 { Err(()) } else { Ok(None) };
-    };
-    let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| ())?;
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or(())?;
-    let mut length = None;
-    let mut close = false;
-    for line in lines {
-        let (k, v) = line.split_once(':').ok_or(())?;
-        let (k, v) = (k.trim(), v.trim());
-        if k.eq_ignore_ascii_case("content-length") {
-            length = Some(v.parse::<usize>().map_err(|_| ())?);
-        } else if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
-            close = true;
-        } else if k.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(());
-        }
-    }
-    let length = match (length, status) {
-        (Some(n), _) => n,
-        (None, 204 | 304) => 0,
-        (None, _) => return Err(()),
-    };
-    let len = head_end + 4 + length;
-    if buf.len() < len {
-        return Ok(None);
-    }
-    let outcome = match status {
-        200..=299 if length > 0 => Outcome::Success,
+/// Success is a 2xx with a body; anything else is an error of its kind.
+fn outcome(r: &wire::Response) -> Outcome {
+    match r.status {
+        200..=299 if r.len > r.body_start => Outcome::Success,
         200..=299 => Outcome::Error(ErrorKind::Protocol),
-        _ => Outcome::Error(ErrorKind::Status(status)),
-    };
-    Ok(Some(Parsed { len, outcome, close }))
+        status => Outcome::Error(ErrorKind::Status(status)),
+    }
 }
 
 #[cfg(test)]
@@ -267,18 +224,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn responses() {
+    fn outcomes() {
+        let parse = |b: &[u8]| wire::parse_response(b).unwrap().unwrap();
         let r = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n12HTTP/1.1 503 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        let first = parse_response(r).unwrap().unwrap();
-        assert_eq!(first.outcome, Outcome::Success);
-        let second = parse_response(&r[first.len..]).unwrap().unwrap();
-        assert_eq!(second.outcome, Outcome::Error(ErrorKind::Status(503)));
+        let first = parse(r);
+        assert_eq!(outcome(&first), Outcome::Success);
+        let second = parse(&r[first.len..]);
+        assert_eq!(outcome(&second), Outcome::Error(ErrorKind::Status(503)));
         assert!(second.close);
-        assert_eq!(parse_response(&r[..first.len - 1]).unwrap(), None);
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_err());
-        let empty = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-            .unwrap()
-            .unwrap();
-        assert_eq!(empty.outcome, Outcome::Error(ErrorKind::Protocol));
+        assert_eq!(wire::parse_response(&r[..first.len - 1]).unwrap(), None);
+        assert!(wire::parse_response(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_err());
+        let empty = parse(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(outcome(&empty), Outcome::Error(ErrorKind::Protocol));
     }
 }
