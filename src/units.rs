@@ -1,4 +1,5 @@
-//! Durations as users type them on the load tools' command lines.
+//! Durations as users type them on the load tools' command lines, and
+//! splitting a total over processes or threads.
 
 use std::time::Duration;
 
@@ -25,9 +26,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Part `i` of `total` split over `parts` as evenly as whole numbers allow
+/// (the first `total % parts` parts get one more).
+pub fn split_evenly(total: u64, parts: u64, i: u64) -> u64 {
+    total / parts + u64::from(i < total % parts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splits() {
+        let parts: Vec<u64> = (0..3).map(|i| split_evenly(10, 3, i)).collect();
+        assert_eq!(parts, vec![4, 3, 3]);
+    }
 
     #[test]
     fn units() {

@@ -76,7 +76,7 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut reporter = Reporter::new(args, 0, 1, stats_url);
+    let mut reporter = Reporter::new(args, stats_url);
     let sum = |final_only: bool| {
         let mut total = Snapshot::default();
         for s in &seen {

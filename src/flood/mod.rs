@@ -25,7 +25,7 @@ use clap::Parser;
 
 use crate::limits;
 use crate::target::{Target, parse_ip_list};
-use crate::units::parse_duration;
+use crate::units::{parse_duration, split_evenly};
 use report::{Counters, Summary};
 
 /// Connections per (source address, server address) pair above which Linux's
@@ -155,7 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<Summary> {
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
-    let summary = local.block_on(&rt, run_local(&args, plan, index, of))?;
+    let summary = local.block_on(&rt, run_local(&args, plan))?;
     if args.child.is_none() {
         summary.print();
         if let Some(path) = &args.json {
@@ -255,8 +255,8 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
     } else {
         None
     };
-    let share = share_of(args.count, of);
-    let first_n = (0..index).map(&share).sum();
+    let share = |i| split_evenly(args.count, of, i);
+    let first_n = (0..index).map(share).sum();
     Ok(Plan {
         targets,
         ports,
@@ -270,14 +270,9 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
     })
 }
 
-/// Process `i`'s part of `total`, split as evenly as whole numbers allow.
-fn share_of(total: u64, of: u64) -> impl Fn(u64) -> u64 {
-    move |i| total / of + u64::from(i < total % of)
-}
-
 /// One process's flood on a single-threaded runtime: a small task per
 /// stream, an opener pacing them, an optional message sender, a reporter.
-async fn run_local(args: &Args, plan: Plan, index: u64, of: u64) -> anyhow::Result<Summary> {
+async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let counters = Rc::new(Counters::new(plan.count as usize));
     let plan = Rc::new(plan);
@@ -310,7 +305,7 @@ async fn run_local(args: &Args, plan: Plan, index: u64, of: u64) -> anyhow::Resu
         .is_some()
         .then(|| tokio::task::spawn_local(sender::run(Rc::clone(&plan), Rc::clone(&counters), deadline)));
 
-    let mut reporter = report::Reporter::new(args, index, of, stats_url);
+    let mut reporter = report::Reporter::new(args, stats_url);
     let mut next = started + args.interval;
     loop {
         let wake = next.min(deadline);
@@ -327,5 +322,5 @@ async fn run_local(args: &Args, plan: Plan, index: u64, of: u64) -> anyhow::Resu
         // can arrive; give them a moment more.
         let _ = s.await;
     }
-    Ok(reporter.finish(&counters, started, plan.count).await)
+    Ok(reporter.finish(&counters, started).await)
 }

@@ -280,7 +280,7 @@ pub struct Reporter {
 
 impl Reporter {
     /// A reporter for `args`; `stats_url` is the server's `/stats`, if any.
-    pub fn new(args: &Args, _index: u64, _of: u64, stats_url: Option<Target>) -> Self {
+    pub fn new(args: &Args, stats_url: Option<Target>) -> Self {
         let child = args.child.is_some();
         let bar = (!child && io::stdout().is_terminal()).then(|| {
             let bar = ProgressBar::new(args.count);
@@ -356,12 +356,7 @@ impl Reporter {
 
     /// The end of a process's run: child emits its final JSON line; otherwise
     /// builds the summary.
-    pub async fn finish(
-        &mut self,
-        counters: &super::report::Counters,
-        started: Instant,
-        _count: u64,
-    ) -> Summary {
+    pub async fn finish(&mut self, counters: &super::report::Counters, started: Instant) -> Summary {
         let snap = counters.snapshot(started);
         if self.child {
             println!("{}", json!({ "final": snap.to_json() }));

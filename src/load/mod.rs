@@ -25,7 +25,7 @@ use clap::Parser;
 use tokio::sync::{Notify, oneshot};
 
 use crate::target::Target;
-use crate::units::parse_duration;
+use crate::units::{parse_duration, split_evenly};
 pub use report::{Outcome, Report, Tally};
 
 /// Measure request throughput and latency against one URL.
@@ -122,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<Report> {
 
 /// Thread `t` of `threads`: its share of workers or connections.
 fn run_thread(args: &Args, target: Target, t: u64, threads: u64) -> anyhow::Result<Tally> {
-    let share = |total: u64| total / threads + u64::from(t < total % threads);
+    let share = |total: u64| split_evenly(total, threads, t);
     let close = args.no_keepalive;
     let request = format!(
         "GET {} HTTP/1.1\r\nhost: {}\r\nuser-agent: loadtest\r\n{}\r\n",

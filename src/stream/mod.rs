@@ -91,14 +91,9 @@ impl Stream {
         }
     }
 
-    /// Writes one event line. Returns false if the stream had to stop (client
-    /// gone, or too slow: see the policy in `sink.rs`).
-    fn emit(&mut self, ctx: &mut Context<Self>, line: fmt::Arguments<'_>) -> bool {
-        let max = self.state.settings.stream.max_pending_bytes;
-        let result = push_line(&mut self.sink, max, line);
-        self.after_write(ctx, result)
-    }
-
+    /// After an event was pushed: count it and drive a flush if bytes wait;
+    /// or stop the stream (client gone, or too slow: see the policy in
+    /// `sink.rs`). Returns whether the stream goes on.
     fn after_write(&mut self, ctx: &mut Context<Self>, result: Result<Written, SinkError>) -> bool {
         match result {
             Ok(written) => {
@@ -125,9 +120,12 @@ impl Stream {
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.seq += 1;
         let max = self.state.settings.stream.max_pending_bytes;
-        let line = format_args!("Chunk {} for id {}", self.seq, self.id);
-        let result = push_line(&mut self.sink, max, line);
-        self.after_write(ctx, result);
+        let tick = push_line(
+            &mut self.sink,
+            max,
+            format_args!("Chunk {} for id {}", self.seq, self.id),
+        );
+        self.after_write(ctx, tick);
     }
 }
 
@@ -188,8 +186,13 @@ impl Handler<Deliver> for Stream {
 
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
         self.seq += 1;
-        let seq = self.seq;
-        if self.emit(ctx, format_args!("Recvd msg #{seq}: '{}'", m.msg)) {
+        let max = self.state.settings.stream.max_pending_bytes;
+        let line = push_line(
+            &mut self.sink,
+            max,
+            format_args!("Recvd msg #{}: '{}'", self.seq, m.msg),
+        );
+        if self.after_write(ctx, line) {
             self.state.stats.messages_delivered.fetch_add(1, Relaxed);
         } else {
             self.state.stats.messages_dropped.fetch_add(1, Relaxed);
