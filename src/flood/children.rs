@@ -5,7 +5,7 @@
 //! reports as if it were one process.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,8 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let passthrough = child_args();
     let started = Instant::now();
-    let mut children: Vec<Child> = Vec::new();
+    let mut children = Children(Vec::new());
+    let mut readers = Vec::new();
     let seen: Vec<Arc<Mutex<Seen>>> = (0..k).map(|_| Arc::default()).collect();
     for i in 0..k {
         let mut child = Command::new(&exe)
@@ -45,7 +46,7 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
             .with_context(|| format!("starting child {i}"))?;
         let out = child.stdout.take().context("child stdout")?;
         let seen = Arc::clone(&seen[i as usize]);
-        std::thread::spawn(move || {
+        readers.push(std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 let Ok(v) = serde_json::from_str::<Value>(&line) else {
                     continue;
@@ -56,8 +57,8 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
                     None => s.latest = Snapshot::from_json(&v),
                 }
             }
-        });
-        children.push(child);
+        }));
+        children.0.push(child);
     }
     println!(
         "floodtest: {} streams over {k} processes (at most {budget} each)",
@@ -91,12 +92,12 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
     };
     let kill_at = started + args.duration + CHILD_GRACE;
     let mut next = started + args.interval;
-    let mut exited = vec![false; children.len()];
-    while exited.iter().any(|e| !e) {
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.0.len()];
+    while statuses.iter().any(Option::is_none) {
         std::thread::sleep(Duration::from_millis(50));
-        for (c, done) in children.iter_mut().zip(exited.iter_mut()) {
-            if !*done && c.try_wait()?.is_some() {
-                *done = true;
+        for (c, status) in children.0.iter_mut().zip(statuses.iter_mut()) {
+            if status.is_none() {
+                *status = c.try_wait()?;
             }
         }
         if Instant::now() >= next && Instant::now() < started + args.duration {
@@ -104,20 +105,53 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
             next += args.interval;
         }
         if Instant::now() > kill_at {
-            for c in &mut children {
-                let _ = c.kill();
-            }
+            children.kill();
         }
     }
-    // Let the reader threads take the final lines.
-    std::thread::sleep(Duration::from_millis(100));
+    // Each reader ends at its child's end of output, after the final line.
+    for r in readers {
+        let _ = r.join();
+    }
     let total = sum(true);
     let summary = rt.block_on(reporter.summarize(total, started.elapsed(), k));
     summary.print();
     if let Some(path) = &args.json {
         summary.write_json(path)?;
     }
+    let failed: Vec<String> = statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, st)| !st.is_some_and(|st| st.success()))
+        .map(|(i, st)| format!("child {i}: {st:?}"))
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "not every child finished cleanly, so the totals miss their share: {}",
+            failed.join(", ")
+        );
+    }
     Ok(summary)
+}
+
+/// The child processes; any still running when this is dropped (an early
+/// error return in the parent) are killed, so none outlives the run.
+struct Children(Vec<Child>);
+
+impl Children {
+    fn kill(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.kill();
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
 }
 
 /// This process's arguments minus `--json` (the parent writes it).
