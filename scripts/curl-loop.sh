@@ -16,11 +16,25 @@ esac
   echo "SECONDS must be 1..3600" >&2; exit 2; }
 
 before=$(curl -fsS --max-time 5 "$URL") || { echo "curl-loop: $URL not reachable" >&2; exit 1; }
+[[ "$before" =~ ^[0-9]+$ ]] || { echo "curl-loop: $URL does not answer a counter (got: $before)" >&2; exit 1; }
 start=$(date +%s.%N)
 end=$(( $(date +%s%N) + SECONDS_TO_RUN * 1000000000 ))
 pids=()
-cleanup() { [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
+cleanup() {
+  local p
+  # Freeze each loop so it starts no new curl, end its running curl, then
+  # end the loop (any of them may already be gone: never fatal).
+  for p in "${pids[@]}"; do
+    kill -STOP "$p" 2>/dev/null || true
+    pkill -P "$p" 2>/dev/null || true
+    kill -TERM "$p" 2>/dev/null || true
+    kill -CONT "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  pids=()
+}
+trap cleanup EXIT
+trap 'cleanup; echo "curl-loop: interrupted; no result" >&2; exit 130' INT TERM
 for _ in $(seq 1 "$LOOPS"); do
   ( while [ "$(date +%s%N)" -lt "$end" ]; do curl -s -o /dev/null --max-time 5 "$URL"; done ) &
   pids+=($!)
@@ -29,6 +43,7 @@ wait "${pids[@]}" 2>/dev/null || true
 pids=()
 stop=$(date +%s.%N)
 after=$(curl -fsS --max-time 5 "$URL")
+[[ "$after" =~ ^[0-9]+$ ]] || { echo "curl-loop: final read failed (got: $after)" >&2; exit 1; }
 # The two reads themselves are requests too: the loops made after - before - 1.
 requests=$(( after - before - 1 ))
 awk -v n="$requests" -v a="$start" -v b="$stop" -v l="$LOOPS" \

@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CLI=${CONTAINER_CLI:-docker}
 IMAGE=${IMAGE:-switchboard:smoke}
-PORT=${PORT:-18080}
+# A free host port unless one is given: two runs or a busy 18080 must not collide.
+PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 NAME=switchboard-smoke-$$
 URL=http://127.0.0.1:$PORT
 fail() { echo "docker-smoke: FAIL: $*" >&2; $CLI logs "$NAME" >&2 || true; exit 1; }

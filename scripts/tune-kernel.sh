@@ -48,12 +48,12 @@ check() { # key recommended-value compare-mode(min|min3|exact) note
       min3) new="$(( a > x ? a : x )) $(( b > y ? b : y )) $(( c > z ? c : z ))" ;;
       range) new="$(( a < x ? a : x )) $(( b > y ? b : y ))" ;;
     esac
-    if sysctl -q -w "$key=$new" >/dev/null 2>&1; then applied+=("$key=$new"); else failed+=("$key"); fi
+    if printf '%s\n' "$new" 2>/dev/null >"$path"; then applied+=("$key=$new"); else failed+=("$key"); fi
   fi
 }
 check fs.file-max $((SOCKETS + 100000)) min "all open files on the machine"
 check fs.nr_open $((N + 1024)) min "ceiling for any process's ulimit -n"
-check net.ipv4.ip_local_port_range "1024 65535" range "ephemeral ports per (source, destination) pair; also spread over source IPs (floodtest --source-ips)"
+check net.ipv4.ip_local_port_range "1024 65535" range "ephemeral ports per (source, destination) pair; also spread over source IPs (floodtest --source-ips). Put server ports in net.ipv4.ip_local_reserved_ports (e.g. 8000-8099) so no client takes them"
 check net.ipv4.tcp_mem "$((SOCKETS)) $((SOCKETS * 2)) $((SOCKETS * 3))" min3 "pages for all TCP buffers (~1-2 pages per idle socket)"
 check net.ipv4.tcp_rmem "4096 16384 16777216" min3 "per-socket receive buffer min/default/max"
 check net.ipv4.tcp_wmem "4096 16384 16777216" min3 "per-socket send buffer min/default/max"
