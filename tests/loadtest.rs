@@ -10,7 +10,13 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_loadtest");
 
-fn load(srv: &TestServer, path: &str, args: &[&str]) -> (String, Value) {
+/// Runs loadtest against `path` with `args` (whitespace-separated); returns
+/// its stdout, its JSON summary, and the connections the server accepted
+/// meanwhile (its own `/stats` reads excluded).
+fn load(srv: &TestServer, path: &str, args: &str) -> (String, Value, u64) {
+    let accepted = || srv.stats()["connections"]["accepted"].as_u64().unwrap();
+    let before = accepted();
+    let args: Vec<&str> = args.split_whitespace().collect();
     let json = std::env::temp_dir().join(format!("loadtest-{}-{}.json", std::process::id(), args.join("_")));
     let out = Command::new(BIN)
         .arg("--url")
@@ -28,29 +34,14 @@ fn load(srv: &TestServer, path: &str, args: &[&str]) -> (String, Value) {
     );
     let v = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
-    (stdout, v)
-}
-
-/// Connections the server accepted while `f` ran (the `/stats` reads excluded).
-fn accepted_during(srv: &TestServer, f: impl FnOnce()) -> u64 {
-    let before = srv.stats()["connections"]["accepted"].as_u64().unwrap();
-    f();
-    let after = srv.stats()["connections"]["accepted"].as_u64().unwrap();
-    after - before - 1
+    let conns = accepted() - before - 1;
+    (stdout, v, conns)
 }
 
 #[test]
 fn ibrowse_style_workers_share_a_bounded_pool() {
     let srv = TestServer::start(settings());
-    let mut report = Value::Null;
-    let mut stdout = String::new();
-    let conns = accepted_during(&srv, || {
-        (stdout, report) = load(
-            &srv,
-            "/dispatcher",
-            &["--workers", "10", "--requests", "20", "--max-sessions", "3"],
-        );
-    });
+    let (stdout, report, conns) = load(&srv, "/dispatcher", "--workers 10 --requests 20 --max-sessions 3");
     assert_eq!(conns, 3, "pool of 3 sessions");
     assert_eq!(report["requests"], 200);
     assert_eq!(report["success"], 200);
@@ -67,23 +58,11 @@ fn ibrowse_style_workers_share_a_bounded_pool() {
 #[test]
 fn pipelining_keeps_several_requests_on_one_connection() {
     let srv = TestServer::start(settings());
-    let mut report = Value::Null;
-    let conns = accepted_during(&srv, || {
-        (_, report) = load(
-            &srv,
-            "/dispatcher",
-            &[
-                "--workers",
-                "8",
-                "--requests",
-                "25",
-                "--max-sessions",
-                "1",
-                "--pipeline",
-                "4",
-            ],
-        );
-    });
+    let (_, report, conns) = load(
+        &srv,
+        "/dispatcher",
+        "--workers 8 --requests 25 --max-sessions 1 --pipeline 4",
+    );
     assert_eq!(conns, 1);
     assert_eq!(report["success"], 200);
     assert_eq!(srv.stats()["counter"], 200);
@@ -92,22 +71,11 @@ fn pipelining_keeps_several_requests_on_one_connection() {
 #[test]
 fn no_keepalive_opens_a_connection_per_request() {
     let srv = TestServer::start(settings());
-    let mut report = Value::Null;
-    let conns = accepted_during(&srv, || {
-        (_, report) = load(
-            &srv,
-            "/dispatcher",
-            &[
-                "--workers",
-                "2",
-                "--requests",
-                "10",
-                "--max-sessions",
-                "2",
-                "--no-keepalive",
-            ],
-        );
-    });
+    let (_, report, conns) = load(
+        &srv,
+        "/dispatcher",
+        "--workers 2 --requests 10 --max-sessions 2 --no-keepalive",
+    );
     assert_eq!(conns, 20);
     assert_eq!(report["success"], 20);
 }
@@ -115,10 +83,7 @@ fn no_keepalive_opens_a_connection_per_request() {
 #[test]
 fn wrk_style_runs_for_a_duration_over_fixed_connections() {
     let srv = TestServer::start(settings());
-    let mut report = Value::Null;
-    let conns = accepted_during(&srv, || {
-        (_, report) = load(&srv, "/dispatcher", &["--connections", "8", "--duration", "1s"]);
-    });
+    let (_, report, conns) = load(&srv, "/dispatcher", "--connections 8 --duration 1s");
     assert_eq!(conns, 8);
     let requests = report["requests"].as_u64().unwrap();
     assert!(requests > 100, "{report}");
@@ -135,7 +100,7 @@ fn wrk_style_runs_for_a_duration_over_fixed_connections() {
 #[test]
 fn errors_are_counted_by_kind() {
     let srv = TestServer::start(settings());
-    let (stdout, report) = load(&srv, "/nope", &["--workers", "2", "--requests", "5"]);
+    let (stdout, report, _) = load(&srv, "/nope", "--workers 2 --requests 5");
     assert_eq!(report["success"], 0);
     assert_eq!(report["errors"]["http_404"], 10, "{stdout}");
 }
