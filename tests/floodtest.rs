@@ -180,6 +180,19 @@ fn refuses_non_loopback_targets() {
     let out = Command::new(BIN)
         .args([
             "--url",
+            "http://127.0.0.1:1/test/same",
+            "--count",
+            "2",
+            "--msg-rate",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "one shared id cannot measure delivery");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("distinct id per stream"));
+    let out = Command::new(BIN)
+        .args([
+            "--url",
             "http://127.0.0.1:1/test/{n}",
             "--source-ips",
             "10.0.0.1",

@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.0)]
     pub msg_rate: f64,
     /// Where messages go; `{id}` is the stream's id (last path segment).
-    /// Default: the stream URL with `/test/` replaced by `/send/`.
+    /// Default: the (first) stream URL's host with `/test/` replaced by `/send/`.
     #[arg(long, value_name = "URL")]
     pub send_url: Option<String>,
     /// Server statistics to read each interval (`none` to skip). Default:
@@ -177,6 +177,11 @@ fn validate(args: &Args) -> anyhow::Result<()> {
     }
     if args.interval < Duration::from_millis(100) {
         bail!("--interval must be at least 100ms");
+    }
+    if args.msg_rate > 0.0 && args.url.as_deref().is_some_and(|u| !u.contains("{n}")) && args.count > 1 {
+        // Every stream would share one id: each message would arrive on all
+        // of them and "lost" would mean nothing.
+        bail!("--msg-rate needs a distinct id per stream: put {{n}} in --url");
     }
     Ok(())
 }
