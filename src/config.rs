@@ -192,10 +192,17 @@ impl Settings {
                 "must be an IP address such as 127.0.0.1 or 0.0.0.0",
             );
         }
-        parse_ports(&self.server.extra_ports).map_err(|reason| SettingsError::Invalid {
+        let extra = parse_ports(&self.server.extra_ports).map_err(|reason| SettingsError::Invalid {
             key: "server.extra_ports",
             reason,
         })?;
+        let mut seen = std::collections::HashSet::from([self.server.port]);
+        if let Some(dup) = extra.iter().find(|p| !seen.insert(**p)) {
+            return invalid(
+                "server.extra_ports",
+                &format!("port {dup} is listed twice (or is server.port)"),
+            );
+        }
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
         }
@@ -321,6 +328,22 @@ mod tests {
         s.server.host = "localhost:80".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("server.host"), "{e}");
+    }
+
+    #[test]
+    fn extra_ports_may_not_repeat() {
+        let mut s = Settings::defaults();
+        s.server.extra_ports = "8001,8000".into();
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("port 8000 is listed twice")
+        );
+        s.server.extra_ports = "8001-8003,8002".into();
+        assert!(s.validate().is_err());
+        s.server.extra_ports = "8001-8003".into();
+        assert!(s.validate().is_ok());
     }
 
     #[test]

@@ -68,7 +68,10 @@ impl Server {
         let listeners = settings
             .listen_addrs()
             .into_iter()
-            .map(|addr| listen(addr, settings.server.backlog))
+            .map(|addr| {
+                listen(addr, settings.server.backlog)
+                    .map_err(|e| io::Error::new(e.kind(), format!("listening on {addr}: {e}")))
+            })
             .collect::<io::Result<_>>()?;
         Ok(Server { settings, listeners })
     }
