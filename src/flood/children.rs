@@ -103,6 +103,8 @@ pub fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
         if Instant::now() >= next && Instant::now() < started + args.duration {
             rt.block_on(reporter.report(sum(false)));
             next += args.interval;
+        } else if reporter.is_live() {
+            reporter.show(&sum(false));
         }
         if Instant::now() > kill_at {
             children.kill();

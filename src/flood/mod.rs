@@ -313,13 +313,20 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
     let mut reporter = report::Reporter::new(args, stats_url);
     let mut next = started + args.interval;
     loop {
-        let wake = next.min(deadline);
+        // On a terminal the progress line moves between reports too.
+        let live = reporter.is_live().then(|| Instant::now() + report::LIVE_PERIOD);
+        let wake = next.min(deadline).min(live.unwrap_or(deadline));
         tokio::time::sleep_until(wake.into()).await;
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             break;
         }
-        reporter.interval(&counters, started).await;
-        next += args.interval;
+        if now >= next {
+            reporter.interval(&counters, started).await;
+            next += args.interval;
+        } else {
+            reporter.show(&counters.snapshot(started));
+        }
     }
     opener.abort();
     if let Some(s) = sender {

@@ -16,6 +16,9 @@ use super::Args;
 use crate::latency::Latency;
 use crate::target::Target;
 
+/// How often the progress line is refreshed between reports.
+pub const LIVE_PERIOD: Duration = Duration::from_millis(200);
+
 /// Why a stream could not be opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ErrorKind {
@@ -341,8 +344,7 @@ impl Reporter {
         }
         match &self.bar {
             Some(bar) => {
-                bar.set_position(snap.active);
-                bar.set_message(format!("closed {} chunks {}", snap.closed, snap.chunks));
+                self.show(&snap);
                 bar.println(text);
             }
             None => {
@@ -352,6 +354,19 @@ impl Reporter {
         }
         self.last = snap;
         self.last_at = Instant::now();
+    }
+
+    /// True when a progress line is drawn (stdout is a terminal).
+    pub fn is_live(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Moves the progress line to `snap` (no-op without a terminal).
+    pub fn show(&self, snap: &Snapshot) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(snap.active);
+            bar.set_message(format!("closed {} chunks {}", snap.closed, snap.chunks));
+        }
     }
 
     /// The end of a process's run: child emits its final JSON line; otherwise
