@@ -108,6 +108,34 @@ fn splits_over_processes_past_the_per_process_cap() {
 }
 
 #[test]
+fn spreads_over_server_ports_and_source_addresses() {
+    let srv = TestServer::start_on_ports(settings(), 2);
+    let ports = format!("{},{}", srv.addrs[0].port(), srv.addrs[1].port());
+    let url = format!("http://{}/test/p{{n}}", srv.addr);
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "40",
+        "--rate",
+        "1000",
+        "--duration",
+        "2s",
+        "--interval",
+        "1s",
+        "--ports",
+        &ports,
+        "--source-ips",
+        "127.0.0.2-127.0.0.3",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j = summary.unwrap();
+    assert_eq!(j["active"], 40, "{j}");
+    assert_eq!(j["errors"], serde_json::json!({}));
+    assert_eq!(srv.stats()["connections"]["opened"], 40);
+}
+
+#[test]
 fn counts_closed_streams_and_http_errors() {
     let mut s = settings();
     s.stream.max_streams = 30;

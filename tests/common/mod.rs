@@ -24,16 +24,27 @@ pub fn settings() -> Settings {
 
 /// A server running in this process on 127.0.0.1:0.
 pub struct TestServer {
+    /// The first listening address.
     pub addr: SocketAddr,
+    /// Every listening address.
+    pub addrs: Vec<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<io::Result<()>>>,
 }
 
 impl TestServer {
     pub fn start(settings: Settings) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let server = Server::from_listeners(settings, vec![listener]).unwrap();
-        let addr = server.local_addrs()[0];
+        Self::start_on_ports(settings, 1)
+    }
+
+    /// A server listening on `ports` free ports at once.
+    pub fn start_on_ports(settings: Settings, ports: usize) -> Self {
+        let listeners = (0..ports)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let server = Server::from_listeners(settings, listeners).unwrap();
+        let addrs = server.local_addrs();
+        let addr = addrs[0];
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             actix::System::new().block_on(server.run(async {
@@ -42,6 +53,7 @@ impl TestServer {
         });
         let ts = TestServer {
             addr,
+            addrs,
             stop: Some(tx),
             thread: Some(thread),
         };
