@@ -39,7 +39,8 @@ pub struct Stats {
     pub(crate) router_restarts: AtomicU64,
     /// Times the Counter was restarted after a crash.
     pub(crate) counter_restarts: AtomicU64,
-    /// Non-stream HTTP connections open now (including ones still being classified).
+    /// Connections actix-web is serving now (not streams, not connections
+    /// whose first request line is still being read).
     pub(crate) http_active: AtomicUsize,
     /// Connections accepted, all kinds.
     pub(crate) accepted: AtomicU64,
