@@ -89,7 +89,7 @@ pub struct Counters {
     errors: RefCell<BTreeMap<ErrorKind, u64>>,
     /// Which of this process's streams are open (message targets).
     open: RefCell<Vec<bool>>,
-    /// Messages answered 200 by the server.
+    /// Messages the server accepted (any 2xx: Nchan answers 201 or 202).
     pub(crate) msgs_sent: Cell<u64>,
     /// Messages that failed to send.
     pub(crate) send_errors: Cell<u64>,
@@ -142,6 +142,12 @@ impl Counters {
     pub(crate) fn message_received(&self, latency_us: u64) {
         self.msgs_received.set(self.msgs_received.get() + 1);
         self.latency.borrow_mut().record_micros(latency_us);
+    }
+
+    /// Streams established and not yet closed or failed: settled, so waiting
+    /// for more is pointless.
+    pub(crate) fn settled(&self) -> u64 {
+        self.established.get() + self.errors.borrow().values().sum::<u64>()
     }
 
     /// Is stream `i` open now?

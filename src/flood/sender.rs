@@ -28,8 +28,16 @@ pub const DRAIN: Duration = Duration::from_secs(1);
 /// Random picks tried to find an open stream before skipping a message.
 const PICK_TRIES: usize = 16;
 
-/// Paces messages until `deadline - DRAIN`.
+/// Waits until every stream of this process has connected or failed (or the
+/// opening should long be over), then paces messages until `deadline - DRAIN`.
+/// Starting only once the streams are open keeps connection set-up out of
+/// the latency figures.
 pub async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instant) {
+    let opening = Duration::from_secs_f64(plan.count as f64 / plan.rate) + plan.connect_timeout;
+    let open_by = Instant::now() + opening;
+    while counters.settled() < plan.count && Instant::now() < open_by.min(deadline) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // unwrap: only spawned when messages are on.
     let send = plan.send.clone().expect("message target");
     let senders: Vec<_> = (0..SENDERS)
@@ -78,7 +86,7 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
             let Some(c) = conn.as_mut() else { break };
             match post(c, &mut buf, addr, &path).await {
                 Ok(status) => {
-                    ok = status == 200;
+                    ok = (200..300).contains(&status);
                     break;
                 }
                 Err(_) => conn = None,
