@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use actix::{Actor, Addr, Context, Handler, Message, Supervised};
+use actix::{Actor, Context, Handler, Message, Supervised, WeakAddr};
 use smallvec::SmallVec;
 
 use crate::id::ConnId;
@@ -22,7 +22,23 @@ use crate::supervision::guarded;
 const SHRINK_MIN_CAPACITY: usize = 1024;
 
 /// The streams of one id. Nearly every id has one connection, kept inline.
-type Streams = SmallVec<[(ConnId, Addr<Stream>); 1]>;
+type Streams = SmallVec<[(ConnId, WeakAddr<Stream>); 1]>;
+
+/// Hands `m` to a stream if it still runs.
+///
+/// The table holds weak addresses: a strong `Addr` allocates two small `Arc`s
+/// of sender state per clone, ~100 bytes for every idle stream. Upgrading
+/// costs those allocations only while a message is being sent.
+fn tell<M>(stream: &WeakAddr<Stream>, m: M)
+where
+    M: Message + std::marker::Send + 'static,
+    M::Result: std::marker::Send,
+    Stream: Handler<M>,
+{
+    if let Some(addr) = stream.upgrade() {
+        addr.do_send(m);
+    }
+}
 
 /// Routes messages to streams by id.
 pub struct Router {
@@ -68,7 +84,7 @@ impl Supervised for Router {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.stats.router_restarts.fetch_add(1, Relaxed);
         self.table.retain(|_, streams| {
-            streams.retain(|(_, addr)| addr.connected());
+            streams.retain(|(_, stream)| stream.upgrade().is_some_and(|a| a.connected()));
             !streams.is_empty()
         });
         self.streams = self.table.values().map(SmallVec::len).sum();
@@ -85,7 +101,7 @@ pub struct Login {
     /// Which connection (an id may have several).
     pub conn: ConnId,
     /// Where to deliver.
-    pub addr: Addr<Stream>,
+    pub addr: WeakAddr<Stream>,
 }
 
 /// A stream has stopped.
@@ -133,7 +149,7 @@ impl Handler<Login> for Router {
     fn handle(&mut self, m: Login, ctx: &mut Context<Self>) {
         guarded(self, ctx, |r, _| {
             if r.closing {
-                m.addr.do_send(Close);
+                tell(&m.addr, Close);
             }
             r.table.entry(m.id).or_default().push((m.conn, m.addr));
             r.streams += 1;
@@ -168,10 +184,13 @@ impl Handler<Send> for Router {
             let Some(streams) = r.table.get(m.id.as_str()) else {
                 return 0;
             };
-            for (_, addr) in streams {
-                addr.do_send(Deliver {
-                    msg: Arc::clone(&m.msg),
-                });
+            for (_, stream) in streams {
+                tell(
+                    stream,
+                    Deliver {
+                        msg: Arc::clone(&m.msg),
+                    },
+                );
             }
             streams.len()
         })
@@ -184,10 +203,13 @@ impl Handler<Broadcast> for Router {
     fn handle(&mut self, m: Broadcast, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            for (_, addr) in r.table.values().flatten() {
-                addr.do_send(Deliver {
-                    msg: Arc::clone(&m.msg),
-                });
+            for (_, stream) in r.table.values().flatten() {
+                tell(
+                    stream,
+                    Deliver {
+                        msg: Arc::clone(&m.msg),
+                    },
+                );
             }
             r.streams
         })
@@ -200,8 +222,8 @@ impl Handler<CloseAll> for Router {
     fn handle(&mut self, _: CloseAll, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             r.closing = true;
-            for (_, addr) in r.table.values().flatten() {
-                addr.do_send(Close);
+            for (_, stream) in r.table.values().flatten() {
+                tell(stream, Close);
             }
             r.streams
         })

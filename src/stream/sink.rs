@@ -47,14 +47,19 @@ pub(crate) enum Written {
 }
 
 /// An event destination.
+#[expect(
+    clippy::box_collection,
+    reason = "8 bytes in the task cell instead of 24; see `pending`"
+)]
 pub(crate) enum Sink {
     /// Lean path: the Stream owns the socket and frames chunks itself.
     Socket {
         /// The client connection.
         io: TcpStream,
         /// Bytes the kernel would not take yet (bounded); empty when idle, and
-        /// deallocated as soon as it drains.
-        pending: Vec<u8>,
+        /// deallocated as soon as it drains. Boxed: 8 bytes in the Stream's
+        /// task cell instead of 24, for a buffer most streams never use.
+        pending: Option<Box<Vec<u8>>>,
     },
     /// Fallback path: actix-web's dispatcher reads a [`BodyStream`].
     Body(Rc<RefCell<BodyQueue>>),
@@ -63,10 +68,7 @@ pub(crate) enum Sink {
 impl Sink {
     /// A lean sink; `open` writes the response head.
     pub(crate) fn socket(io: TcpStream) -> Self {
-        Sink::Socket {
-            io,
-            pending: Vec::new(),
-        }
+        Sink::Socket { io, pending: None }
     }
 
     /// A fallback sink and the body actix-web should stream.
@@ -100,21 +102,24 @@ impl Sink {
         let Sink::Socket { io, pending } = self else {
             return Poll::Ready(Ok(()));
         };
-        while !pending.is_empty() {
+        let Some(buf) = pending else {
+            return Poll::Ready(Ok(()));
+        };
+        while !buf.is_empty() {
             match io.poll_write_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(_)) => return Poll::Ready(Err(SinkError::Closed)),
                 Poll::Ready(Ok(())) => {}
             }
-            match io.try_write(pending) {
+            match io.try_write(buf) {
                 Ok(n) => {
-                    pending.drain(..n);
+                    buf.drain(..n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => return Poll::Ready(Err(SinkError::Closed)),
             }
         }
-        *pending = Vec::new();
+        *pending = None;
         Poll::Ready(Ok(()))
     }
 
@@ -153,14 +158,15 @@ impl Sink {
     /// client that is not reading may not get it).
     pub(crate) fn finish(&mut self) {
         match self {
-            Sink::Socket { io, pending } => {
-                if pending.is_empty() {
-                    let _ = io.try_write(FINAL_CHUNK);
-                } else {
-                    pending.extend_from_slice(FINAL_CHUNK);
-                    let _ = io.try_write(pending);
+            Sink::Socket { io, pending } => match pending {
+                Some(buf) if !buf.is_empty() => {
+                    buf.extend_from_slice(FINAL_CHUNK);
+                    let _ = io.try_write(buf);
                 }
-            }
+                _ => {
+                    let _ = io.try_write(FINAL_CHUNK);
+                }
+            },
             Sink::Body(queue) => {
                 let mut q = queue.borrow_mut();
                 q.done = true;
@@ -174,15 +180,17 @@ impl Sink {
 
 /// Writes `parts` in one `writev`; what the kernel does not take goes to
 /// `pending`, unless that would pass `max_pending`.
+#[expect(clippy::box_collection, reason = "the Sink's boxed pending buffer")]
 fn write_all(
     io: &TcpStream,
-    pending: &mut Vec<u8>,
+    pending: &mut Option<Box<Vec<u8>>>,
     parts: &[&[u8]],
     max_pending: usize,
 ) -> Result<Written, SinkError> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut written = 0;
-    if pending.is_empty() {
+    let waiting = pending.as_ref().map_or(0, |p| p.len());
+    if waiting == 0 {
         let slices: [IoSlice<'_>; 3] =
             std::array::from_fn(|i| IoSlice::new(parts.get(i).copied().unwrap_or_default()));
         match io.try_write_vectored(&slices[..parts.len()]) {
@@ -192,9 +200,10 @@ fn write_all(
             Err(_) => return Err(SinkError::Closed),
         }
     }
-    if pending.len() + (total - written) > max_pending {
+    if waiting + (total - written) > max_pending {
         return Err(SinkError::Full);
     }
+    let pending = pending.get_or_insert_with(Default::default);
     let mut skip = written;
     for part in parts {
         let s = skip.min(part.len());
