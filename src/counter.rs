@@ -42,6 +42,13 @@ impl Supervised for Counter {
 #[rtype(result = "Option<u64>")]
 pub struct Increment;
 
+/// Add `n` (at least 1) and answer the first of the `n` new values, for a
+/// batch of requests (see [`crate::dispatch::take`]). `None` if the handler
+/// crashed.
+#[derive(Message)]
+#[rtype(result = "Option<u64>")]
+pub struct Take(pub u64);
+
 /// Fault injection: panic inside the handler.
 #[derive(Message)]
 #[rtype(result = "Option<()>")]
@@ -55,6 +62,19 @@ impl Handler<Increment> for Counter {
             c.count += 1;
             c.stats.counter.store(c.count, Relaxed);
             c.count
+        })
+    }
+}
+
+impl Handler<Take> for Counter {
+    type Result = Option<u64>;
+
+    fn handle(&mut self, Take(n): Take, ctx: &mut Context<Self>) -> Option<u64> {
+        guarded(self, ctx, |c, _| {
+            let first = c.count + 1;
+            c.count += n;
+            c.stats.counter.store(c.count, Relaxed);
+            first
         })
     }
 }

@@ -15,7 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use actix_rt::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, sleep, timeout_at};
 
 use crate::id::is_id_byte;
@@ -39,6 +43,7 @@ const PEEK_BACKOFF_MAX: Duration = Duration::from_millis(50);
 const LINGER: Duration = Duration::from_millis(500);
 
 const STREAM_PREFIX: &[u8] = b"GET /test/";
+const DISPATCHER_LINE: &[u8] = crate::dispatch::REQUEST_LINE;
 const HTTP11_SUFFIX: &[u8] = b" HTTP/1.1\r\n";
 
 /// Who serves a connection.
@@ -46,6 +51,8 @@ const HTTP11_SUFFIX: &[u8] = b" HTTP/1.1\r\n";
 pub enum Class {
     /// A lean stream for this id.
     Stream(Arc<str>),
+    /// A plain `GET /dispatcher` first: [`crate::dispatch`].
+    Dispatcher,
     /// actix-web.
     Http,
     /// No complete request line before the deadline.
@@ -90,6 +97,14 @@ pub async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usize) -> C
 /// `full` says the peek buffer is full, so no more will be looked at.
 pub fn decide(buf: &[u8], full: bool, max_id_len: usize) -> Option<Class> {
     let more = || if full { Some(Class::Http) } else { None };
+    let k = buf.len().min(DISPATCHER_LINE.len());
+    if buf[..k] == DISPATCHER_LINE[..k] {
+        return if k == DISPATCHER_LINE.len() {
+            Some(Class::Dispatcher)
+        } else {
+            more()
+        };
+    }
     let k = buf.len().min(STREAM_PREFIX.len());
     if buf[..k] != STREAM_PREFIX[..k] {
         return Some(Class::Http);
@@ -183,12 +198,97 @@ pub async fn reject(io: TcpStream, status: &str, reason: &str, stats: &Stats) {
     }
 }
 
+/// A connection handed to actix-web, with bytes already read from it put
+/// back in front. Every actix-web connection goes through this type (with
+/// nothing in front when the head was only peeked).
+pub struct Rewound {
+    io: TcpStream,
+    /// Read before the hand-over; served first.
+    prefix: Vec<u8>,
+    /// How much of `prefix` has been served.
+    pos: usize,
+}
+
+impl Rewound {
+    /// A connection nothing has been read from.
+    pub fn new(io: TcpStream) -> Self {
+        Rewound {
+            io,
+            prefix: Vec::new(),
+            pos: 0,
+        }
+    }
+
+    /// A connection whose first `prefix` bytes were already read.
+    pub fn with_prefix(io: TcpStream, prefix: &[u8]) -> Self {
+        Rewound {
+            io,
+            prefix: prefix.to_vec(),
+            pos: 0,
+        }
+    }
+
+    /// The socket underneath.
+    pub fn get_ref(&self) -> &TcpStream {
+        &self.io
+    }
+}
+
+impl AsyncRead for Rewound {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.pos < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.pos);
+            buf.put_slice(&this.prefix[this.pos..this.pos + n]);
+            this.pos += n;
+            if this.pos == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewound {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn d(s: &str) -> Option<Class> {
         decide(s.as_bytes(), false, 8)
+    }
+
+    #[test]
+    fn plain_dispatcher_requests() {
+        assert_eq!(d("GET /dispatcher HTTP/1.1\r\n"), Some(Class::Dispatcher));
+        assert_eq!(d("GET /dispatch"), None);
     }
 
     #[test]
@@ -203,7 +303,8 @@ mod tests {
     #[test]
     fn everything_else_goes_to_actix_web() {
         assert_eq!(d("POST /send/foo HTTP/1.1\r\n"), Some(Class::Http));
-        assert_eq!(d("GET /dispatcher HTTP/1.1\r\n"), Some(Class::Http));
+        assert_eq!(d("GET /dispatcher?x HTTP/1.1\r\n"), Some(Class::Http));
+        assert_eq!(d("GET /dispatcher HTTP/1.0\r\n"), Some(Class::Http));
         assert_eq!(d("GET /test/foo HTTP/1.0\r\n"), Some(Class::Http));
         assert_eq!(d("GET /test/ HTTP/1.1\r\n"), Some(Class::Http));
         assert_eq!(d("GET /test/a%20b HTTP/1.1\r\n"), Some(Class::Http));

@@ -8,7 +8,10 @@
 //! - [`server`]: binding, worker threads, the accept loop, graceful shutdown.
 //! - [`handoff`]: peeks each new connection's request line and sends lean
 //!   `GET /test/{id}` streams to a [`stream::Stream`] actor that owns the
-//!   socket, everything else to actix-web.
+//!   socket, keep-alive `GET /dispatcher` connections to [`dispatch`],
+//!   everything else to actix-web.
+//! - [`dispatch`]: the lean `/dispatcher` path, numbers taken from the Counter
+//!   in one message per worker per event-loop turn.
 //! - [`http`]: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
 //!   `/stats`, the fallback `/test`), their errors and auth.
 //! - [`stream`]: the Stream actor (one per streaming connection) and its sink.
@@ -33,6 +36,7 @@
 
 pub mod config;
 pub mod counter;
+pub mod dispatch;
 pub mod flood;
 pub mod handoff;
 pub mod http;

@@ -5,8 +5,8 @@
 //! own actix-web `HttpService` (the same steps `HttpServer::listen` takes),
 //! and for each connection asks [`crate::handoff`] whether it is a lean stream
 //! (the Stream actor then owns the socket, on this worker) or an ordinary
-//! request for actix-web. The Router and Counter run supervised on an arbiter
-//! of their own.
+//! request for actix-web. The Router and Counter run supervised on the first
+//! worker's arbiter.
 //!
 //! Shutdown is one future passed to [`Server::run`]. When it resolves:
 //! 1. `ServerState::shutdown` is cancelled: accept loops return and close
@@ -26,9 +26,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use actix::{Arbiter, Supervisor};
-use actix_http::{HttpService, KeepAlive};
+use actix_http::{HttpService, KeepAlive, Protocol};
 use actix_rt::net::{TcpListener, TcpStream};
-use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, map_config};
+use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, fn_service, map_config};
 use actix_web::dev::AppConfig;
 use actix_web::{App, web};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -37,7 +37,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::counter::Counter;
-use crate::handoff::{self, Class, HeadError};
+use crate::dispatch;
+use crate::handoff::{self, Class, HeadError, Rewound};
 use crate::router::{CloseAll, Router};
 use crate::state::ServerState;
 use crate::stats::Stats;
@@ -103,14 +104,19 @@ impl Server {
         let workers = settings.workers();
         let stats = Arc::new(Stats::new());
 
-        let actors = Arbiter::new();
+        // The Router and the Counter run on the first worker's thread, not a
+        // thread of their own: on a machine with few cores every extra
+        // runnable thread costs context switches, and half of the hops to
+        // them become same-thread mailbox pushes instead of cross-thread
+        // wake-ups (measured on /dispatcher; see dispatch.rs).
+        let arbiters: Vec<Arbiter> = (0..workers).map(|_| Arbiter::new()).collect();
         let router = {
             let stats = Arc::clone(&stats);
-            Supervisor::start_in_arbiter(&actors.handle(), move |_| Router::new(stats))
+            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Router::new(stats))
         };
         let counter = {
             let stats = Arc::clone(&stats);
-            Supervisor::start_in_arbiter(&actors.handle(), move |_| Counter::new(stats))
+            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats))
         };
         let state = Arc::new(ServerState {
             settings,
@@ -121,21 +127,18 @@ impl Server {
         });
 
         let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
-        let mut arbiters = vec![actors];
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(workers);
-        for _ in 0..workers {
+        for worker in &arbiters {
             let mine = listeners
                 .iter()
                 .map(|l| l.try_clone())
                 .collect::<io::Result<Vec<_>>>()?;
-            let worker = Arbiter::new();
             let (state, slots, ready) = (Arc::clone(&state), Arc::clone(&slots), ready_tx.clone());
             // The worker future is not Send (actix-web services are !Send):
             // send a closure that spawns it on the worker's own thread.
             worker.spawn_fn(move || {
                 actix_rt::spawn(run_worker(mine, main_addr, state, slots, ready));
             });
-            arbiters.push(worker);
         }
         drop(listeners);
         drop(ready_tx);
@@ -238,7 +241,7 @@ fn http_service(
     state: &Arc<ServerState>,
     local_addr: SocketAddr,
 ) -> impl ServiceFactory<
-    TcpStream,
+    Rewound,
     Config = (),
     Response = (),
     Error = actix_http::error::DispatchError,
@@ -257,7 +260,7 @@ fn http_service(
         .into_factory()
         .map_err(|err: actix_web::Error| err.error_response());
     let drain = state.shutdown.clone();
-    HttpService::build()
+    let http = HttpService::build()
         .keep_alive(keep_alive)
         .client_request_timeout(state.settings.head_timeout())
         .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
@@ -271,8 +274,14 @@ fn http_service(
             let drain = drain.clone();
             async move { drain.cancelled().await }
         })
-        .finish(map_config(app, |_| AppConfig::default()))
-        .tcp()
+        .finish(map_config(app, |_| AppConfig::default()));
+    // What `HttpService::tcp` does, for a connection that may come with bytes
+    // already read (see `dispatch`).
+    fn_service(|io: Rewound| async move {
+        let peer = io.get_ref().peer_addr().ok();
+        Ok((io, Protocol::Http1, peer))
+    })
+    .and_then(http)
 }
 
 /// Accepts until shutdown, at most `server.max_connections` HTTP connections
@@ -281,7 +290,7 @@ fn http_service(
 /// streams are not disturbed.
 async fn accept_loop<S>(listener: TcpListener, http: Rc<S>, state: Arc<ServerState>, slots: Arc<Semaphore>)
 where
-    S: Service<TcpStream, Response = (), Error = actix_http::error::DispatchError> + 'static,
+    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
 {
     let mut fd_limit_since: Option<Instant> = None;
     loop {
@@ -370,7 +379,7 @@ impl Drop for HttpConn {
 /// measured, cost ~100 bytes of RSS per idle stream through fragmentation.
 async fn serve<S>(io: TcpStream, http: Rc<S>, state: Arc<ServerState>, permit: OwnedSemaphorePermit)
 where
-    S: Service<TcpStream, Response = (), Error = actix_http::error::DispatchError> + 'static,
+    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
 {
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
@@ -387,7 +396,16 @@ where
         Class::Stream(_) | Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
             // Boxed: the dispatcher future is large and only this branch needs it.
-            let _ = Box::pin(http.call(io)).await;
+            let _ = Box::pin(http.call(Rewound::new(io))).await;
+            return;
+        }
+        Class::Dispatcher => {
+            let _conn = HttpConn::new(permit, &state.stats);
+            // Boxed like the dispatcher below: every connection's task would
+            // otherwise carry this future's size while it is classified.
+            if let dispatch::Outcome::HandOff(io) = Box::pin(dispatch::serve(io, &state)).await {
+                let _ = Box::pin(http.call(io)).await;
+            }
             return;
         }
         Class::Timeout => {

@@ -253,3 +253,128 @@ fn crashed_counter_restarts_and_continues_the_count() {
     assert_eq!(srv.stats()["actors"]["counter"]["restarts"], 1);
     assert_eq!(srv.post("/admin/crash/nothing", "").status, 404);
 }
+
+/// One keep-alive connection, as a client sees it.
+struct Conn(BufReader<TcpStream>);
+
+impl Conn {
+    fn open(srv: &TestServer) -> Self {
+        let s = TcpStream::connect(srv.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        Conn(BufReader::new(s))
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.0.get_mut().write_all(bytes).unwrap();
+    }
+
+    fn response(&mut self) -> common::Response {
+        read_response(&mut self.0).unwrap()
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut rest = Vec::new();
+        self.0.read_to_end(&mut rest).is_ok() && rest.is_empty()
+    }
+}
+
+const PLAIN: &[u8] = b"GET /dispatcher HTTP/1.1\r\nhost: t\r\n\r\n";
+
+#[test]
+fn pipelined_dispatcher_requests_get_consecutive_numbers() {
+    let srv = TestServer::start(settings());
+    let mut c = Conn::open(&srv);
+    c.send(&PLAIN.repeat(3));
+    for n in 1..=3 {
+        let r = c.response();
+        assert_eq!((r.status, r.text()), (200, n.to_string()));
+        assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+        assert!(r.header("date").is_some());
+    }
+    // Still open: a fourth request on the same connection.
+    c.send(PLAIN);
+    assert_eq!(c.response().text(), "4");
+}
+
+#[test]
+fn a_dispatcher_request_split_across_writes_is_answered() {
+    let srv = TestServer::start(settings());
+    let mut c = Conn::open(&srv);
+    let (a, b) = PLAIN.split_at(20);
+    c.send(a);
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(b);
+    assert_eq!(c.response().text(), "1");
+    // Split inside the request line of a later request too.
+    c.send(&PLAIN[..5]);
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(&PLAIN[5..]);
+    assert_eq!(c.response().text(), "2");
+}
+
+#[test]
+fn other_requests_after_dispatcher_ones_reach_actix_web() {
+    let srv = TestServer::start(settings());
+    let mut c = Conn::open(&srv);
+    // Plain, then /healthz and a /dispatcher with a body in the same write:
+    // the first is answered on the lean path, the rest by actix-web from
+    // the bytes already read.
+    let mut batch = PLAIN.to_vec();
+    batch.extend_from_slice(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n");
+    batch.extend_from_slice(b"GET /dispatcher HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\nhi");
+    c.send(&batch);
+    assert_eq!(c.response().text(), "1");
+    let r = c.response();
+    assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    assert_eq!(c.response().text(), "2");
+    // actix-web keeps the connection and its keep-alive semantics.
+    c.send(b"GET /nope HTTP/1.1\r\nhost: t\r\n\r\n");
+    assert_eq!(c.response().status, 404);
+    c.send(PLAIN);
+    assert_eq!(c.response().text(), "3");
+}
+
+#[test]
+fn dispatcher_honours_connection_close() {
+    let srv = TestServer::start(settings());
+    let mut c = Conn::open(&srv);
+    c.send(b"GET /dispatcher HTTP/1.1\r\nConnection: close\r\n\r\n");
+    let r = c.response();
+    assert_eq!(r.text(), "1");
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.closed());
+    // With keep-alive disabled every answer closes.
+    let mut s = settings();
+    s.server.keep_alive_ms = 0;
+    let srv = TestServer::start(s);
+    let mut c = Conn::open(&srv);
+    c.send(PLAIN);
+    assert_eq!(c.response().header("connection"), Some("close"));
+    assert!(c.closed());
+}
+
+#[test]
+fn an_idle_dispatcher_connection_is_closed_after_keep_alive() {
+    let mut s = settings();
+    s.server.keep_alive_ms = 300;
+    let srv = TestServer::start(s);
+    let mut c = Conn::open(&srv);
+    c.send(PLAIN);
+    assert_eq!(c.response().text(), "1");
+    let t = std::time::Instant::now();
+    assert!(c.closed());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_stalled_dispatcher_request_gets_408() {
+    let mut s = settings();
+    s.server.head_timeout_ms = 1000;
+    let srv = TestServer::start(s);
+    let mut c = Conn::open(&srv);
+    c.send(PLAIN);
+    assert_eq!(c.response().text(), "1");
+    c.send(b"GET /dispatcher HTTP/1.1\r\nhost:");
+    let r = c.response();
+    assert_eq!(r.status, 408, "{}", r.text());
+}
