@@ -177,7 +177,8 @@ fn counts_closed_streams_and_http_errors() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["active"] == 20);
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 20);
+    assert_eq!(s["connections"]["active"], 20, "{s}");
     srv.shutdown();
     let out = flood.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -4,10 +4,13 @@
 //! 128 bytes of heap for its whole life. Here a stream costs one weak address
 //! (8 bytes, no allocation of its own) in a slot of its worker's wheel. A
 //! strong `Addr` would cost as much as the timer: each clone allocates two
-//! small `Arc`s of sender state. The wheel splits the tick period
-//! into [`SLOTS`] slots and visits one slot per slot width, so a stream ticks
-//! once per period (up to one slot width early, the first time) and the ticks
-//! of many streams stay spread over the period rather than bunched together.
+//! small `Arc`s of sender state. The wheel splits the tick period into slots
+//! about [`SLOT_WIDTH`] wide and visits one slot per slot width, so a stream
+//! ticks once per period (up to one slot width early, the first time) and the
+//! ticks of many streams stay spread over the period: at 10,000 streams and
+//! 10 s, 10 streams a slot, not a burst that would hold up messages.
+//!
+//! The wheel's task runs only while the worker has streams.
 //!
 //! A stream that stops is not taken out at once: the wheel drops its address
 //! the next time it visits the slot and finds the actor gone.
@@ -20,9 +23,12 @@ use tokio::time::MissedTickBehavior;
 
 use super::Stream;
 
-/// Slots per period; the tick of a stream lands within period / SLOTS of
-/// where a private timer would put it.
-pub const SLOTS: u32 = 64;
+/// Aimed-at slot width: a tick lands within this of where a private timer
+/// would put it.
+pub const SLOT_WIDTH: Duration = Duration::from_millis(10);
+
+/// Most slots per period (a longer period gets wider slots).
+pub const MAX_SLOTS: u32 = 4096;
 
 /// Time for a tick: sent by the wheel to each stream once per period.
 #[derive(Message)]
@@ -32,6 +38,8 @@ pub struct Tick;
 /// The streams of one worker, spread over the slots of one period.
 struct Wheel {
     slots: Vec<Vec<WeakAddr<Stream>>>,
+    /// Streams in all slots (stopped ones included until visited).
+    len: usize,
     /// The slot visited last; a new stream joins it, so its first tick comes
     /// one period (less at most one slot width) after it starts.
     current: usize,
@@ -43,9 +51,8 @@ thread_local! {
 
 /// The wheel's slot width and slot count for a tick period.
 pub fn geometry(period: Duration) -> (Duration, usize) {
-    let width = (period / SLOTS).max(Duration::from_millis(1));
-    let slots = (period.as_nanos() / width.as_nanos()).max(1) as usize;
-    (width, slots)
+    let slots = (period.as_nanos() / SLOT_WIDTH.as_nanos()).clamp(1, u128::from(MAX_SLOTS)) as u32;
+    (period / slots, slots as usize)
 }
 
 /// Ticks `addr` every `period` from now on. Must run on the stream's worker
@@ -57,25 +64,38 @@ pub fn register(addr: WeakAddr<Stream>, period: Duration) {
             actix_rt::spawn(turn(width));
             Wheel {
                 slots: (0..slots).map(|_| Vec::new()).collect(),
+                len: 0,
                 current: 0,
             }
         });
         wheel.slots[wheel.current].push(addr);
+        wheel.len += 1;
     });
 }
 
-/// Visits one slot per `width`, forever (the task ends with its worker).
+/// Visits one slot per `width` until the worker has no streams left; the
+/// next stream starts a new wheel.
 async fn turn(width: Duration) {
     let mut every = tokio::time::interval_at(tokio::time::Instant::now() + width, width);
     every.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        WHEEL.with_borrow_mut(|wheel| {
-            if let Some(wheel) = wheel {
-                wheel.current = (wheel.current + 1) % wheel.slots.len();
-                visit(&mut wheel.slots[wheel.current]);
+        let more = WHEEL.with_borrow_mut(|cell| {
+            let Some(wheel) = cell else { return false };
+            wheel.current = (wheel.current + 1) % wheel.slots.len();
+            let slot = &mut wheel.slots[wheel.current];
+            let before = slot.len();
+            visit(slot);
+            wheel.len -= before - slot.len();
+            if wheel.len == 0 {
+                *cell = None;
+                return false;
             }
+            true
         });
+        if !more {
+            return;
+        }
     }
 }
 
@@ -100,17 +120,22 @@ mod tests {
 
     #[test]
     fn slots_cover_the_period() {
-        let (width, slots) = geometry(Duration::from_secs(10));
-        assert_eq!(slots, SLOTS as usize);
-        assert_eq!(width * slots as u32, Duration::from_secs(10));
+        assert_eq!(
+            geometry(Duration::from_secs(10)),
+            (Duration::from_millis(10), 1000)
+        );
+        assert_eq!(
+            geometry(Duration::from_millis(95)),
+            (Duration::from_millis(95) / 9, 9)
+        );
     }
 
     #[test]
-    fn short_periods_use_millisecond_slots() {
+    fn short_periods_have_one_slot_and_long_ones_wider_slots() {
+        assert_eq!(geometry(Duration::from_millis(3)), (Duration::from_millis(3), 1));
         assert_eq!(
-            geometry(Duration::from_millis(20)),
-            (Duration::from_millis(1), 20)
+            geometry(Duration::from_secs(3600)),
+            (Duration::from_secs(3600) / 4096, 4096)
         );
-        assert_eq!(geometry(Duration::from_millis(1)), (Duration::from_millis(1), 1));
     }
 }
