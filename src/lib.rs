@@ -33,7 +33,9 @@
 //! - [`limits`]: open-file limit and source-address socket options.
 //! - [`units`]: durations on the command line, splitting work evenly.
 //! - [`wire`]: HTTP/1.1 framing shared by the lean path and the tools.
+//! - [`bench`]: the benchmark harness (binary `bench`) behind BENCHMARKS.md.
 
+pub mod bench;
 pub mod config;
 pub mod counter;
 pub mod dispatch;

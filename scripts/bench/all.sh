@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every switchboard benchmark, then regenerates BENCHMARKS.md and
+# docs/bytes-per-stream.svg from the results. About 15 minutes on a 2-core
+# machine. Each benchmark starts its own servers on free loopback ports, is
+# bounded in time, and stops only the processes it started.
+#
+#   scripts/bench/all.sh            results in bench/results/, report in BENCHMARKS.md
+#   scripts/bench/all.sh --smoke    tiny counts, under 2 minutes; results AND report go to a
+#                                   temporary directory (BENCHMARKS.md is not touched)
+#
+# One benchmark alone: target/release/bench <idle|dispatcher|latency|broadcast|connect> [--help].
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+smoke=()
+case "${1:-}" in
+  "") ;;
+  --smoke) smoke=(--smoke) ;;
+  *) echo "usage: scripts/bench/all.sh [--smoke]" >&2; exit 2 ;;
+esac
+
+scripts/bench/peers.sh
+cargo build --release -q --bins
+bench=./target/release/bench
+
+if [ ${#smoke[@]} -gt 0 ]; then
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/switchboard-bench-smoke.XXXXXX")
+  results=$dir/results
+  report=$dir
+else
+  results=bench/results
+  report=.
+fi
+
+started=$SECONDS
+for b in idle dispatcher latency broadcast connect; do
+  echo "== bench $b ${smoke[*]}"
+  "$bench" "$b" --out "$results" "${smoke[@]}"
+done
+echo "== bench report"
+"$bench" report --results "$results" --out "$report"
+echo "all.sh: done in $((SECONDS - started)) s; results in $results, report $report/BENCHMARKS.md"
