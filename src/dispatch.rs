@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
 use crate::counter::{Counter, Take};
-use crate::handoff::Rewound;
+use crate::handoff::{self, Rewound};
 use crate::state::ServerState;
 
 /// Largest request head served here; a larger one goes to actix-web (which
@@ -130,21 +130,27 @@ pub enum Outcome {
 
 /// Serves plain `/dispatcher` requests on `io` until the client closes, goes
 /// idle past `server.keep_alive_ms`, the server shuts down, or a request of
-/// another kind arrives.
-pub async fn serve(mut io: TcpStream, state: &ServerState) -> Outcome {
+/// another kind arrives. `deadline` is when the first request's head must be
+/// complete (set when the connection was accepted).
+pub async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: Instant) -> Outcome {
     let keep_alive = Duration::from_millis(state.settings.server.keep_alive_ms);
     let mut buf = vec![0u8; MAX_HEAD_BYTES];
     let mut filled = 0;
     let mut out = Vec::new();
-    let mut deadline = Instant::now() + state.settings.head_timeout();
     loop {
         let n = tokio::select! {
             biased;
             () = state.shutdown.cancelled() => return Outcome::Done,
             r = timeout_at(deadline, io.read(&mut buf[filled..])) => match r {
                 Ok(Ok(n)) if n > 0 => n,
-                // A partial head past the head timeout: actix-web answers 408.
-                Err(_) if filled > 0 => return Outcome::HandOff(Rewound::with_prefix(io, &buf[..filled])),
+                Err(_) if filled > 0 => {
+                    let reason = format!(
+                        "request head not received within {} ms",
+                        state.settings.server.head_timeout_ms
+                    );
+                    handoff::reject(io, "408 Request Timeout", &reason, &state.stats).await;
+                    return Outcome::Done;
+                }
                 _ => return Outcome::Done,
             },
         };
@@ -168,8 +174,14 @@ pub async fn serve(mut io: TcpStream, state: &ServerState) -> Outcome {
         if count > 0 {
             let close = close || keep_alive.is_zero() || state.shutdown.is_cancelled();
             respond(&mut out, take(&state.counter, count).await, count, close);
-            if send(&io, &out).await.is_err() || close {
-                let _ = socket2::SockRef::from(&io).shutdown(std::net::Shutdown::Write);
+            // A client that stops reading gets the head timeout to take its
+            // answers, like a client that stops sending.
+            let sent = timeout_at(Instant::now() + state.settings.head_timeout(), send(&io, &out)).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                return Outcome::Done;
+            }
+            if close {
+                handoff::close_gently(&io).await;
                 return Outcome::Done;
             }
         }

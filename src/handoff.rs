@@ -181,7 +181,15 @@ pub async fn reject(io: TcpStream, status: &str, reason: &str, stats: &Stats) {
         body.len()
     );
     let _ = io.try_write(response.as_bytes());
-    let _ = socket2::SockRef::from(&io).shutdown(std::net::Shutdown::Write);
+    close_gently(&io).await;
+}
+
+/// Ends our side of `io` and drains what the client still sends for a short
+/// while before the socket is dropped: closing a socket with unread bytes
+/// makes Linux send a reset, and the client may then lose the answers it
+/// has not read yet.
+pub async fn close_gently(io: &TcpStream) {
+    let _ = socket2::SockRef::from(io).shutdown(std::net::Shutdown::Write);
     let deadline = Instant::now() + LINGER;
     let mut drained = 0usize;
     while drained < 1 << 20 {

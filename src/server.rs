@@ -403,7 +403,7 @@ where
             let _conn = HttpConn::new(permit, &state.stats);
             // Boxed like the dispatcher below: every connection's task would
             // otherwise carry this future's size while it is classified.
-            if let dispatch::Outcome::HandOff(io) = Box::pin(dispatch::serve(io, &state)).await {
+            if let dispatch::Outcome::HandOff(io) = Box::pin(dispatch::serve(io, &state, deadline)).await {
                 let _ = Box::pin(http.call(io)).await;
             }
             return;

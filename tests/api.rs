@@ -374,7 +374,15 @@ fn a_stalled_dispatcher_request_gets_408() {
     let mut c = Conn::open(&srv);
     c.send(PLAIN);
     assert_eq!(c.response().text(), "1");
+    let sent = std::time::Instant::now();
     c.send(b"GET /dispatcher HTTP/1.1\r\nhost:");
     let r = c.response();
     assert_eq!(r.status, 408, "{}", r.text());
+    // Answered at the head timeout, not after a second timer elsewhere.
+    assert!(
+        sent.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(c.closed());
 }
