@@ -3,7 +3,7 @@
 //! Like the Erlang original's ETS bag, one id may be open on several
 //! connections; a message for the id goes to all of them. Streams register
 //! themselves ([`Login`]) when they start and leave ([`Logout`]) when they
-//! stop. The Router runs under a `Supervisor` on its own arbiter; see
+//! stop. The Router runs under a `Supervisor` on the first worker's arbiter; see
 //! [`crate::supervision`] for what survives a panic.
 
 use std::collections::HashMap;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every switchboard benchmark, then regenerates BENCHMARKS.md and
-# docs/bytes-per-stream.svg from the results. About 15 minutes on a 2-core
-# machine. Each benchmark starts its own servers on free loopback ports, is
+# docs/bytes-per-stream.svg from the results. About 7 minutes on a 2-core
+# machine (plus up to a minute waiting for old TIME_WAIT sockets to expire). Each benchmark starts its own servers on free loopback ports, is
 # bounded in time, and stops only the processes it started.
 #
 #   scripts/bench/all.sh            results in bench/results/, report in BENCHMARKS.md

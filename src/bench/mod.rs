@@ -63,7 +63,7 @@ libnginx-mod-nchan and wrk (scripts/bench/peers.sh installs them).
   bench broadcast                       one message to 19,000 streams
   bench connect                         streams established per second up to 19,000
   bench report                          regenerate BENCHMARKS.md from bench/results
-  scripts/bench/all.sh [--smoke]        all of the above (about 15 minutes; --smoke: under 2)"
+  scripts/bench/all.sh [--smoke]        all of the above (about 7 minutes; --smoke: under 2)"
 )]
 pub struct Cli {
     /// The benchmark to run.

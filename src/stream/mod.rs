@@ -41,7 +41,8 @@ use crate::state::ServerState;
 /// Kept small on purpose: the actor lives inside a tokio task cell that is
 /// aligned to 128 bytes, so its size is rounded up to a multiple of 128. With
 /// everything inline the cell took 640 bytes; with the cold fields boxed it
-/// takes 512, and the box 48 (see DESIGN.md's per-stream breakdown).
+/// takes 512, and the box 48 (the README's Architecture section has the
+/// per-stream breakdown).
 pub struct Stream {
     /// Where events go.
     sink: Sink,
@@ -168,6 +169,20 @@ impl Actor for Stream {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // Log in before the welcome goes out: a client that has read its
+        // welcome and then publishes to its own id must find itself in the
+        // Router (the Login is ahead of that Send in the Router's mailbox),
+        // even if this thread is descheduled right after the write.
+        //
+        // Nothing keeps a strong address of a stream: the Router and the
+        // ticker hold weak ones (see `router::tell`), and the Watch future
+        // keeps the actor running until the client goes.
+        let me = ctx.address().downgrade();
+        self.f.state.router.do_send(Login {
+            id: Arc::clone(&self.f.id),
+            conn: self.f.conn,
+            addr: me.clone(),
+        });
         let max = self.f.state.settings.stream.max_pending_bytes;
         match self.sink.open(max) {
             Ok(Written::Pending) => {
@@ -182,15 +197,6 @@ impl Actor for Stream {
         if !self.after_write(ctx, welcome) {
             return;
         }
-        // Nothing keeps a strong address of a stream: the Router and the
-        // ticker hold weak ones (see `router::tell`), and the Watch future
-        // keeps the actor running until the client goes.
-        let me = ctx.address().downgrade();
-        self.f.state.router.do_send(Login {
-            id: Arc::clone(&self.f.id),
-            conn: self.f.conn,
-            addr: me.clone(),
-        });
         ctx.spawn(Watch);
         ticker::register(me, self.f.state.settings.tick_interval());
     }

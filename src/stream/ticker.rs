@@ -7,19 +7,21 @@
 //! small `Arc`s of sender state. The wheel splits the tick period into slots
 //! about [`SLOT_WIDTH`] wide and visits one slot per slot width, so a stream
 //! ticks once per period (up to one slot width early, the first time) and the
-//! ticks of many streams stay spread over the period: at 10,000 streams and
-//! 10 s, 10 streams a slot, not a burst that would hold up messages.
+//! ticks of many streams stay spread over the period: at 10,000 streams, 10 s
+//! and two workers, about 5 streams a slot per worker, not a burst that would
+//! hold up messages.
 //!
-//! The wheel's task runs only while the worker has streams.
+//! The wheel's task sleeps until the next slot that holds streams is due, and
+//! ends when its worker has none: a server with a few streams wakes only for
+//! their ticks, an idle one not at all.
 //!
 //! A stream that stops is not taken out at once: the wheel drops its address
 //! the next time it visits the slot and finds the actor gone.
 
 use std::cell::RefCell;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::{Message, WeakAddr};
-use tokio::time::MissedTickBehavior;
 
 use super::Stream;
 
@@ -38,11 +40,25 @@ pub struct Tick;
 /// The streams of one worker, spread over the slots of one period.
 struct Wheel {
     slots: Vec<Vec<WeakAddr<Stream>>>,
+    /// Slot width: the period ÷ the number of slots.
+    width: Duration,
     /// Streams in all slots (stopped ones included until visited).
     len: usize,
-    /// The slot visited last; a new stream joins it, so its first tick comes
-    /// one period (less at most one slot width) after it starts.
+    /// The slot visited last ...
     current: usize,
+    /// ... and the time it was due (slot `current + k` is due `k` widths later).
+    visited_at: Instant,
+}
+
+impl Wheel {
+    /// Widths from `current` to the next slot that holds streams (the
+    /// current slot itself, a whole period on, if it is the only one).
+    fn next_busy(&self) -> usize {
+        let n = self.slots.len();
+        (1..=n)
+            .find(|&k| !self.slots[(self.current + k) % n].is_empty())
+            .unwrap_or(n)
+    }
 }
 
 thread_local! {
@@ -56,33 +72,53 @@ pub fn geometry(period: Duration) -> (Duration, usize) {
 }
 
 /// Ticks `addr` every `period` from now on. Must run on the stream's worker
-/// thread, inside its runtime; the first call there starts the wheel.
+/// thread, inside its runtime; the first call there starts the wheel. (All
+/// streams of a worker belong to one server, so they share one period.)
 pub fn register(addr: WeakAddr<Stream>, period: Duration) {
+    let now = Instant::now();
     WHEEL.with_borrow_mut(|wheel| {
         let wheel = wheel.get_or_insert_with(|| {
             let (width, slots) = geometry(period);
-            actix_rt::spawn(turn(width));
+            actix_rt::spawn(turn());
             Wheel {
                 slots: (0..slots).map(|_| Vec::new()).collect(),
+                width,
                 len: 0,
                 current: 0,
+                visited_at: now,
             }
         });
-        wheel.slots[wheel.current].push(addr);
+        // The slot whose time has just passed: it comes round again one
+        // period (less at most one width) from now.
+        let n = wheel.slots.len();
+        let behind =
+            (now.saturating_duration_since(wheel.visited_at).as_nanos() / wheel.width.as_nanos()) as usize;
+        let slot = (wheel.current + behind.min(n - 1)) % n;
+        wheel.slots[slot].push(addr);
         wheel.len += 1;
     });
 }
 
-/// Visits one slot per `width` until the worker has no streams left; the
-/// next stream starts a new wheel.
-async fn turn(width: Duration) {
-    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + width, width);
-    every.set_missed_tick_behavior(MissedTickBehavior::Delay);
+/// Sleeps until the next slot that holds streams is due, visits it, and so
+/// on until the worker has no streams left; the next stream starts a new
+/// wheel. A worker with few streams wakes only when one of them is due.
+async fn turn() {
     loop {
-        every.tick().await;
+        let Some((skip, due)) = WHEEL.with_borrow(|cell| {
+            cell.as_ref().map(|w| {
+                let skip = w.next_busy();
+                (skip, w.visited_at + w.width * skip as u32)
+            })
+        }) else {
+            return;
+        };
+        // Streams that register meanwhile go to slots already past, so
+        // `skip` stays right.
+        tokio::time::sleep_until(due.into()).await;
         let more = WHEEL.with_borrow_mut(|cell| {
             let Some(wheel) = cell else { return false };
-            wheel.current = (wheel.current + 1) % wheel.slots.len();
+            wheel.current = (wheel.current + skip) % wheel.slots.len();
+            wheel.visited_at = due;
             let slot = &mut wheel.slots[wheel.current];
             let before = slot.len();
             visit(slot);
