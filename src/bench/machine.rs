@@ -79,13 +79,24 @@ pub fn dpkg_version(package: &str) -> String {
 }
 
 /// The checked-out commit, short, with `-dirty` when tracked files differ
-/// from it (the measured build may then not be that commit).
+/// from it (the measured build may then not be that commit). The harness's
+/// own outputs (results, BENCHMARKS.md, the chart) do not count: a run
+/// rewrites them as it goes.
 pub fn commit() -> String {
     let Some(head) = output("git", &["rev-parse", "--short=12", "HEAD"]) else {
         return "unknown".into();
     };
-    let dirty =
-        output("git", &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let status = [
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":(exclude)bench/results",
+        ":(exclude)BENCHMARKS.md",
+        ":(exclude)docs",
+    ];
+    let dirty = output("git", &status).is_some_and(|s| !s.is_empty());
     if dirty { format!("{head}-dirty") } else { head }
 }
 

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use super::broadcast::{self, BroadcastData};
 use super::chart::{Chart, Series, svg};
 use super::connect::{self, ConnectData};
-use super::dispatcher::{self, DispatcherData, ratios_by_connections};
+use super::dispatcher::{self, DispatcherData, cpu_by_connections, ratios_by_connections};
 use super::idle::{self, IdleData};
 use super::latency::{self, LatencyData};
 use super::machine::{self, Machine};
@@ -205,7 +205,7 @@ pub fn targets(r: &Results) -> Vec<Judged> {
             let ok = ratios
                 .iter()
                 .all(|(_, x)| x.is_some_and(|x| x >= GOAL_DISPATCHER_RATIO));
-            judge(o.smoke, text, ok)
+            judge(o.smoke, text + &cpu_per_request_text(&o.data.pairs), ok)
         }
         _ => (not_run("dispatcher run"), None),
     };
@@ -291,6 +291,25 @@ pub fn targets(r: &Results) -> Vec<Judged> {
         met,
     });
     out
+}
+
+/// `; CPU/request 0.95× nginx's at 64, 1.02× at 256 (lower is better)`, or
+/// nothing for results from before CPU time was measured.
+fn cpu_per_request_text(pairs: &[dispatcher::Pair]) -> String {
+    let cpu = cpu_by_connections(pairs);
+    if cpu.iter().all(|at| at.ratio.is_none()) {
+        return String::new();
+    }
+    let each = cpu
+        .iter()
+        .enumerate()
+        .map(|(i, at)| {
+            let whose = if i == 0 { " nginx's" } else { "" };
+            format!("{}{whose} at {}", times(at.ratio), at.connections)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("; CPU/request {each} (lower is better)")
 }
 
 /// The targets as a table.
@@ -528,6 +547,7 @@ mod tests {
                 ],
                 counter: CounterCheck::new(1_000_001, 1_000_000, 320),
                 duration_s: 10,
+                clock_ticks_per_sec: 100,
             })),
             latency: Some(Recorder::new("latency", false).finish(LatencyData {
                 rows: vec![latency::tests::row(ServerKind::Switchboard, 2.5)],
@@ -547,9 +567,10 @@ mod tests {
         assert_eq!((t[0].measured.as_str(), t[0].met), ("1,536 B", Some(false)));
         // 1.20× at 64 but 0.80× at 256.
         assert_eq!(t[1].met, Some(false));
-        assert!(
-            t[1].measured
-                .contains("1.20× at 64 connections, 0.80× at 256 connections")
+        assert_eq!(
+            t[1].measured,
+            "1.20× at 64 connections, 0.80× at 256 connections; \
+             CPU/request 0.80× nginx's at 64, 0.80× at 256 (lower is better)"
         );
         assert_eq!(
             (t[2].measured.as_str(), t[2].met),
@@ -574,6 +595,19 @@ mod tests {
         let t = targets(&r);
         assert_eq!(t[1].met, None);
         assert!(t[1].measured.ends_with("(smoke run)"));
+        // Results from before CPU time was measured: req/s only.
+        let mut r = full_results();
+        if let Some(o) = r.dispatcher.as_mut() {
+            for p in &mut o.data.pairs {
+                p.switchboard_cpu = None;
+                p.nginx_cpu = None;
+            }
+        }
+        let t = targets(&r);
+        assert_eq!(
+            (t[1].measured.as_str(), t[1].met),
+            ("1.20× at 64 connections, 0.80× at 256 connections", Some(false))
+        );
         // A broadcast that missed one stream is not met even if fast.
         let mut r = full_results();
         if let Some(o) = r.broadcast.as_mut() {
