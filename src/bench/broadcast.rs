@@ -128,16 +128,8 @@ pub struct BroadcastRow {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let c = &args.common;
     let streams = c.pick(args.streams, MAX_STREAMS, 500);
-    let servers = args
-        .servers
-        .clone()
-        .unwrap_or(vec![ServerKind::Switchboard, ServerKind::Nchan]);
-    if streams == 0 || streams > MAX_STREAMS {
-        bail!("--streams must be between 1 and {MAX_STREAMS}");
-    }
-    if args.rate.is_nan() || args.rate <= 0.0 {
-        bail!("--rate must be positive");
-    }
+    let servers = ServerKind::chosen(&args.servers);
+    super::check_streams(streams, args.rate)?;
     let dir = TempDir::new("broadcast")?;
     let mut rec = Recorder::new("broadcast", c.smoke);
     let mut rows = Vec::new();

@@ -5,7 +5,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
 use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
@@ -78,16 +77,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let c = &args.common;
     let streams = c.pick(args.streams, MAX_STREAMS, 500);
     let duration = c.pick(args.duration, Duration::from_secs(20), Duration::from_secs(4));
-    let servers = args
-        .servers
-        .clone()
-        .unwrap_or(vec![ServerKind::Switchboard, ServerKind::Nchan]);
-    if streams == 0 || streams > MAX_STREAMS {
-        bail!("--streams must be between 1 and {MAX_STREAMS}");
-    }
-    if args.rate.is_nan() || args.rate <= 0.0 {
-        bail!("--rate must be positive");
-    }
+    let servers = ServerKind::chosen(&args.servers);
+    super::check_streams(streams, args.rate)?;
     let dir = TempDir::new("connect")?;
     let mut rec = Recorder::new("connect", c.smoke);
     let mut rows = Vec::new();

@@ -141,10 +141,7 @@ pub struct IdleRow {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let c = &args.common;
     let counts = c.pick(args.counts.clone(), vec![1000, 10_000, 19_000], vec![100, 300]);
-    let servers = args
-        .servers
-        .clone()
-        .unwrap_or(vec![ServerKind::Switchboard, ServerKind::Nchan]);
+    let servers = ServerKind::chosen(&args.servers);
     let window = c.pick(args.window, Duration::from_secs(10), Duration::from_secs(1));
     let settle = c.pick(args.settle, Duration::from_secs(2), Duration::from_millis(500));
     let drain = c.pick(args.drain, Duration::from_secs(65), Duration::ZERO);

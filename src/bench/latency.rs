@@ -85,10 +85,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let streams = c.pick(args.streams, 10_000, 300);
     let msg_rate = c.pick(args.msg_rate, 1000.0, 100.0);
     let send_for = c.pick(args.send_for, Duration::from_secs(30), Duration::from_secs(3));
-    let servers = args
-        .servers
-        .clone()
-        .unwrap_or(vec![ServerKind::Switchboard, ServerKind::Nchan]);
+    let servers = ServerKind::chosen(&args.servers);
     if !(2..=MAX_STREAMS).contains(&streams) {
         bail!("--streams must be between 2 and {MAX_STREAMS}");
     }

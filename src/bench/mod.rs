@@ -113,6 +113,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Checks a stream count (1 to [`MAX_STREAMS`]) and an opening rate.
+pub fn check_streams(streams: u64, rate: f64) -> anyhow::Result<()> {
+    if streams == 0 || streams > MAX_STREAMS {
+        anyhow::bail!("--streams must be between 1 and {MAX_STREAMS}");
+    }
+    if rate.is_nan() || rate <= 0.0 {
+        anyhow::bail!("--rate must be positive");
+    }
+    Ok(())
+}
+
 impl Common {
     /// `given` if the flag was passed, else the full or the smoke default.
     pub fn pick<T>(&self, given: Option<T>, full: T, smoke: T) -> T {

@@ -42,6 +42,12 @@ pub enum ServerKind {
 }
 
 impl ServerKind {
+    /// The servers a `--servers` flag chose: both when it was not given.
+    pub fn chosen(flag: &Option<Vec<ServerKind>>) -> Vec<ServerKind> {
+        flag.clone()
+            .unwrap_or_else(|| vec![ServerKind::Switchboard, ServerKind::Nchan])
+    }
+
     /// Name in tables.
     pub fn label(self) -> &'static str {
         match self {
