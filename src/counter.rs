@@ -20,7 +20,7 @@ pub struct Counter {
 }
 
 impl Counter {
-    /// Starts at zero; the first [`Increment`] answers 1.
+    /// Starts at zero; the first `Take(1)` answers 1.
     pub fn new(stats: Arc<Stats>) -> Self {
         Counter { count: 0, stats }
     }
@@ -37,14 +37,9 @@ impl Supervised for Counter {
     }
 }
 
-/// Add one and answer the new value (`None` if the handler crashed).
-#[derive(Message)]
-#[rtype(result = "Option<u64>")]
-pub struct Increment;
-
-/// Add `n` (at least 1) and answer the first of the `n` new values, for a
-/// batch of requests (see [`crate::dispatch::take`]). `None` if the handler
-/// crashed.
+/// Add `n` (at least 1) and answer the first of the `n` new values: `Take(1)`
+/// for one request, more for a batch (see [`crate::dispatch::take`]). `None`
+/// if the handler crashed.
 #[derive(Message)]
 #[rtype(result = "Option<u64>")]
 pub struct Take(pub u64);
@@ -53,18 +48,6 @@ pub struct Take(pub u64);
 #[derive(Message)]
 #[rtype(result = "Option<()>")]
 pub struct Crash;
-
-impl Handler<Increment> for Counter {
-    type Result = Option<u64>;
-
-    fn handle(&mut self, _: Increment, ctx: &mut Context<Self>) -> Option<u64> {
-        guarded(self, ctx, |c, _| {
-            c.count += 1;
-            c.stats.counter.store(c.count, Relaxed);
-            c.count
-        })
-    }
-}
 
 impl Handler<Take> for Counter {
     type Result = Option<u64>;

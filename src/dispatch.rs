@@ -227,7 +227,7 @@ pub fn respond(out: &mut Vec<u8>, first: Option<u64>, count: u64, close: bool) {
         match first {
             Some(first) => {
                 let body = first + i;
-                let len = decimal_len(body);
+                let len = body.checked_ilog10().map_or(1, |d| d as usize + 1);
                 write!(
                     out,
                     "HTTP/1.1 200 OK\r\ncontent-length: {len}\r\ncontent-type: text/plain; charset=utf-8\r\n\
@@ -251,15 +251,6 @@ pub fn respond(out: &mut Vec<u8>, first: Option<u64>, count: u64, close: bool) {
     }
 }
 
-fn decimal_len(mut n: u64) -> usize {
-    let mut len = 1;
-    while n >= 10 {
-        n /= 10;
-        len += 1;
-    }
-    len
-}
-
 /// Today's `Date` header value, formatted at most once a second per worker.
 fn http_date() -> String {
     thread_local! {
@@ -278,17 +269,11 @@ fn http_date() -> String {
     })
 }
 
-/// The requests of one worker waiting for numbers in this turn of its
-/// event loop.
-struct Batch {
-    /// How many numbers each waiter wants, and where its first one goes.
-    waiting: Vec<(u64, oneshot::Sender<Option<u64>>)>,
-    /// Sum of the wants.
-    total: u64,
-}
-
 thread_local! {
-    static BATCH: RefCell<Option<Batch>> = const { RefCell::new(None) };
+    /// The requests of this worker waiting for numbers in this turn of its
+    /// event loop: how many each wants, and where its first one goes. Not
+    /// empty exactly while a [`flush`] is on its way.
+    static BATCH: RefCell<Vec<(u64, oneshot::Sender<Option<u64>>)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `n` consecutive numbers from the Counter; answers the first (`None` if the
@@ -298,14 +283,8 @@ thread_local! {
 pub async fn take(counter: &Addr<Counter>, n: u64) -> Option<u64> {
     let (tx, rx) = oneshot::channel();
     let first = BATCH.with_borrow_mut(|batch| {
-        let fresh = batch.is_none();
-        let b = batch.get_or_insert_with(|| Batch {
-            waiting: Vec::new(),
-            total: 0,
-        });
-        b.waiting.push((n, tx));
-        b.total += n;
-        fresh
+        batch.push((n, tx));
+        batch.len() == 1
     });
     if first {
         actix_rt::spawn(flush(counter.clone()));
@@ -314,12 +293,11 @@ pub async fn take(counter: &Addr<Counter>, n: u64) -> Option<u64> {
 }
 
 async fn flush(counter: Addr<Counter>) {
-    let Some(batch) = BATCH.with_borrow_mut(Option::take) else {
-        return;
-    };
-    let first = counter.send(Take(batch.total)).await.ok().flatten();
+    let batch = BATCH.take();
+    let total = batch.iter().map(|(n, _)| n).sum();
+    let first = counter.send(Take(total)).await.ok().flatten();
     let mut next = first;
-    for (n, tx) in batch.waiting {
+    for (n, tx) in batch {
         let _ = tx.send(next);
         next = next.map(|v| v + n);
     }

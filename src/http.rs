@@ -18,7 +18,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use crate::counter::{self, Increment};
+use crate::counter::{self, Take};
 use crate::id::{self, IdError};
 use crate::router::{self, Broadcast};
 use crate::state::ServerState;
@@ -188,7 +188,7 @@ async fn broadcast(
 async fn dispatcher(state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
     let n = state
         .counter
-        .send(Increment)
+        .send(Take(1))
         .await
         .ok()
         .flatten()
