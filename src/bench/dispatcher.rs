@@ -238,16 +238,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         pairs.iter().map(|p| p.switchboard.requests).sum(),
         pairs.iter().map(|p| u64::from(p.connections)).sum(),
     );
-    println!(
-        "dispatcher: GET /dispatcher answered {} after wrk completed {} requests against it: {}",
-        thousands(counter.answer),
-        thousands(counter.wrk_completed),
-        if counter.plausible {
-            "plausible"
-        } else {
-            "NOT plausible"
-        }
-    );
     for s in [switchboard, nginx] {
         if let Some(note) = s.stop() {
             rec.note(note);
@@ -268,11 +258,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     outcome.publish(&c.out, &render(&outcome))
 }
 
-/// Summed switchboard req/s ÷ summed nginx req/s per connection count.
-pub fn ratios_by_connections(pairs: &[Pair]) -> Vec<(u32, Option<f64>)> {
+/// The distinct connection counts of `pairs`, ascending.
+fn connection_counts(pairs: &[Pair]) -> Vec<u32> {
     let mut conns: Vec<u32> = pairs.iter().map(|p| p.connections).collect();
+    conns.sort_unstable();
     conns.dedup();
     conns
+}
+
+/// Summed switchboard req/s ÷ summed nginx req/s per connection count.
+pub fn ratios_by_connections(pairs: &[Pair]) -> Vec<(u32, Option<f64>)> {
+    connection_counts(pairs)
         .into_iter()
         .map(|c| {
             let (sb, ng) = pairs
@@ -311,9 +307,7 @@ pub struct CpuAt {
 /// Per connection count: switchboard's and nginx's CPU per request summed
 /// over the rounds, and switchboard ÷ nginx (lower is better).
 pub fn cpu_by_connections(pairs: &[Pair]) -> Vec<CpuAt> {
-    let mut conns: Vec<u32> = pairs.iter().map(|p| p.connections).collect();
-    conns.dedup();
-    conns
+    connection_counts(pairs)
         .into_iter()
         .map(|c| {
             let of = || pairs.iter().filter(move |p| p.connections == c);
@@ -548,6 +542,17 @@ pub(crate) mod tests {
         let low = CounterCheck::new(900, 1000, 64);
         assert_eq!((low.served, low.plausible), (899, false));
         assert!(!CounterCheck::new(0, 1, 64).plausible);
+    }
+
+    #[test]
+    fn a_connection_count_given_twice_is_one_group() {
+        // `--connections 64,256,64`: the 64 runs are not adjacent.
+        let pairs = [
+            pair(64, 1, 40_000.0, 40_000.0),
+            pair(256, 1, 10_000.0, 20_000.0),
+            pair(64, 1, 20_000.0, 40_000.0),
+        ];
+        assert_eq!(ratios_by_connections(&pairs), vec![(64, Some(0.75)), (256, Some(0.5))]);
     }
 
     #[test]

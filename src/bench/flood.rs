@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -95,14 +95,8 @@ impl Flood {
         if let Some(last) = shown.last_mut() {
             *last = "FILE.json".into();
         }
-        let out = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(&exe);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
         Ok(Flood {
-            proc: Spawned::start("floodtest", &mut cmd)?,
+            proc: Spawned::logged("floodtest", Command::new(&exe).args(&args), &log)?,
             json,
             log,
             started: Instant::now(),

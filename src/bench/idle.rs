@@ -148,9 +148,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(&n) = counts.iter().find(|&&n| n == 0 || n > MAX_STREAMS) {
         bail!("--counts: {n} is not between 1 and {MAX_STREAMS}");
     }
-    if args.rate.is_nan() || args.rate <= 0.0 {
-        bail!("--rate must be positive");
-    }
+    super::check_positive("--rate", args.rate)?;
     let dir = TempDir::new("idle")?;
     let mut rec = Recorder::new("idle", c.smoke);
     let mut data = IdleData {

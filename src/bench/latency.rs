@@ -89,9 +89,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if !(2..=MAX_STREAMS).contains(&streams) {
         bail!("--streams must be between 2 and {MAX_STREAMS}");
     }
-    if msg_rate.is_nan() || msg_rate <= 0.0 || args.rate.is_nan() || args.rate <= 0.0 {
-        bail!("--msg-rate and --rate must be positive");
-    }
+    super::check_positive("--msg-rate", msg_rate)?;
+    super::check_positive("--rate", args.rate)?;
     let dir = TempDir::new("latency")?;
     let mut rec = Recorder::new("latency", c.smoke);
     let mut rows = Vec::new();

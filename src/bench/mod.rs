@@ -118,8 +118,13 @@ pub fn check_streams(streams: u64, rate: f64) -> anyhow::Result<()> {
     if streams == 0 || streams > MAX_STREAMS {
         anyhow::bail!("--streams must be between 1 and {MAX_STREAMS}");
     }
-    if rate.is_nan() || rate <= 0.0 {
-        anyhow::bail!("--rate must be positive");
+    check_positive("--rate", rate)
+}
+
+/// Checks that a rate flag is a positive number.
+pub fn check_positive(flag: &str, x: f64) -> anyhow::Result<()> {
+    if x.is_nan() || x <= 0.0 {
+        anyhow::bail!("{flag} must be positive");
     }
     Ok(())
 }

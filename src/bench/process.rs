@@ -9,7 +9,7 @@
 use std::io;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,14 @@ impl Spawned {
             child,
             status: None,
         })
+    }
+
+    /// Starts `cmd` with no stdin and its stdout and stderr both going to a
+    /// new file at `log`.
+    pub fn logged(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Self> {
+        let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        Self::start(name, cmd)
     }
 
     /// Its PID.

@@ -6,7 +6,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -246,13 +246,9 @@ fn start_switchboard(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf,
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SWITCHBOARD__")) {
         cmd.env_remove(k);
     }
-    let out = std::fs::File::create(&log)?;
-    cmd.envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let command = env.iter().map(|(k, v)| format!("{k}={v} ")).collect::<String>() + &display_path(&exe);
-    Ok((Spawned::start("switchboard", &mut cmd)?, log, command))
+    Ok((Spawned::logged("switchboard", &mut cmd, &log)?, log, command))
 }
 
 fn start_nginx(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, String)> {
@@ -273,14 +269,9 @@ fn start_nginx(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, Strin
         "-e".into(),
         format!("{d}/error.log"),
     ];
-    let out = std::fs::File::create(dir.join("nginx.out"))?;
-    let mut cmd = Command::new(&nginx);
-    cmd.args(&args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
     let command = shell_line(&nginx.display().to_string(), &args);
-    Ok((Spawned::start("nginx", &mut cmd)?, log, command))
+    let proc = Spawned::logged("nginx", Command::new(&nginx).args(&args), &dir.join("nginx.out"))?;
+    Ok((proc, log, command))
 }
 
 /// The nginx configuration: Nchan raw-stream subscribers on `/test/{id}`, its

@@ -1,7 +1,7 @@
 //! wrk as the request-throughput client: `wrk -t1 -cC -dD --latency URL`,
 //! bounded in time, and a parser for what it prints.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -45,13 +45,7 @@ pub fn run(url: &str, connections: u32, duration: Duration) -> anyhow::Result<(W
     ];
     let dir = TempDir::new("wrk")?;
     let out_path = dir.path().join("wrk.out");
-    let out = std::fs::File::create(&out_path)?;
-    let mut cmd = Command::new(&wrk);
-    cmd.args(&args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
-    let mut proc = Spawned::start("wrk", &mut cmd)?;
+    let mut proc = Spawned::logged("wrk", Command::new(&wrk).args(&args), &out_path)?;
     let status = proc.wait_for_exit(duration + GRACE)?;
     let text = std::fs::read_to_string(&out_path)?;
     match status {
