@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::{TestServer, settings};
@@ -10,18 +10,20 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_floodtest");
 
-fn flood(args: &[&str]) -> (std::process::Output, Option<Value>) {
+/// Runs floodtest to the end.
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+/// Runs floodtest with `--json`; returns its output and the summary.
+fn flood(args: &[&str]) -> (Output, Option<Value>) {
     let json = std::env::temp_dir().join(format!(
         "floodtest-{}-{:?}.json",
         std::process::id(),
         Instant::now()
     ));
-    let out = Command::new(BIN)
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
+    let json_arg = json.to_str().unwrap();
+    let out = run(&[args, &["--json", json_arg]].concat());
     let summary = std::fs::read(&json)
         .ok()
         .map(|b| serde_json::from_slice(&b).unwrap());
@@ -141,21 +143,18 @@ fn counts_closed_streams_and_http_errors() {
     s.stream.max_streams = 30;
     let mut srv = TestServer::start(s);
     let url = format!("http://{}/test/e{{n}}", srv.addr);
-    let child = Command::new(BIN)
-        .args([
-            "--url",
-            &url,
-            "--count",
-            "40",
-            "--rate",
-            "1000",
-            "--duration",
-            "3s",
-            "--interval",
-            "1s",
-        ])
-        .output();
-    let out = child.unwrap();
+    let out = run(&[
+        "--url",
+        &url,
+        "--count",
+        "40",
+        "--rate",
+        "1000",
+        "--duration",
+        "3s",
+        "--interval",
+        "1s",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("http_503=10"), "10 over the limit: {stdout}");
     assert!(stdout.contains("Final: {30, 0, "), "{stdout}");
@@ -188,17 +187,14 @@ fn counts_closed_streams_and_http_errors() {
 #[test]
 fn refuses_non_loopback_targets() {
     let started = Instant::now();
-    let out = Command::new(BIN)
-        .args([
-            "--url",
-            "http://10.1.2.3:8000/test/{n}",
-            "--count",
-            "1",
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .unwrap();
+    let out = run(&[
+        "--url",
+        "http://10.1.2.3:8000/test/{n}",
+        "--count",
+        "1",
+        "--duration",
+        "1s",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a loopback address"), "{err}");
@@ -206,29 +202,23 @@ fn refuses_non_loopback_targets() {
         started.elapsed() < Duration::from_secs(1),
         "refused before connecting"
     );
-    let out = Command::new(BIN)
-        .args([
-            "--url",
-            "http://127.0.0.1:1/test/same",
-            "--count",
-            "2",
-            "--msg-rate",
-            "5",
-        ])
-        .output()
-        .unwrap();
+    let out = run(&[
+        "--url",
+        "http://127.0.0.1:1/test/same",
+        "--count",
+        "2",
+        "--msg-rate",
+        "5",
+    ]);
     assert!(!out.status.success(), "one shared id cannot measure delivery");
     assert!(String::from_utf8_lossy(&out.stderr).contains("distinct id per stream"));
-    let out = Command::new(BIN)
-        .args([
-            "--url",
-            "http://127.0.0.1:1/test/{n}",
-            "--source-ips",
-            "10.0.0.1",
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .unwrap();
+    let out = run(&[
+        "--url",
+        "http://127.0.0.1:1/test/{n}",
+        "--source-ips",
+        "10.0.0.1",
+        "--duration",
+        "1s",
+    ]);
     assert!(!out.status.success());
 }
