@@ -78,7 +78,9 @@ fn broadcast_reaches_every_stream() {
     for c in &mut clients {
         assert_eq!(c.line(), "Recvd msg #1: 'all 'of' you'");
     }
-    let stats = srv.stats();
+    // A stream counts its delivery just after the write the client has
+    // already read: /stats catches up within microseconds, not before.
+    let stats = srv.wait_stats(Duration::from_secs(1), |s| s["messages"]["delivered"] == 6);
     assert_eq!(stats["messages"]["routed"], 1);
     assert_eq!(stats["messages"]["delivered"], 6);
 }

@@ -40,9 +40,11 @@ pub const FD_RESERVE: u64 = 64;
 
 /// Open many long-lived HTTP streams and count what arrives on them.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "floodtest", version, about)]
+#[command(name = "floodtest", version)]
 pub struct Args {
-    /// Stream URL template; `{n}` becomes the connection number.
+    // The placeholder is described, not written: clap prints it as a line break.
+    /// Stream URL template: the letter n in curly braces becomes the
+    /// connection number (/test/c0, /test/c1, ...).
     #[arg(long, required_unless_present = "urls", conflicts_with = "urls")]
     pub url: Option<String>,
     /// A file with one stream URL per line (used round-robin), like the original.

@@ -30,7 +30,7 @@ pub use report::{Outcome, Report, Tally};
 
 /// Measure request throughput and latency against one URL.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "loadtest", version, about)]
+#[command(name = "loadtest", version)]
 pub struct Args {
     /// The URL to request (GET).
     #[arg(long, default_value = "http://127.0.0.1:8000/dispatcher")]
