@@ -552,7 +552,10 @@ pub(crate) mod tests {
             pair(256, 1, 10_000.0, 20_000.0),
             pair(64, 1, 20_000.0, 40_000.0),
         ];
-        assert_eq!(ratios_by_connections(&pairs), vec![(64, Some(0.75)), (256, Some(0.5))]);
+        assert_eq!(
+            ratios_by_connections(&pairs),
+            vec![(64, Some(0.75)), (256, Some(0.5))]
+        );
     }
 
     #[test]
