@@ -13,7 +13,7 @@ use super::flood::{Flood, FloodSpec, FloodSummary};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
 use super::servers::{Server, ServerKind};
-use super::table::{Table, fixed, opt, ratio, thousands, times};
+use super::table::{Table, fixed, opt, thousands, vs_nchan};
 use super::{Common, MAX_STREAMS, client};
 use crate::flood::conn::now_micros;
 
@@ -258,22 +258,13 @@ pub fn render(o: &Outcome<BroadcastData>) -> String {
         ]);
     }
     let mut out = t.render();
-    let last = |k: ServerKind, path: &str| {
+    out += &vs_nchan("Last arrival, `/send/all`", |k| {
         o.data
             .rows
             .iter()
-            .find(|r| r.server == k && r.case.contains(path))
+            .find(|r| r.server == k && r.case.contains("/send/all"))
             .and_then(|r| r.last_ms)
-    };
-    if let (Some(s), Some(n)) = (
-        last(ServerKind::Switchboard, "/send/all"),
-        last(ServerKind::Nchan, "/send/all"),
-    ) {
-        out += &format!(
-            "\nLast arrival, `/send/all`: switchboard ÷ Nchan = {}.\n",
-            times(ratio(s, n))
-        );
-    }
+    });
     out
 }
 

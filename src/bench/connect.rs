@@ -11,7 +11,7 @@ use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
 use super::servers::{Server, ServerKind};
-use super::table::{Table, fixed, opt, ratio, thousands, times, whole};
+use super::table::{Table, fixed, opt, ratio, thousands, vs_nchan, whole};
 use super::{Common, MAX_STREAMS, procfs};
 use crate::units::parse_duration;
 
@@ -165,16 +165,13 @@ pub fn render(o: &Outcome<ConnectData>) -> String {
         ]);
     }
     let mut out = t.render();
-    let rate = |k| {
+    out += &vs_nchan("connects/s", |k| {
         o.data
             .rows
             .iter()
             .find(|r| r.server == k)
             .map(|r| r.flood.connect_rate)
-    };
-    if let (Some(s), Some(n)) = (rate(ServerKind::Switchboard), rate(ServerKind::Nchan)) {
-        out += &format!("\nconnects/s: switchboard ÷ Nchan = {}.\n", times(ratio(s, n)));
-    }
+    });
     out
 }
 

@@ -13,7 +13,7 @@ use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::TempDir;
 use super::servers::{Server, ServerKind};
-use super::table::{Table, fixed, opt, ratio, thousands, times};
+use super::table::{Table, fixed, opt, thousands, vs_nchan};
 use super::{Common, MAX_STREAMS};
 use crate::units::parse_duration;
 
@@ -194,16 +194,13 @@ pub fn render(o: &Outcome<LatencyData>) -> String {
         ]);
     }
     let mut out = t.render();
-    let p99 = |k| {
+    out += &vs_nchan("p99", |k| {
         o.data
             .rows
             .iter()
             .find(|r| r.server == k)
             .and_then(|r| r.flood.latency_ms.p99)
-    };
-    if let (Some(s), Some(n)) = (p99(ServerKind::Switchboard), p99(ServerKind::Nchan)) {
-        out += &format!("\np99: switchboard ÷ Nchan = {}.\n", times(ratio(s, n)));
-    }
+    });
     out
 }
 

@@ -144,6 +144,16 @@ pub fn times(r: Option<f64>) -> String {
 
 /// The cells of every table row in markdown text, trimmed (tests read
 /// rendered tables with it without depending on padding).
+/// The closing line of a two-server table, `{what}: switchboard ÷ Nchan =
+/// N×.`, or nothing when either server lacks the figure.
+pub fn vs_nchan(what: &str, figure: impl Fn(super::servers::ServerKind) -> Option<f64>) -> String {
+    use super::servers::ServerKind::{Nchan, Switchboard};
+    match (figure(Switchboard), figure(Nchan)) {
+        (Some(s), Some(n)) => format!("\n{what}: switchboard ÷ Nchan = {}.\n", times(ratio(s, n))),
+        _ => String::new(),
+    }
+}
+
 #[cfg(test)]
 pub fn cells(md: &str) -> Vec<Vec<String>> {
     md.lines()
