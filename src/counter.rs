@@ -12,7 +12,7 @@ use crate::stats::Stats;
 use crate::supervision::guarded;
 
 /// The `/dispatcher` counter.
-pub struct Counter {
+pub(crate) struct Counter {
     /// The last value handed out.
     count: u64,
     /// Mirror for `/stats` and restart counting.
@@ -21,7 +21,7 @@ pub struct Counter {
 
 impl Counter {
     /// Starts at zero; the first `Take(1)` answers 1.
-    pub fn new(stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(stats: Arc<Stats>) -> Self {
         Counter { count: 0, stats }
     }
 }
@@ -38,16 +38,16 @@ impl Supervised for Counter {
 }
 
 /// Add `n` (at least 1) and answer the first of the `n` new values: `Take(1)`
-/// for one request, more for a batch (see [`crate::dispatch::take`]). `None`
+/// for one request, more for a batch (see [`crate::dispatcher::take`]). `None`
 /// if the handler crashed.
 #[derive(Message)]
 #[rtype(result = "Option<u64>")]
-pub struct Take(pub u64);
+pub(crate) struct Take(pub u64);
 
 /// Fault injection: panic inside the handler.
 #[derive(Message)]
 #[rtype(result = "Option<()>")]
-pub struct Crash;
+pub(crate) struct Crash;
 
 impl Handler<Take> for Counter {
     type Result = Option<u64>;

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why an id was refused; the text goes into the 400 response.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IdError {
+pub(crate) enum IdError {
     /// Zero-length id.
     #[error("invalid id: empty")]
     Empty,
@@ -21,12 +21,12 @@ pub enum IdError {
 
 /// True for the characters an id may contain: RFC 3986 "unreserved", so an id
 /// never needs escaping in a URL and never breaks a line of the wire format.
-pub fn is_id_byte(b: u8) -> bool {
+pub(crate) fn is_id_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-')
 }
 
 /// Checks an id against the rules and the configured length limit.
-pub fn validate(id: &str, max_len: usize) -> Result<(), IdError> {
+pub(crate) fn validate(id: &str, max_len: usize) -> Result<(), IdError> {
     if id.is_empty() {
         Err(IdError::Empty)
     } else if id.len() > max_len {
@@ -39,10 +39,10 @@ pub fn validate(id: &str, max_len: usize) -> Result<(), IdError> {
 }
 
 /// Identifies one stream connection (several may share a stream id).
-pub type ConnId = u64;
+pub(crate) type ConnId = u64;
 
 /// Hands out process-unique connection ids.
-pub fn next_conn_id() -> ConnId {
+pub(crate) fn next_conn_id() -> ConnId {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }

@@ -5,6 +5,13 @@
 //! themselves ([`Login`]) when they start and leave ([`Logout`]) when they
 //! stop. The Router runs under a `Supervisor` on the first worker's arbiter; see
 //! [`crate::supervision`] for what survives a panic.
+//!
+//! The Router never names the stream actor: it is generic over any actor
+//! that takes [`Deliver`] and [`Close`], the two messages it sends, so calls
+//! go one way (the stream knows the Router, not the other way round). It
+//! keeps the actor's own weak address rather than a type-erased recipient:
+//! a `WeakRecipient` is a boxed trait object, one more allocation for every
+//! idle stream.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,25 +22,45 @@ use smallvec::SmallVec;
 
 use crate::id::ConnId;
 use crate::stats::Stats;
-use crate::stream::{Close, Deliver, Stream};
 use crate::supervision::guarded;
 
 /// Below this many slots the table is never shrunk (shrinking costs a rehash).
 const SHRINK_MIN_CAPACITY: usize = 1024;
 
+/// What the Router needs of a stream: an actor that takes its two messages.
+pub(crate) trait StreamActor:
+    Actor<Context = Context<Self>> + Handler<Deliver> + Handler<Close>
+{
+}
+
+impl<S> StreamActor for S where S: Actor<Context = Context<S>> + Handler<Deliver> + Handler<Close> {}
+
 /// The streams of one id. Nearly every id has one connection, kept inline.
-type Streams = SmallVec<[(ConnId, WeakAddr<Stream>); 1]>;
+type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
+
+/// A message for a stream, from `/send` or `/broadcast`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Deliver {
+    /// One line of text (validated: no CR or LF).
+    pub(crate) msg: Arc<str>,
+}
+
+/// The server is shutting down: the stream sends its final chunk and stops.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Close;
 
 /// Hands `m` to a stream if it still runs.
 ///
 /// The table holds weak addresses: a strong `Addr` allocates two small `Arc`s
 /// of sender state per clone, ~100 bytes for every idle stream. Upgrading
 /// costs those allocations only while a message is being sent.
-fn tell<M>(stream: &WeakAddr<Stream>, m: M)
+fn tell<S, M>(stream: &WeakAddr<S>, m: M)
 where
-    M: Message + std::marker::Send + 'static,
-    M::Result: std::marker::Send,
-    Stream: Handler<M>,
+    S: StreamActor + Handler<M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
 {
     if let Some(addr) = stream.upgrade() {
         addr.do_send(m);
@@ -41,9 +68,9 @@ where
 }
 
 /// Routes messages to streams by id.
-pub struct Router {
+pub(crate) struct Router<S: StreamActor> {
     /// id -> its open streams. The key is the same `Arc` the stream holds.
-    table: HashMap<Arc<str>, Streams>,
+    table: HashMap<Arc<str>, Streams<S>>,
     /// Total streams in `table`, for broadcast bookkeeping.
     streams: usize,
     /// Set by [`CloseAll`]: a stream that logs in afterwards is closed at once
@@ -53,9 +80,9 @@ pub struct Router {
     stats: Arc<Stats>,
 }
 
-impl Router {
+impl<S: StreamActor> Router<S> {
     /// An empty Router reporting into `stats`.
-    pub fn new(stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(stats: Arc<Stats>) -> Self {
         Router {
             table: HashMap::new(),
             streams: 0,
@@ -74,11 +101,11 @@ impl Router {
     }
 }
 
-impl Actor for Router {
+impl<S: StreamActor> Actor for Router<S> {
     type Context = Context<Self>;
 }
 
-impl Supervised for Router {
+impl<S: StreamActor> Supervised for Router<S> {
     /// After a crash: count it and drop streams that died meanwhile (their
     /// Logout may have been the message that was lost).
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
@@ -93,60 +120,62 @@ impl Supervised for Router {
 }
 
 /// A stream has started and wants the messages for `id`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Login {
+pub(crate) struct Login<S: Actor> {
     /// The stream id.
-    pub id: Arc<str>,
+    pub(crate) id: Arc<str>,
     /// Which connection (an id may have several).
-    pub conn: ConnId,
+    pub(crate) conn: ConnId,
     /// Where to deliver.
-    pub addr: WeakAddr<Stream>,
+    pub(crate) addr: WeakAddr<S>,
+}
+
+impl<S: Actor> Message for Login<S> {
+    type Result = ();
 }
 
 /// A stream has stopped.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Logout {
+pub(crate) struct Logout {
     /// The stream id it logged in with.
-    pub id: Arc<str>,
+    pub(crate) id: Arc<str>,
     /// The connection that ended.
-    pub conn: ConnId,
+    pub(crate) conn: ConnId,
 }
 
-/// Deliver `msg` to every stream of `id`. Answers how many streams it was
+/// Publish `msg` to every stream of `id`. Answers how many streams it was
 /// handed to (`None` if the Router crashed handling it).
 #[derive(Message)]
 #[rtype(result = "Option<usize>")]
-pub struct Send {
+pub(crate) struct Publish {
     /// Target id.
-    pub id: String,
+    pub(crate) id: String,
     /// One line of text, already validated.
-    pub msg: Arc<str>,
+    pub(crate) msg: Arc<str>,
 }
 
 /// Deliver `msg` to every stream. Answers how many.
 #[derive(Message)]
 #[rtype(result = "Option<usize>")]
-pub struct Broadcast {
+pub(crate) struct Broadcast {
     /// One line of text, already validated.
-    pub msg: Arc<str>,
+    pub(crate) msg: Arc<str>,
 }
 
 /// Tell every stream to end (server shutdown). Answers how many were told.
 #[derive(Message)]
 #[rtype(result = "Option<usize>")]
-pub struct CloseAll;
+pub(crate) struct CloseAll;
 
 /// Fault injection: panic inside the handler.
 #[derive(Message)]
 #[rtype(result = "Option<()>")]
-pub struct Crash;
+pub(crate) struct Crash;
 
-impl Handler<Login> for Router {
+impl<S: StreamActor> Handler<Login<S>> for Router<S> {
     type Result = ();
 
-    fn handle(&mut self, m: Login, ctx: &mut Context<Self>) {
+    fn handle(&mut self, m: Login<S>, ctx: &mut Context<Self>) {
         guarded(self, ctx, |r, _| {
             if r.closing {
                 tell(&m.addr, Close);
@@ -157,7 +186,7 @@ impl Handler<Login> for Router {
     }
 }
 
-impl Handler<Logout> for Router {
+impl<S: StreamActor> Handler<Logout> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: Logout, ctx: &mut Context<Self>) {
@@ -175,10 +204,10 @@ impl Handler<Logout> for Router {
     }
 }
 
-impl Handler<Send> for Router {
+impl<S: StreamActor> Handler<Publish> for Router<S> {
     type Result = Option<usize>;
 
-    fn handle(&mut self, m: Send, ctx: &mut Context<Self>) -> Option<usize> {
+    fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             r.stats.messages_routed.fetch_add(1, Relaxed);
             let Some(streams) = r.table.get(m.id.as_str()) else {
@@ -197,7 +226,7 @@ impl Handler<Send> for Router {
     }
 }
 
-impl Handler<Broadcast> for Router {
+impl<S: StreamActor> Handler<Broadcast> for Router<S> {
     type Result = Option<usize>;
 
     fn handle(&mut self, m: Broadcast, ctx: &mut Context<Self>) -> Option<usize> {
@@ -216,7 +245,7 @@ impl Handler<Broadcast> for Router {
     }
 }
 
-impl Handler<CloseAll> for Router {
+impl<S: StreamActor> Handler<CloseAll> for Router<S> {
     type Result = Option<usize>;
 
     fn handle(&mut self, _: CloseAll, ctx: &mut Context<Self>) -> Option<usize> {
@@ -230,7 +259,7 @@ impl Handler<CloseAll> for Router {
     }
 }
 
-impl Handler<Crash> for Router {
+impl<S: StreamActor> Handler<Crash> for Router<S> {
     type Result = Option<()>;
 
     fn handle(&mut self, _: Crash, ctx: &mut Context<Self>) -> Option<()> {

@@ -3,10 +3,11 @@
 //! Every worker is an actix `Arbiter` (one thread, one event loop). Each runs
 //! an accept loop on its own duplicate of every listening socket, builds its
 //! own actix-web `HttpService` (the same steps `HttpServer::listen` takes),
-//! and for each connection asks [`crate::handoff`] whether it is a lean stream
-//! (the Stream actor then owns the socket, on this worker) or an ordinary
-//! request for actix-web. The Router and Counter run supervised on the first
-//! worker's arbiter.
+//! and decides each connection's fate in one place, [`serve`]: the
+//! classifier ([`crate::classify`]) peeks its request line, and one `match`
+//! sends it to a lean stream (the Stream actor then owns the socket, on this
+//! worker), the lean `/dispatcher` path, actix-web, or a refusal. The Router
+//! and Counter run supervised on the first worker's arbiter.
 //!
 //! Shutdown is one future passed to [`Server::run`]. When it resolves:
 //! 1. `ServerState::shutdown` is cancelled: accept loops return and close
@@ -35,14 +36,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
+use crate::classify::{self, Class, HeadError};
 use crate::config::Settings;
 use crate::counter::Counter;
-use crate::dispatch;
-use crate::handoff::{self, Class, HeadError, Rewound};
+use crate::dispatcher;
+use crate::error::ApiError;
 use crate::router::{CloseAll, Router};
+use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 use crate::stats::Stats;
-use crate::stream::Stream;
+use crate::stream::{self, Stream};
 
 /// Pause after `accept` fails for lack of file descriptors. The pending
 /// connection stays in the backlog and is accepted once descriptors free up.
@@ -112,16 +115,21 @@ impl Server {
         let arbiters: Vec<Arbiter> = (0..workers).map(|_| Arbiter::new()).collect();
         let router = {
             let stats = Arc::clone(&stats);
-            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Router::new(stats))
+            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Router::<Stream>::new(stats))
         };
         let counter = {
             let stats = Arc::clone(&stats);
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats))
         };
+        let streams = Arc::new(stream::Shared {
+            settings: settings.stream.clone(),
+            stats: Arc::clone(&stats),
+            router,
+        });
         let state = Arc::new(ServerState {
             settings,
             stats,
-            router,
+            streams,
             counter,
             shutdown: CancellationToken::new(),
         });
@@ -182,12 +190,13 @@ async fn shut_down(state: &ServerState) {
         "shutting down"
     );
     state.shutdown.cancel();
-    let _ = tokio::time::timeout_at(deadline, state.router.send(CloseAll)).await;
+    let _ = tokio::time::timeout_at(deadline, state.router().send(CloseAll)).await;
     let gone = |s: &ServerState| s.stats.streams_active() == 0 && s.stats.http_active() == 0;
     while !gone(state) && Instant::now() < deadline {
         sleep(DRAIN_POLL).await;
     }
-    // Let the dispatchers write what the last streams queued.
+    // Let actix-web's HTTP/1 dispatchers write what the last fallback
+    // streams queued.
     sleep(DRAIN_POLL).await;
     if gone(state) {
         tracing::info!(
@@ -235,7 +244,7 @@ async fn run_worker(
 }
 
 /// actix-web's HTTP/1 service with `HttpServer::listen`'s settings, built by
-/// hand because connections reach it through [`handoff`] instead of
+/// hand because connections reach it through [`serve`] instead of
 /// actix-server.
 fn http_service(
     state: &Arc<ServerState>,
@@ -256,7 +265,7 @@ fn http_service(
     let fault_injection = state.settings.debug.fault_injection;
     let app = App::new()
         .app_data(app_state)
-        .configure(move |cfg| crate::http::routes(cfg, fault_injection))
+        .configure(move |cfg| crate::routes::routes(cfg, fault_injection))
         .into_factory()
         .map_err(|err: actix_web::Error| err.error_response());
     let drain = state.shutdown.clone();
@@ -276,7 +285,7 @@ fn http_service(
         })
         .finish(map_config(app, |_| AppConfig::default()));
     // What `HttpService::tcp` does, for a connection that may come with bytes
-    // already read (see `dispatch`).
+    // already read (see `dispatcher`).
     fn_service(|io: Rewound| async move {
         let peer = io.get_ref().peer_addr().ok();
         Ok((io, Protocol::Http1, peer))
@@ -370,7 +379,7 @@ impl Drop for HttpConn {
     }
 }
 
-/// Serves one accepted connection: lean stream or actix-web.
+/// Serves one accepted connection: the one place that decides its fate.
 ///
 /// While the head is classified the connection holds only its
 /// `max_connections` permit: shutdown does not wait for it (a client that
@@ -383,64 +392,79 @@ where
 {
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
-    let class = handoff::classify(&io, deadline, settings.stream.max_id_len).await;
-    let id = match class {
-        Class::Stream(id)
-            if !state.shutdown.is_cancelled()
-                && state.stats.try_reserve_stream(settings.stream.max_streams) =>
-        {
-            id
-        }
-        // Over the stream limit, actix-web's /test route answers 503; when
-        // shutting down, actix-web is draining and closes the connection.
-        Class::Stream(_) | Class::Http => {
-            let _conn = HttpConn::new(permit, &state.stats);
-            // Boxed: the dispatcher future is large and only this branch needs it.
-            let _ = Box::pin(http.call(Rewound::new(io))).await;
-            return;
+    match classify::classify(&io, deadline, settings.stream.max_id_len).await {
+        Class::Stream(id) => {
+            let head = classify::consume_head(&io, deadline, settings.server.max_head_bytes).await;
+            let refusal = match head {
+                Ok(()) => match admit_stream(&state) {
+                    Ok(()) => {
+                        // A stream is not an HTTP connection: its slot is
+                        // counted by `stream.max_streams` from here on.
+                        drop(permit);
+                        return Stream::start_lean(io, id, Arc::clone(&state.streams));
+                    }
+                    Err(e) => e,
+                },
+                Err(HeadError::Gone) => return,
+                Err(HeadError::Timeout) => head_refused(
+                    &state,
+                    ApiError::HeadTimeout {
+                        ms: settings.server.head_timeout_ms,
+                    },
+                ),
+                Err(HeadError::TooLarge) => head_refused(
+                    &state,
+                    ApiError::HeadTooLarge {
+                        limit: settings.server.max_head_bytes,
+                    },
+                ),
+            };
+            socket::refuse(io, &refusal).await;
         }
         Class::Dispatcher => {
             let _conn = HttpConn::new(permit, &state.stats);
-            // Boxed like the dispatcher below: every connection's task would
-            // otherwise carry this future's size while it is classified.
-            if let dispatch::Outcome::HandOff(io) = Box::pin(dispatch::serve(io, &state, deadline)).await {
+            // Boxed: every connection's task would otherwise carry this
+            // future's size while it is classified.
+            if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(io, &state, deadline)).await
+            {
                 let _ = Box::pin(http.call(io)).await;
             }
-            return;
+        }
+        Class::Http => {
+            let _conn = HttpConn::new(permit, &state.stats);
+            // Boxed: actix-web's HTTP/1 dispatcher future is large and only
+            // this branch needs it.
+            let _ = Box::pin(http.call(Rewound::new(io))).await;
         }
         Class::Timeout => {
-            let reason = format!(
-                "request head not received within {} ms",
-                settings.server.head_timeout_ms
+            let refusal = head_refused(
+                &state,
+                ApiError::HeadTimeout {
+                    ms: settings.server.head_timeout_ms,
+                },
             );
-            handoff::reject(io, "408 Request Timeout", &reason, &state.stats).await;
-            return;
+            socket::refuse(io, &refusal).await;
         }
-        Class::Gone => return,
-    };
-    let head = handoff::consume_head(&io, deadline, settings.server.max_head_bytes).await;
-    match head {
-        Ok(()) => {
-            drop(permit);
-            Stream::start_lean(io, id, state);
-        }
-        Err(e) => {
-            state.stats.stream_abandoned();
-            let (status, reason) = match e {
-                HeadError::Timeout => (
-                    "408 Request Timeout",
-                    "request head not complete in time".to_owned(),
-                ),
-                HeadError::TooLarge => (
-                    "431 Request Header Fields Too Large",
-                    format!(
-                        "request head larger than {} bytes",
-                        settings.server.max_head_bytes
-                    ),
-                ),
-                HeadError::Gone => return,
-            };
-            handoff::reject(io, status, &reason, &state.stats).await;
-        }
+        Class::Gone => {}
     }
+}
+
+/// Takes a stream slot for a lean stream whose head has been read, or says
+/// why not (503): the server is shutting down, or `stream.max_streams` are
+/// open. The slot is given back when the stream stops.
+fn admit_stream(state: &ServerState) -> Result<(), ApiError> {
+    let max = state.settings.stream.max_streams;
+    if state.shutdown.is_cancelled() {
+        Err(ApiError::ShuttingDown)
+    } else if !state.stats.try_reserve_stream(max) {
+        Err(ApiError::StreamLimit(max))
+    } else {
+        Ok(())
+    }
+}
+
+/// Counts a head the server refuses itself (408, 431) in `bad_heads`.
+fn head_refused(state: &ServerState, e: ApiError) -> ApiError {
+    state.stats.bad_heads.fetch_add(1, Relaxed);
+    e
 }

@@ -1,4 +1,4 @@
-//! What every worker, handler and stream of one server shares.
+//! What every worker and handler of one server shares.
 
 use std::sync::Arc;
 
@@ -9,19 +9,26 @@ use crate::config::Settings;
 use crate::counter::Counter;
 use crate::router::Router;
 use crate::stats::Stats;
+use crate::stream::{self, Stream};
 
-/// Shared by `Arc`: each Stream holds one pointer to it rather than its own
-/// copies (a cloned `Addr` alone costs ~72 bytes per stream).
-pub struct ServerState {
+/// Shared by `Arc` between the workers and actix-web's handlers.
+pub(crate) struct ServerState {
     /// The effective configuration.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// Counters for `/stats`.
-    pub stats: Arc<Stats>,
-    /// The supervised Router (its address survives restarts).
-    pub router: Addr<Router>,
+    pub(crate) stats: Arc<Stats>,
+    /// What the streams share: the Router's address, their settings, stats.
+    pub(crate) streams: Arc<stream::Shared>,
     /// The supervised Counter.
-    pub counter: Addr<Counter>,
+    pub(crate) counter: Addr<Counter>,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
     /// accept loops stop, actix-web connections drain, new streams are refused.
-    pub shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl ServerState {
+    /// The supervised Router (its address survives restarts).
+    pub(crate) fn router(&self) -> &Addr<Router<Stream>> {
+        &self.streams.router
+    }
 }

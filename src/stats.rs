@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 /// Counters for one server. Shared by `Arc`; each field is bumped where the
 /// event happens.
 #[derive(Debug)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// When the server started, for `uptime_s`.
     started: Instant,
     /// RSS once the server was ready and held no connection; the base of
@@ -60,7 +60,7 @@ impl Default for Stats {
 
 impl Stats {
     /// All zero, clock starting now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Stats {
             started: Instant::now(),
             baseline_rss: AtomicU64::new(0),
@@ -85,50 +85,44 @@ impl Stats {
     }
 
     /// Records the idle RSS, once the server is ready to serve.
-    pub fn set_baseline(&self) {
+    pub(crate) fn set_baseline(&self) {
         self.baseline_rss.store(rss_bytes().unwrap_or(0), Relaxed);
     }
 
     /// Takes a stream slot if fewer than `max` are open. The slot is given
-    /// back by [`Stats::stream_closed`], or by [`Stats::stream_abandoned`] if
-    /// the stream never started.
-    pub fn try_reserve_stream(&self, max: usize) -> bool {
+    /// back by [`Stats::stream_closed`]; the caller starts the stream at once.
+    pub(crate) fn try_reserve_stream(&self, max: usize) -> bool {
         self.streams_active
             .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
             .is_ok()
     }
 
     /// A reserved slot became a running stream.
-    pub fn stream_opened(&self, fallback: bool) {
+    pub(crate) fn stream_opened(&self, fallback: bool) {
         self.streams_opened.fetch_add(1, Relaxed);
         if fallback {
             self.streams_fallback.fetch_add(1, Relaxed);
         }
     }
 
-    /// A reserved slot is given back without a stream having run.
-    pub fn stream_abandoned(&self) {
-        self.streams_active.fetch_sub(1, Relaxed);
-    }
-
     /// A running stream ended.
-    pub fn stream_closed(&self) {
+    pub(crate) fn stream_closed(&self) {
         self.streams_active.fetch_sub(1, Relaxed);
         self.streams_closed.fetch_add(1, Relaxed);
     }
 
     /// Streams open now.
-    pub fn streams_active(&self) -> usize {
+    pub(crate) fn streams_active(&self) -> usize {
         self.streams_active.load(Relaxed)
     }
 
     /// Non-stream HTTP connections open now.
-    pub fn http_active(&self) -> usize {
+    pub(crate) fn http_active(&self) -> usize {
         self.http_active.load(Relaxed)
     }
 
     /// The `/stats` document.
-    pub fn snapshot(&self) -> Value {
+    pub(crate) fn snapshot(&self) -> Value {
         let active = self.streams_active.load(Relaxed);
         let rss = rss_bytes().unwrap_or(0);
         let baseline = self.baseline_rss.load(Relaxed);
@@ -170,18 +164,12 @@ impl Stats {
     }
 }
 
-/// Resident set size of this process, from `/proc/self/statm`.
-pub fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * page_size())
-}
-
-#[allow(unsafe_code)]
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions; it only reads a system constant.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 { n as u64 } else { 4096 }
+/// Resident set size of this process, from `VmRSS` in `/proc/self/status`.
+pub(crate) fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]

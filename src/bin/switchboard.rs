@@ -21,7 +21,7 @@ fn main() -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref())?;
     switchboard::telemetry::init(&settings.log)?;
     // Streams are file descriptors: use the whole hard limit, not the soft one.
-    match switchboard::limits::raise_nofile() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(n) => tracing::info!(open_files = n, "open-file limit"),
         Err(e) => tracing::warn!(cause = %e, "could not read or raise the open-file limit"),
     }

@@ -9,7 +9,7 @@
 //! Recvd msg #2: 'hello'
 //! ```
 //!
-//! On the lean path (see [`crate::handoff`]) the actor owns the socket itself,
+//! On the lean path (see [`crate::classify`]) the actor owns the socket itself,
 //! so an idle stream holds no HTTP framework buffers; on the fallback path it
 //! feeds actix-web's streaming body. Either way it watches for the client
 //! going away ([`Watch`]) and stops at once, which logs it out of the Router.
@@ -25,16 +25,29 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{self, Poll};
 
-use actix::{Actor, ActorContext, ActorFuture, AsyncContext, Context, Handler, Message};
+use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handler};
 use actix_rt::net::TcpStream;
 
-pub use sink::BodyStream;
+pub(crate) use sink::BodyStream;
 use sink::{Sink, SinkError, Written};
 use ticker::Tick;
 
+use crate::config::StreamSettings;
 use crate::id::{ConnId, next_conn_id};
-use crate::router::{Login, Logout};
-use crate::state::ServerState;
+use crate::router::{Close, Deliver, Login, Logout, Router};
+use crate::stats::Stats;
+
+/// What every stream of one server shares, through one `Arc` each stream
+/// points to rather than its own copies (a cloned `Addr` alone costs ~72
+/// bytes per stream).
+pub(crate) struct Shared {
+    /// The `[stream]` settings.
+    pub(crate) settings: StreamSettings,
+    /// Counters for `/stats`.
+    pub(crate) stats: Arc<Stats>,
+    /// The supervised Router (its address survives restarts).
+    pub(crate) router: Addr<Router<Stream>>,
+}
 
 /// One streaming connection.
 ///
@@ -43,7 +56,7 @@ use crate::state::ServerState;
 /// everything inline the cell took 640 bytes; with the cold fields boxed it
 /// takes 512, and the box 48 (the README's Architecture section has the
 /// per-stream breakdown).
-pub struct Stream {
+pub(crate) struct Stream {
     /// Where events go.
     sink: Sink,
     /// A [`Flush`] is running; set while the sink holds pending bytes.
@@ -61,40 +74,27 @@ struct Fields {
     /// Events sent so far (ticks and messages share the count, as in the original).
     seq: u64,
     /// Router address, stats and limits, shared by every stream of the server.
-    state: Arc<ServerState>,
+    shared: Arc<Shared>,
 }
-
-/// A message for this stream, from `/send` or `/broadcast`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Deliver {
-    /// One line of text (validated: no CR or LF).
-    pub msg: Arc<str>,
-}
-
-/// The server is shutting down: send the final chunk and stop.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Close;
 
 impl Stream {
     /// Starts a lean stream on the current worker: the actor owns `io`, whose
     /// request head has been read. The caller has reserved a stream slot.
-    pub fn start_lean(io: TcpStream, id: Arc<str>, state: Arc<ServerState>) {
+    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, shared: Arc<Shared>) {
         let _ = io.set_nodelay(true);
-        Stream::new(id, Sink::socket(io), state, false).start();
+        Stream::new(id, Sink::socket(io), shared, false).start();
     }
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
     /// returns. The caller has reserved a stream slot.
-    pub fn start_body(id: Arc<str>, state: Arc<ServerState>) -> BodyStream {
+    pub(crate) fn start_body(id: Arc<str>, shared: Arc<Shared>) -> BodyStream {
         let (sink, body) = Sink::body();
-        Stream::new(id, sink, state, true).start();
+        Stream::new(id, sink, shared, true).start();
         body
     }
 
-    fn new(id: Arc<str>, sink: Sink, state: Arc<ServerState>, fallback: bool) -> Self {
-        state.stats.stream_opened(fallback);
+    fn new(id: Arc<str>, sink: Sink, shared: Arc<Shared>, fallback: bool) -> Self {
+        shared.stats.stream_opened(fallback);
         Stream {
             sink,
             flushing: false,
@@ -102,7 +102,7 @@ impl Stream {
                 id,
                 conn: next_conn_id(),
                 seq: 0,
-                state,
+                shared,
             }),
         }
     }
@@ -113,7 +113,7 @@ impl Stream {
     fn after_write(&mut self, ctx: &mut Context<Self>, result: Result<Written, SinkError>) -> bool {
         match result {
             Ok(written) => {
-                self.f.state.stats.chunks_sent.fetch_add(1, Relaxed);
+                self.f.shared.stats.chunks_sent.fetch_add(1, Relaxed);
                 if written == Written::Pending && !self.flushing {
                     self.flushing = true;
                     ctx.spawn(Flush);
@@ -121,7 +121,7 @@ impl Stream {
                 true
             }
             Err(SinkError::Full) => {
-                self.f.state.stats.slow_disconnects.fetch_add(1, Relaxed);
+                self.f.shared.stats.slow_disconnects.fetch_add(1, Relaxed);
                 tracing::debug!(id = %self.f.id, "client not reading; pending bound reached, disconnecting");
                 ctx.stop();
                 false
@@ -139,7 +139,7 @@ impl Handler<Tick> for Stream {
 
     fn handle(&mut self, _: Tick, ctx: &mut Context<Self>) {
         self.f.seq += 1;
-        let max = self.f.state.settings.stream.max_pending_bytes;
+        let max = self.f.shared.settings.max_pending_bytes;
         let tick = push_line(
             &mut self.sink,
             max,
@@ -178,12 +178,12 @@ impl Actor for Stream {
         // ticker hold weak ones (see `router::tell`), and the Watch future
         // keeps the actor running until the client goes.
         let me = ctx.address().downgrade();
-        self.f.state.router.do_send(Login {
+        self.f.shared.router.do_send(Login {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
             addr: me.clone(),
         });
-        let max = self.f.state.settings.stream.max_pending_bytes;
+        let max = self.f.shared.settings.max_pending_bytes;
         match self.sink.open(max) {
             Ok(Written::Pending) => {
                 self.flushing = true;
@@ -198,15 +198,18 @@ impl Actor for Stream {
             return;
         }
         ctx.spawn(Watch);
-        ticker::register(me, self.f.state.settings.tick_interval());
+        ticker::register(
+            me,
+            std::time::Duration::from_millis(self.f.shared.settings.tick_interval_ms),
+        );
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.f.state.router.do_send(Logout {
+        self.f.shared.router.do_send(Logout {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
         });
-        self.f.state.stats.stream_closed();
+        self.f.shared.stats.stream_closed();
     }
 }
 
@@ -215,16 +218,16 @@ impl Handler<Deliver> for Stream {
 
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
         self.f.seq += 1;
-        let max = self.f.state.settings.stream.max_pending_bytes;
+        let max = self.f.shared.settings.max_pending_bytes;
         let line = push_line(
             &mut self.sink,
             max,
             format_args!("Recvd msg #{}: '{}'", self.f.seq, m.msg),
         );
         if self.after_write(ctx, line) {
-            self.f.state.stats.messages_delivered.fetch_add(1, Relaxed);
+            self.f.shared.stats.messages_delivered.fetch_add(1, Relaxed);
         } else {
-            self.f.state.stats.messages_dropped.fetch_add(1, Relaxed);
+            self.f.shared.stats.messages_dropped.fetch_add(1, Relaxed);
         }
     }
 }

@@ -259,7 +259,7 @@ impl BodyQueue {
 }
 
 /// The body of a fallback stream response.
-pub struct BodyStream(Rc<RefCell<BodyQueue>>);
+pub(crate) struct BodyStream(Rc<RefCell<BodyQueue>>);
 
 impl futures_core::Stream for BodyStream {
     type Item = Result<Bytes, std::convert::Infallible>;

@@ -27,15 +27,15 @@ use super::Stream;
 
 /// Aimed-at slot width: a tick lands within this of where a private timer
 /// would put it.
-pub const SLOT_WIDTH: Duration = Duration::from_millis(10);
+pub(super) const SLOT_WIDTH: Duration = Duration::from_millis(10);
 
 /// Most slots per period (a longer period gets wider slots).
-pub const MAX_SLOTS: u32 = 4096;
+pub(super) const MAX_SLOTS: u32 = 4096;
 
 /// Time for a tick: sent by the wheel to each stream once per period.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Tick;
+pub(crate) struct Tick;
 
 /// The streams of one worker, spread over the slots of one period.
 struct Wheel {
@@ -66,7 +66,7 @@ thread_local! {
 }
 
 /// The wheel's slot width and slot count for a tick period.
-pub fn geometry(period: Duration) -> (Duration, usize) {
+pub(super) fn geometry(period: Duration) -> (Duration, usize) {
     let slots = (period.as_nanos() / SLOT_WIDTH.as_nanos()).clamp(1, u128::from(MAX_SLOTS)) as u32;
     (period / slots, slots as usize)
 }
@@ -74,7 +74,7 @@ pub fn geometry(period: Duration) -> (Duration, usize) {
 /// Ticks `addr` every `period` from now on. Must run on the stream's worker
 /// thread, inside its runtime; the first call there starts the wheel. (All
 /// streams of a worker belong to one server, so they share one period.)
-pub fn register(addr: WeakAddr<Stream>, period: Duration) {
+pub(super) fn register(addr: WeakAddr<Stream>, period: Duration) {
     let now = Instant::now();
     WHEEL.with_borrow_mut(|wheel| {
         let wheel = wheel.get_or_insert_with(|| {

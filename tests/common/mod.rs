@@ -1,6 +1,6 @@
 //! Test helpers: a real server on a free port, and a small blocking HTTP/1.1
 //! client over real sockets that can read chunked streams chunk by chunk.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs, unreachable_pub)]
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

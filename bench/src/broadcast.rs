@@ -1,0 +1,318 @@
+//! `bench broadcast`: one message to every stream. floodtest holds the
+//! streams; once the server holds all of them, the harness POSTs one message
+//! stamped `@<µs since the epoch>`, and floodtest times its arrival on every
+//! stream. The last arrival is the broadcast's time.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde::{Deserialize, Serialize};
+
+use super::flood::{Flood, FloodSpec, FloodSummary};
+use super::outcome::{Outcome, Recorder};
+use super::process::{TempDir, pause};
+use super::servers::{Server, ServerKind};
+use super::table::{Table, fixed, opt, thousands, vs_nchan};
+use super::{Common, client, max_streams};
+use switchboard_tools::flood::now_micros;
+
+/// Time allowed for the streams to open beyond count ÷ rate, at least
+/// (else half of count ÷ rate): floodtest runs until this limit plus
+/// [`ARRIVAL_WAIT`] whenever the streams are open, so it is kept short.
+const RAMP_SLACK: Duration = Duration::from_secs(3);
+
+/// Quiet time between the last stream opening and the message.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// floodtest keeps listening at least this long after the ramp limit, for
+/// the message to arrive everywhere.
+const ARRIVAL_WAIT: Duration = Duration::from_secs(3);
+
+/// How the figures are computed, for the report.
+pub(crate) const HOW: &str = "\
+A fresh server per row; floodtest opens the streams (5,000/s). When `/proc/net/tcp` shows every one \
+established on the server and 1 s has passed, the harness POSTs one message whose body is `@<µs since the \
+epoch>`, stamped just before the request is sent. floodtest records, on every stream, arrival time − stamp. \
+**last arrival** = floodtest's latency maximum: the time until the last stream had the message; \
+**received** = streams that got it; **server's count** = what the POST answered (switchboard \
+`delivered`, Nchan `active subscribers`); **POST answered** = when the publisher's response came back.";
+
+/// `bench broadcast` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Options every benchmark takes.
+    #[command(flatten)]
+    pub common: Common,
+    /// Streams [default: the open-file limit less 1,000, 19,000 here; --smoke: 500].
+    #[arg(long)]
+    pub streams: Option<u64>,
+    /// Streams opened per second.
+    #[arg(long, default_value_t = 5000.0)]
+    pub rate: f64,
+    /// Servers to measure [default: switchboard,nchan].
+    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
+    pub servers: Option<Vec<ServerKind>>,
+}
+
+/// One way of reaching every stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Case {
+    /// Which server.
+    server: ServerKind,
+    /// Stream path template.
+    stream_path: &'static str,
+    /// Where the message is POSTed.
+    post_path: &'static str,
+    /// Row name.
+    label: &'static str,
+}
+
+/// The rows, in order.
+const CASES: [Case; 3] = [
+    Case {
+        server: ServerKind::Switchboard,
+        stream_path: "/test/b{n}",
+        post_path: "/broadcast",
+        label: "switchboard `/broadcast` (distinct ids)",
+    },
+    Case {
+        server: ServerKind::Switchboard,
+        stream_path: "/test/all",
+        post_path: "/send/all",
+        label: "switchboard `/send/all` (one id)",
+    },
+    Case {
+        server: ServerKind::Nchan,
+        stream_path: "/test/all",
+        post_path: "/send/all",
+        label: "Nchan `/send/all` (one channel)",
+    },
+];
+
+/// What `bench broadcast` measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct BroadcastData {
+    /// One row per case.
+    pub rows: Vec<BroadcastRow>,
+}
+
+/// One case.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct BroadcastRow {
+    /// Row name.
+    pub case: String,
+    /// Which server.
+    pub server: ServerKind,
+    /// Streams asked for.
+    pub streams: u64,
+    /// Established on the server when the message was sent.
+    pub established: u64,
+    /// The POST's status.
+    pub post_status: u16,
+    /// Time until the POST's answer, ms.
+    pub post_ms: f64,
+    /// Streams the server says it handed the message to.
+    pub server_count: Option<u64>,
+    /// Streams the message arrived on.
+    pub received: u64,
+    /// Stamp → last arrival, ms.
+    pub last_ms: Option<f64>,
+    /// Stamp → median arrival, ms.
+    pub p50_ms: Option<f64>,
+    /// floodtest's summary.
+    pub flood: FloodSummary,
+}
+
+/// Runs `bench broadcast`.
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let c = &args.common;
+    let streams = c.pick(args.streams, max_streams(), 500);
+    let servers = ServerKind::chosen(&args.servers);
+    super::check_streams(streams, args.rate)?;
+    let dir = TempDir::new("broadcast")?;
+    let mut rec = Recorder::new("broadcast", c.smoke);
+    let mut rows = Vec::new();
+    for case in CASES.iter().filter(|k| servers.contains(&k.server)) {
+        println!("broadcast: {} to {} streams", case.label, thousands(streams));
+        let row = measure(case, streams, args.rate, dir.path(), &mut rec)?;
+        println!(
+            "  received by {} streams, last after {} ms",
+            thousands(row.received),
+            opt(row.last_ms, |x| fixed(x, 1))
+        );
+        rows.push(row);
+    }
+    let outcome = rec.finish(BroadcastData { rows });
+    outcome.publish(&c.out, &render(&outcome))
+}
+
+fn measure(
+    case: &Case,
+    streams: u64,
+    rate: f64,
+    dir: &Path,
+    rec: &mut Recorder,
+) -> anyhow::Result<BroadcastRow> {
+    let server = Server::start(case.server)?;
+    rec.tool(&server.command);
+    let ramp = Duration::from_secs_f64(streams as f64 / rate);
+    let ramp_limit = ramp + (ramp / 2).max(RAMP_SLACK);
+    let spec = FloodSpec {
+        url: server.url(case.stream_path),
+        count: streams,
+        rate,
+        duration: ramp_limit + ARRIVAL_WAIT,
+        msg_rate: 0.0,
+        send_url: None,
+    };
+    let label = format!(
+        "broadcast-{}-{}",
+        case.server.label(),
+        case.post_path.replace('/', "_")
+    );
+    let mut flood = Flood::start(&spec, dir, &label)?;
+    rec.tool(&flood.command);
+    let reached = server.wait_established(streams, ramp_limit, || flood.exited())?;
+    if !reached.complete {
+        bail!(
+            "{}: only {} of {streams} streams established; floodtest said:\n{}",
+            case.label,
+            reached.count,
+            flood.log_tail()
+        );
+    }
+    pause(SETTLE)?;
+    let (established, _) = super::procfs::established(server.addr_v4())?;
+    let body = format!("@{}", now_micros());
+    let t = Instant::now();
+    let reply = client::request(server.addr(), "POST", case.post_path, &body)?;
+    let post_ms = t.elapsed().as_secs_f64() * 1000.0;
+    rec.tool(&format!(
+        "(the harness) POST {} with body @<µs since the epoch>",
+        server.url(case.post_path)
+    ));
+    let summary = flood.finish()?;
+    if let Some(note) = server.stop() {
+        rec.note(note);
+    }
+    if !(200..300).contains(&reply.status) {
+        rec.note(format!(
+            "{}: the POST answered {}: {}",
+            case.label,
+            reply.status,
+            reply.body.trim()
+        ));
+    }
+    Ok(BroadcastRow {
+        case: case.label.into(),
+        server: case.server,
+        streams,
+        established,
+        post_status: reply.status,
+        post_ms,
+        server_count: server_count(case.server, &reply.body),
+        received: summary.messages.received,
+        last_ms: summary.latency_ms.max,
+        p50_ms: summary.latency_ms.p50,
+        flood: summary,
+    })
+}
+
+/// How many streams the server says it handed the message to:
+/// switchboard's `{"delivered": n}`, Nchan's `active subscribers: n` line.
+pub(crate) fn server_count(server: ServerKind, body: &str) -> Option<u64> {
+    match server {
+        ServerKind::Switchboard => {
+            serde_json::from_str::<serde_json::Value>(body).ok()?["delivered"].as_u64()
+        }
+        ServerKind::Nchan => body
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("active subscribers:"))
+            .and_then(|n| n.trim().parse().ok()),
+    }
+}
+
+/// The table: one row per case, then the last-arrival ratio.
+pub(crate) fn render(o: &Outcome<BroadcastData>) -> String {
+    let mut t = Table::new(&[
+        "case",
+        ">streams",
+        ">established",
+        ">server's count",
+        ">received",
+        ">last arrival ms",
+        ">median arrival ms",
+        ">POST answered ms",
+    ]);
+    for r in &o.data.rows {
+        t.row(vec![
+            r.case.clone(),
+            thousands(r.streams),
+            thousands(r.established),
+            r.server_count.map_or("n/a".into(), thousands),
+            thousands(r.received),
+            opt(r.last_ms, |x| fixed(x, 1)),
+            opt(r.p50_ms, |x| fixed(x, 1)),
+            fixed(r.post_ms, 1),
+        ]);
+    }
+    let mut out = t.render();
+    out += &vs_nchan("Last arrival, `/send/all`", |k| {
+        o.data
+            .rows
+            .iter()
+            .find(|r| r.server == k && r.case.contains("/send/all"))
+            .and_then(|r| r.last_ms)
+    });
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn row(case: usize, streams: u64, received: u64, last_ms: f64) -> BroadcastRow {
+        BroadcastRow {
+            case: CASES[case].label.into(),
+            server: CASES[case].server,
+            streams,
+            established: streams,
+            post_status: 200,
+            post_ms: 12.5,
+            server_count: Some(streams),
+            received,
+            last_ms: Some(last_ms),
+            p50_ms: Some(last_ms / 2.0),
+            flood: FloodSummary::default(),
+        }
+    }
+
+    #[test]
+    fn reads_what_servers_answer() {
+        assert_eq!(
+            server_count(ServerKind::Switchboard, r#"{"delivered":19000}"#),
+            Some(19_000)
+        );
+        assert_eq!(server_count(ServerKind::Switchboard, "oops"), None);
+        let nchan = "queued messages: 1\nlast requested: -1 sec. ago\nactive subscribers: 19000\n\
+                     last message id: 1796022308:0\n";
+        assert_eq!(server_count(ServerKind::Nchan, nchan), Some(19_000));
+        assert_eq!(server_count(ServerKind::Nchan, ""), None);
+    }
+
+    #[test]
+    fn renders_cases() {
+        let o = Recorder::new("broadcast", false).finish(BroadcastData {
+            rows: vec![
+                row(0, 19_000, 19_000, 80.0),
+                row(1, 19_000, 19_000, 60.0),
+                row(2, 19_000, 18_990, 120.0),
+            ],
+        });
+        let text = render(&o);
+        assert_eq!(text.lines().filter(|l| l.starts_with("| switchboard")).count(), 2);
+        assert!(text.contains("18,990"));
+        assert!(text.contains("switchboard ÷ Nchan = 0.50×"));
+    }
+}

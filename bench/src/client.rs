@@ -1,0 +1,82 @@
+//! A tiny blocking HTTP/1.1 client for the harness's own few requests
+//! (readiness, `/stats`, `/dispatcher`, the broadcast POST): one connection
+//! per request, `connection: close`, short timeouts.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+/// Connect, write and read timeout of every request.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest answer read (the harness only reads small documents).
+const MAX_REPLY: u64 = 1 << 20;
+
+/// An answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Body as text (lossy), cut to `content-length` when there is one.
+    pub body: String,
+}
+
+/// Sends one request and reads the whole answer.
+pub(crate) fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> io::Result<Reply> {
+    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    s.set_write_timeout(Some(TIMEOUT))?;
+    s.set_nodelay(true)?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: text/plain\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    let mut buf = Vec::new();
+    s.take(MAX_REPLY).read_to_end(&mut buf)?;
+    parse_reply(&buf).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response"))
+}
+
+/// Status and body of a complete response (not chunked).
+pub(crate) fn parse_reply(buf: &[u8]) -> Option<Reply> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&buf[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let length = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok());
+    let body = &buf[end + 4..];
+    let body = &body[..length.unwrap_or(body.len()).min(body.len())];
+    Some(Reply {
+        status,
+        body: String::from_utf8_lossy(body).into_owned(),
+    })
+}
+
+/// GET `path` as JSON; fails on anything but 200.
+pub(crate) fn get_json(addr: SocketAddr, path: &str) -> anyhow::Result<Value> {
+    let r = request(addr, "GET", path, "").with_context(|| format!("GET {path}"))?;
+    anyhow::ensure!(r.status == 200, "GET {path}: status {}", r.status);
+    serde_json::from_str(&r.body).with_context(|| format!("GET {path}: not JSON"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies() {
+        let r = parse_reply(b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nhello...").unwrap();
+        assert_eq!((r.status, r.body.as_str()), (201, "hello"));
+        let r = parse_reply(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n{\"a\":1}").unwrap();
+        assert_eq!(r.body, "{\"a\":1}");
+        assert_eq!(parse_reply(b"HTTP/1.1 200 OK\r\n"), None);
+        assert_eq!(parse_reply(b"garbage\r\n\r\n"), None);
+    }
+}

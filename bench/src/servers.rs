@@ -1,0 +1,350 @@
+//! The servers under test, each started fresh on a free loopback port with
+//! its files in a temporary directory: switchboard (the release binary beside
+//! this one) and nginx with the Nchan module (Debian's packages), both with
+//! [`WORKERS`] workers. Readiness is an HTTP 200; stopping is SIGTERM to the
+//! PID we started, then waiting for it.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+
+use super::process::{self, Spawned, TempDir, display_path, shell_line};
+use super::{client, procfs};
+
+/// Worker threads (switchboard) and worker processes (nginx): one per core
+/// of the 2-core machine, the same for both so neither gets more CPUs.
+pub(crate) const WORKERS: u32 = 2;
+
+/// How long a server may take to answer its readiness request.
+const READY_LIMIT: Duration = Duration::from_secs(15);
+
+/// Where Debian's libnginx-mod-nchan puts the module.
+pub(crate) const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
+
+/// Most descriptors an nginx worker may open (the machine's hard limit).
+const NGINX_RLIMIT_NOFILE: u32 = 20_000;
+
+/// Connections per nginx worker, just under its descriptor limit.
+const NGINX_WORKER_CONNECTIONS: u32 = 19_990;
+
+/// Which server.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// This project's server.
+    Switchboard,
+    /// nginx with the Nchan module (streams: `http-raw-stream` subscribers).
+    Nchan,
+}
+
+impl ServerKind {
+    /// The servers a `--servers` flag chose: both when it was not given.
+    pub fn chosen(flag: &Option<Vec<ServerKind>>) -> Vec<ServerKind> {
+        flag.clone()
+            .unwrap_or_else(|| vec![ServerKind::Switchboard, ServerKind::Nchan])
+    }
+
+    /// Name in tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            ServerKind::Switchboard => "switchboard",
+            ServerKind::Nchan => "Nchan",
+        }
+    }
+
+    /// A request that answers 200 once the server serves.
+    fn ready_path(self) -> &'static str {
+        match self {
+            ServerKind::Switchboard => "/healthz",
+            ServerKind::Nchan => "/dispatcher",
+        }
+    }
+}
+
+/// A running server this harness started.
+pub(crate) struct Server {
+    /// Which server.
+    pub kind: ServerKind,
+    /// Its loopback port.
+    pub port: u16,
+    /// The process (nginx: the master; workers are its children).
+    proc: Spawned,
+    /// Its configuration and logs; removed when the server is dropped.
+    _dir: TempDir,
+    /// Its log (switchboard's stderr, nginx's error log), for error messages.
+    log: PathBuf,
+    /// How it was started, for the report.
+    pub command: String,
+}
+
+impl Server {
+    /// Starts a fresh server and waits until it answers.
+    pub(crate) fn start(kind: ServerKind) -> anyhow::Result<Self> {
+        let dir = TempDir::new(kind.label())?;
+        let port = process::free_port()?;
+        let (proc, log, command) = match kind {
+            ServerKind::Switchboard => start_switchboard(dir.path(), port)?,
+            ServerKind::Nchan => start_nginx(dir.path(), port)?,
+        };
+        let mut server = Server {
+            kind,
+            port,
+            proc,
+            _dir: dir,
+            log,
+            command,
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// Its listening address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        SocketAddr::V4(self.addr_v4())
+    }
+
+    /// Its listening address, as `/proc/net/tcp` is searched for it.
+    pub(crate) fn addr_v4(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port)
+    }
+
+    /// `http://127.0.0.1:PORT` + `path`.
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr())
+    }
+
+    /// Every process of the server: switchboard's one, or nginx's master and
+    /// its workers (children found through `/proc/*/stat`).
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        let master = self.proc.pid();
+        let mut pids = vec![master];
+        if self.kind == ServerKind::Nchan {
+            pids.extend(procfs::children_of(master));
+        }
+        pids
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < READY_LIMIT {
+            if let Some(st) = self.proc.exited() {
+                bail!(
+                    "{} exited ({st}) before it was ready:\n{}",
+                    self.kind.label(),
+                    process::tail(&self.log, 20)
+                );
+            }
+            if client::request(self.addr(), "GET", self.kind.ready_path(), "").is_ok_and(|r| r.status == 200)
+            {
+                return Ok(());
+            }
+            process::pause(Duration::from_millis(50))?;
+        }
+        bail!(
+            "{} not ready after {READY_LIMIT:?}:\n{}",
+            self.kind.label(),
+            process::tail(&self.log, 20)
+        )
+    }
+
+    /// Polls `/proc/net/tcp` until `n` connections to this server are
+    /// established, `limit` passes, or `gave_up()` says the client is gone.
+    /// Polls no more often than a few reads' worth of time (a read walks
+    /// every socket on the machine).
+    pub(crate) fn wait_established(
+        &self,
+        n: u64,
+        limit: Duration,
+        mut gave_up: impl FnMut() -> bool,
+    ) -> anyhow::Result<Reached> {
+        let started = Instant::now();
+        let mut max_read = Duration::ZERO;
+        loop {
+            let (count, read) = procfs::established(self.addr_v4())?;
+            max_read = max_read.max(read);
+            let reached = |complete| Reached {
+                count,
+                after: started.elapsed(),
+                max_read,
+                complete,
+            };
+            if count >= n {
+                return Ok(reached(true));
+            }
+            if started.elapsed() >= limit || gave_up() {
+                return Ok(reached(false));
+            }
+            process::pause(poll_interval(read).min(limit.saturating_sub(started.elapsed())))?;
+        }
+    }
+
+    /// SIGTERM and wait. `Some(note)` when it did not exit cleanly (a
+    /// finding for the report, not a reason to throw the numbers away).
+    pub(crate) fn stop(mut self) -> Option<String> {
+        let label = self.kind.label();
+        let note = match self.proc.stop() {
+            Ok(st) if st.success() => None,
+            Ok(st) => Some(format!("{label} exited with {st} after SIGTERM")),
+            Err(e) => Some(format!("{label}: stopping failed: {e:#}")),
+        };
+        if let Some(n) = &note {
+            eprintln!("bench: {n}\n{}", process::tail(&self.log, 10));
+        }
+        note
+    }
+}
+
+/// What waiting for established connections saw.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reached {
+    /// Established connections at the last reading.
+    pub count: u64,
+    /// Time from the start of the wait to the last reading.
+    pub after: Duration,
+    /// Longest `/proc/net/tcp` read.
+    pub max_read: Duration,
+    /// The wanted count was reached.
+    pub complete: bool,
+}
+
+/// Time between `/proc/net/tcp` polls after a read that took `read`: four
+/// reads' worth, so polling costs at most a fifth of a core, within
+/// 50 ms..5 s. (A read walks every socket on the machine: ~3 µs a line when
+/// quiet, over 1 s for 40,000 sockets while thousands connect.)
+pub(crate) fn poll_interval(read: Duration) -> Duration {
+    (read * 4).clamp(Duration::from_millis(50), Duration::from_secs(5))
+}
+
+/// A release binary that sits beside this one (`switchboard`, `floodtest`).
+pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the bench executable")?;
+    let path = exe.with_file_name(name);
+    if !path.is_file() {
+        bail!(
+            "{} not found; build it first: cargo build --release --bins",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn start_switchboard(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, String)> {
+    let exe = sibling("switchboard")?;
+    let log = dir.join("switchboard.log");
+    let env = [
+        ("SWITCHBOARD__SERVER__HOST", "127.0.0.1".to_owned()),
+        ("SWITCHBOARD__SERVER__PORT", port.to_string()),
+        ("SWITCHBOARD__SERVER__WORKERS", WORKERS.to_string()),
+        ("SWITCHBOARD__LOG__LEVEL", "warn".to_owned()),
+    ];
+    let mut cmd = Command::new(&exe);
+    // Only these settings: none leaks in from the harness's environment.
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SWITCHBOARD__")) {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    let command = env.iter().map(|(k, v)| format!("{k}={v} ")).collect::<String>() + &display_path(&exe);
+    Ok((Spawned::logged("switchboard", &mut cmd, &log)?, log, command))
+}
+
+fn start_nginx(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, String)> {
+    let nginx = find_program("nginx").context("nginx not found; run scripts/bench/peers.sh")?;
+    if !Path::new(NCHAN_MODULE).is_file() {
+        bail!("{NCHAN_MODULE} not found; run scripts/bench/peers.sh");
+    }
+    let d = dir.display().to_string();
+    std::fs::write(dir.join("nginx.conf"), nginx_conf(&d, &port.to_string()))?;
+    let log = dir.join("error.log");
+    let args: Vec<String> = vec![
+        "-p".into(),
+        format!("{d}/"),
+        "-c".into(),
+        format!("{d}/nginx.conf"),
+        // Before reading the configuration nginx would open its default
+        // error log under /var/log; -e keeps it in our directory.
+        "-e".into(),
+        format!("{d}/error.log"),
+    ];
+    let command = shell_line(&nginx.display().to_string(), &args);
+    let proc = Spawned::logged("nginx", Command::new(&nginx).args(&args), &dir.join("nginx.out"))?;
+    Ok((proc, log, command))
+}
+
+/// The nginx configuration: Nchan raw-stream subscribers on `/test/{id}`, its
+/// publisher on `/send/{id}`, a constant `/dispatcher`; `daemon off` so the
+/// PID we start is the master; everything it writes under `dir`.
+pub(crate) fn nginx_conf(dir: &str, port: &str) -> String {
+    format!(
+        "load_module {NCHAN_MODULE};
+worker_processes {WORKERS};
+worker_rlimit_nofile {NGINX_RLIMIT_NOFILE};
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections {NGINX_WORKER_CONNECTIONS}; multi_accept on; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
+  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  keepalive_requests 1000000;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location = /dispatcher {{ default_type text/plain; return 200 \"1\"; }}
+    location ~ ^/test/(.+)$ {{ nchan_subscriber http-raw-stream; nchan_channel_id $1; }}
+    location ~ ^/send/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}
+  }}
+}}
+"
+    )
+}
+
+/// `name` on PATH, or in /usr/sbin (root's nginx is there even when PATH
+/// lacks it).
+pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_conf_is_the_verified_one() {
+        let c = nginx_conf("/tmp/x", "8123");
+        assert!(c.starts_with("load_module /usr/lib/nginx/modules/ngx_nchan_module.so;\n"));
+        assert!(c.contains("worker_processes 2;"));
+        assert!(c.contains("daemon off;"));
+        assert!(c.contains("pid /tmp/x/nginx.pid;"));
+        assert!(c.contains("listen 127.0.0.1:8123 backlog=4096;"));
+        assert!(
+            c.contains("location ~ ^/test/(.+)$ { nchan_subscriber http-raw-stream; nchan_channel_id $1; }")
+        );
+        assert!(c.contains("return 200 \"1\";"));
+        assert_eq!(c.matches('{').count(), c.matches('}').count());
+    }
+
+    #[test]
+    fn polling_backs_off_with_read_time() {
+        assert_eq!(poll_interval(Duration::from_millis(1)), Duration::from_millis(50));
+        assert_eq!(
+            poll_interval(Duration::from_millis(30)),
+            Duration::from_millis(120)
+        );
+        assert_eq!(poll_interval(Duration::from_secs(1)), Duration::from_secs(4));
+        assert_eq!(poll_interval(Duration::from_secs(2)), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn finds_programs() {
+        assert!(find_program("sh").is_some());
+        assert!(find_program("no-such-program-here").is_none());
+    }
+}

@@ -1,0 +1,177 @@
+//! The one error vocabulary of the server: every refusal, whether actix-web
+//! answers it ([`ResponseError`]) or a lean path writes it straight to the
+//! socket ([`ApiError::write_http1`]), has the same status, headers and
+//! `{"error": "..."}` body.
+
+use std::io::Write as _;
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+use crate::id::IdError;
+
+/// Why a request failed; each maps to a status and a JSON `{"error": ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ApiError {
+    /// Bad stream id: 400.
+    #[error(transparent)]
+    BadId(#[from] IdError),
+    /// Empty message: 400.
+    #[error("message body is empty")]
+    EmptyMessage,
+    /// Over `message.max_bytes`: 413.
+    #[error("message body is larger than {limit} bytes")]
+    TooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// Not UTF-8: 400.
+    #[error("message body is not valid UTF-8")]
+    NotUtf8,
+    /// CR or LF inside: 400 (one event is one line).
+    #[error("message body contains CR or LF; a message is one line")]
+    LineBreak,
+    /// The body could not be read: 400.
+    #[error("message body could not be read: {0}")]
+    Payload(String),
+    /// Missing or wrong bearer token: 401.
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// No such route: 404.
+    #[error("not found")]
+    NotFound,
+    /// Route exists, method does not: 405.
+    #[error("method not allowed; use {0}")]
+    MethodNotAllowed(&'static str),
+    /// The request head did not arrive within `server.head_timeout_ms`: 408.
+    #[error("request head not received within {ms} ms")]
+    HeadTimeout {
+        /// The configured timeout.
+        ms: u64,
+    },
+    /// The request head is larger than `server.max_head_bytes`: 431.
+    #[error("request head larger than {limit} bytes")]
+    HeadTooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// `stream.max_streams` reached: 503.
+    #[error("stream limit of {0} reached")]
+    StreamLimit(usize),
+    /// Shutting down: 503.
+    #[error("server is shutting down")]
+    ShuttingDown,
+    /// The actor crashed handling this very request and was restarted: 503.
+    #[error("{0} crashed handling this request and was restarted; retry")]
+    Crashed(&'static str),
+}
+
+impl ApiError {
+    /// The header this error adds to its response, if any.
+    fn extra_header(&self) -> Option<(header::HeaderName, &'static str)> {
+        match self {
+            ApiError::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
+            ApiError::MethodNotAllowed(allow) => Some((header::ALLOW, allow)),
+            _ => None,
+        }
+    }
+
+    /// The JSON body.
+    fn body(&self) -> String {
+        json!({ "error": self.to_string() }).to_string()
+    }
+
+    /// Appends this error as a whole HTTP/1.1 response to `out`, for the lean
+    /// paths that write to the socket themselves. `close` adds
+    /// `connection: close` (the caller then closes).
+    pub(crate) fn write_http1(&self, out: &mut Vec<u8>, close: bool) {
+        let status = self.status_code();
+        let body = self.body();
+        // unwrap: writing into a Vec cannot fail.
+        write!(
+            out,
+            "HTTP/1.1 {} {}\r\ncontent-length: {}\r\ncontent-type: application/json\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .expect("format into Vec");
+        if let Some((name, value)) = self.extra_header() {
+            write!(out, "{name}: {value}\r\n").expect("format into Vec");
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        write!(out, "date: {}\r\n\r\n{body}", crate::http_date::now()).expect("format into Vec");
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadId(_)
+            | ApiError::EmptyMessage
+            | ApiError::NotUtf8
+            | ApiError::LineBreak
+            | ApiError::Payload(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::HeadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::StreamLimit(_) | ApiError::ShuttingDown | ApiError::Crashed(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut res = HttpResponse::build(self.status_code());
+        if let Some(h) = self.extra_header() {
+            res.insert_header(h);
+        }
+        res.content_type("application/json").body(self.body())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lean_answers_match_actix_web_answers() {
+        let e = ApiError::Unauthorized;
+        let mut out = Vec::new();
+        e.write_http1(&mut out, true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{text}");
+        assert!(text.contains("www-authenticate: Bearer\r\n"), "{text}");
+        assert!(text.contains("connection: close\r\n"), "{text}");
+        assert!(
+            text.ends_with(r#"{"error":"missing or wrong bearer token"}"#),
+            "{text}"
+        );
+        let res = e.error_response();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(res.headers().get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+    }
+
+    #[test]
+    fn head_errors() {
+        let mut out = Vec::new();
+        ApiError::HeadTimeout { ms: 5000 }.write_http1(&mut out, true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{text}");
+        assert!(text.ends_with(r#"{"error":"request head not received within 5000 ms"}"#));
+        let mut out = Vec::new();
+        ApiError::HeadTooLarge { limit: 8192 }.write_http1(&mut out, false);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            "{text}"
+        );
+        assert!(!text.contains("connection: close"), "{text}");
+    }
+}

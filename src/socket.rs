@@ -1,0 +1,143 @@
+//! Socket helpers for the lean paths, which own their connections instead of
+//! leaving them to actix-web: answering a refused request and closing
+//! without a reset, writing a whole buffer, and handing a connection to
+//! actix-web with the bytes already read put back in front ([`Rewound`]).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use actix_rt::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, timeout_at};
+
+use crate::error::ApiError;
+
+/// How long a refused connection is drained before it is closed, so the
+/// client reads the error instead of a reset.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Answers a request the lean path refuses with `error` (the same response
+/// actix-web would give it), then closes the connection after draining what
+/// the client still sends.
+pub(crate) async fn refuse(io: TcpStream, error: &ApiError) {
+    let mut response = Vec::new();
+    error.write_http1(&mut response, true);
+    let _ = io.try_write(&response);
+    close_gently(&io).await;
+}
+
+/// Writes all of `out`, waiting for the socket to take it.
+pub(crate) async fn write_all(io: &TcpStream, mut out: &[u8]) -> io::Result<()> {
+    while !out.is_empty() {
+        io.writable().await?;
+        match io.try_write(out) {
+            Ok(k) => out = &out[k..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Ends our side of `io` and drains what the client still sends for a short
+/// while before the socket is dropped: closing a socket with unread bytes
+/// makes Linux send a reset, and the client may then lose the answers it
+/// has not read yet.
+pub(crate) async fn close_gently(io: &TcpStream) {
+    let _ = socket2::SockRef::from(io).shutdown(std::net::Shutdown::Write);
+    let deadline = Instant::now() + LINGER;
+    let mut drained = 0usize;
+    while drained < 1 << 20 {
+        if !matches!(timeout_at(deadline, io.readable()).await, Ok(Ok(()))) {
+            break;
+        }
+        let mut buf = [0u8; 512];
+        match io.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => drained += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+    }
+}
+
+/// A connection handed to actix-web, with bytes already read from it put
+/// back in front. Every actix-web connection goes through this type (with
+/// nothing in front when the head was only peeked).
+pub(crate) struct Rewound {
+    io: TcpStream,
+    /// Read before the hand-over; served first.
+    prefix: Vec<u8>,
+    /// How much of `prefix` has been served.
+    pos: usize,
+}
+
+impl Rewound {
+    /// A connection nothing has been read from.
+    pub(crate) fn new(io: TcpStream) -> Self {
+        Rewound {
+            io,
+            prefix: Vec::new(),
+            pos: 0,
+        }
+    }
+
+    /// A connection whose first `prefix` bytes were already read.
+    pub(crate) fn with_prefix(io: TcpStream, prefix: &[u8]) -> Self {
+        Rewound {
+            io,
+            prefix: prefix.to_vec(),
+            pos: 0,
+        }
+    }
+
+    /// The socket underneath.
+    pub(crate) fn get_ref(&self) -> &TcpStream {
+        &self.io
+    }
+}
+
+impl AsyncRead for Rewound {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.pos < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.pos);
+            buf.put_slice(&this.prefix[this.pos..this.pos + n]);
+            this.pos += n;
+            if this.pos == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewound {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}

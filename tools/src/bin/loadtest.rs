@@ -1,0 +1,8 @@
+//! loadtest: request throughput and latency against one URL. See README.md.
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    switchboard_tools::load::run(switchboard_tools::load::Args::parse())?;
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! One held stream: connect (optionally from a chosen source address), send
+//! the request, then count events until the server closes.
+//!
+//! Per-stream memory is the point: the task's state is the socket, the
+//! parser (~70 bytes) and a few integers. Reads go through one buffer per
+//! thread, never held across an await.
+
+use std::cell::RefCell;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream};
+
+use super::Plan;
+use super::parse::{EventParser, Fed, ParseError, stamp_of};
+use super::report::{Counters, ErrorKind};
+use crate::sys;
+
+thread_local! {
+    /// The one read buffer of this thread's streams.
+    static READ_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0; 64 * 1024]);
+}
+
+/// Opens stream `i` of this process and holds it until it closes.
+pub(super) async fn hold(i: u64, plan: Rc<Plan>, counters: Rc<Counters>) {
+    // Boxed: the opening phase (connect, timers, request) is large and
+    // short-lived; what stays for the stream's life is only the socket and
+    // the parser.
+    let Some((stream, mut parser)) = Box::pin(open(i, plan, &counters)).await else {
+        return;
+    };
+    counters.established(i as usize);
+    while let Ok(Fed::More) = read_some(&stream, &mut parser, &counters).await {}
+    counters.closed(i as usize);
+}
+
+/// Connects, sends the request and reads the response head. `None` when it
+/// failed (counted by kind).
+async fn open(i: u64, plan: Rc<Plan>, counters: &Counters) -> Option<(TcpStream, EventParser)> {
+    let n = plan.first_n + i;
+    let (addr, path, src) = plan.conn(n);
+    let mut stream = match tokio::time::timeout(plan.connect_timeout, connect(addr, src)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return fail(counters, ErrorKind::of(&e)),
+        Err(_) => return fail(counters, ErrorKind::Timeout),
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nuser-agent: floodtest\r\n\r\n");
+    if let Err(e) = stream.write_all(request.as_bytes()).await {
+        return fail(counters, ErrorKind::of(&e));
+    }
+    let mut parser = EventParser::default();
+    let head = tokio::time::timeout(
+        plan.connect_timeout,
+        read_until_body(&stream, &mut parser, counters),
+    )
+    .await;
+    match head {
+        Ok(Ok(true)) => Some((stream, parser)),
+        Ok(Ok(false)) => None,
+        Ok(Err(e)) => fail(counters, ErrorKind::of(&e)),
+        Err(_) => fail(counters, ErrorKind::Timeout),
+    }
+}
+
+fn fail<T>(counters: &Counters, kind: ErrorKind) -> Option<T> {
+    counters.error(kind);
+    None
+}
+
+async fn connect(addr: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(ip) = src {
+        sys::bind_address_no_port(&socket)?;
+        socket.bind(SocketAddr::new(ip, 0))?;
+    }
+    socket.connect(addr).await
+}
+
+/// Reads until the response head is through. `Ok(false)`: the server
+/// answered with something other than a stream (already counted).
+async fn read_until_body(
+    stream: &TcpStream,
+    parser: &mut EventParser,
+    counters: &Counters,
+) -> io::Result<bool> {
+    while !parser.in_body() {
+        match read_some(stream, parser, counters).await {
+            Ok(Fed::More) => {}
+            Ok(Fed::Ended) => return Ok(parser.in_body()),
+            Err(ReadError::Io(e)) => return Err(e),
+            Err(ReadError::Parse(ParseError::Status(code))) => {
+                counters.error(ErrorKind::Status(code));
+                return Ok(false);
+            }
+            Err(ReadError::Parse(ParseError::Framing)) => {
+                counters.error(ErrorKind::Protocol);
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+enum ReadError {
+    Io(io::Error),
+    Parse(ParseError),
+}
+
+/// One read: feeds the parser, counts events and message latencies. Waits
+/// with `poll_read_ready`, which keeps the waker in the socket's own
+/// registration: the wait adds no state to the task.
+async fn read_some(
+    stream: &TcpStream,
+    parser: &mut EventParser,
+    counters: &Counters,
+) -> Result<Fed, ReadError> {
+    std::future::poll_fn(|cx| {
+        loop {
+            match stream.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(ReadError::Io(e))),
+                Poll::Ready(Ok(())) => {}
+            }
+            let fed = READ_BUF.with_borrow_mut(|buf| match stream.try_read(buf) {
+                Ok(0) => Some(Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()))),
+                Ok(n) => Some(
+                    parser
+                        .feed(&buf[..n], |event| {
+                            counters.chunk();
+                            if let Some(sent) = stamp_of(event) {
+                                counters.message_received(now_micros().saturating_sub(sent));
+                            }
+                        })
+                        .map_err(ReadError::Parse),
+                ),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                Err(e) => Some(Err(ReadError::Io(e))),
+            });
+            if let Some(result) = fed {
+                return Poll::Ready(result);
+            }
+        }
+    })
+    .await
+}
+
+/// Microseconds since the Unix epoch: the clock message stamps use, so
+/// sender and receiver may be different processes on this machine.
+pub fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The task state every held stream pays for; a regression here shows up
+    /// as client bytes per connection.
+    #[test]
+    fn held_stream_state_stays_small() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _g = rt.enter();
+        let plan = std::rc::Rc::new(super::super::Plan {
+            targets: vec![crate::target::Target::parse("http://127.0.0.1:1/test/{n}", false).unwrap()],
+            ports: vec![],
+            source_ips: vec![],
+            first_n: 0,
+            count: 1,
+            rate: 1.0,
+            msg_rate: 0.0,
+            send: None,
+            connect_timeout: std::time::Duration::from_secs(1),
+        });
+        let c = std::rc::Rc::new(super::Counters::new(1));
+        let f = super::hold(0, plan, c);
+        let size = std::mem::size_of_val(&f);
+        assert!(size <= 256, "hold future grew to {size} bytes");
+    }
+}

@@ -1,0 +1,516 @@
+//! floodtest's numbers: live counters, periodic reports (human lines, a
+//! progress bar on a terminal, or JSON lines from a child process), and the
+//! final summary.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::io::{self, IsTerminal, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+use super::Args;
+use crate::latency::Latency;
+use crate::target::Target;
+
+/// How often the progress line is refreshed between reports.
+pub(crate) const LIVE_PERIOD: Duration = Duration::from_millis(200);
+
+/// Why a stream could not be opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// Connection refused.
+    Refused,
+    /// Connect or response head took longer than `--connect-timeout`.
+    Timeout,
+    /// Reset or broken pipe before the stream was established.
+    Reset,
+    /// EADDRINUSE / EADDRNOTAVAIL: out of source ports.
+    AddrInUse,
+    /// EMFILE / ENFILE: out of file descriptors.
+    Emfile,
+    /// The server closed before answering.
+    Eof,
+    /// An HTTP status other than 200.
+    Status(u16),
+    /// Not a readable HTTP stream.
+    Protocol,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    /// Classifies an I/O error.
+    pub fn of(e: &io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) => return ErrorKind::Refused,
+            Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL) => return ErrorKind::AddrInUse,
+            Some(libc::EMFILE | libc::ENFILE) => return ErrorKind::Emfile,
+            Some(libc::ETIMEDOUT) => return ErrorKind::Timeout,
+            _ => {}
+        }
+        match e.kind() {
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
+                ErrorKind::Reset
+            }
+            io::ErrorKind::UnexpectedEof => ErrorKind::Eof,
+            io::ErrorKind::TimedOut => ErrorKind::Timeout,
+            _ => ErrorKind::Other,
+        }
+    }
+
+    /// The key in reports and JSON.
+    pub fn name(self) -> String {
+        match self {
+            ErrorKind::Refused => "refused".into(),
+            ErrorKind::Timeout => "timeout".into(),
+            ErrorKind::Reset => "reset".into(),
+            ErrorKind::AddrInUse => "eaddr".into(),
+            ErrorKind::Emfile => "emfile".into(),
+            ErrorKind::Eof => "eof".into(),
+            ErrorKind::Status(code) => format!("http_{code}"),
+            ErrorKind::Protocol => "protocol".into(),
+            ErrorKind::Other => "other".into(),
+        }
+    }
+}
+
+/// Live counts of one process (single-threaded: plain cells).
+pub(crate) struct Counters {
+    active: Cell<u64>,
+    closed: Cell<u64>,
+    chunks: Cell<u64>,
+    established: Cell<u64>,
+    /// When the last stream was established (for the connect rate).
+    last_established: Cell<Option<Instant>>,
+    errors: RefCell<BTreeMap<ErrorKind, u64>>,
+    /// Which of this process's streams are open (message targets).
+    open: RefCell<Vec<bool>>,
+    /// Messages the server accepted (any 2xx: Nchan answers 201 or 202).
+    pub(crate) msgs_sent: Cell<u64>,
+    /// Messages that failed to send.
+    pub(crate) send_errors: Cell<u64>,
+    msgs_received: Cell<u64>,
+    latency: RefCell<Latency>,
+    /// RSS when the flood started, for client bytes per connection.
+    baseline_rss: u64,
+}
+
+impl Counters {
+    /// Counters for `streams` streams.
+    pub(crate) fn new(streams: usize) -> Self {
+        Counters {
+            active: Cell::new(0),
+            closed: Cell::new(0),
+            chunks: Cell::new(0),
+            established: Cell::new(0),
+            last_established: Cell::new(None),
+            errors: RefCell::new(BTreeMap::new()),
+            open: RefCell::new(vec![false; streams]),
+            msgs_sent: Cell::new(0),
+            send_errors: Cell::new(0),
+            msgs_received: Cell::new(0),
+            latency: RefCell::new(Latency::default()),
+            baseline_rss: crate::sys::rss_bytes().unwrap_or(0),
+        }
+    }
+
+    pub(crate) fn error(&self, kind: ErrorKind) {
+        *self.errors.borrow_mut().entry(kind).or_default() += 1;
+    }
+
+    pub(crate) fn established(&self, i: usize) {
+        self.active.set(self.active.get() + 1);
+        self.established.set(self.established.get() + 1);
+        self.last_established.set(Some(Instant::now()));
+        self.open.borrow_mut()[i] = true;
+    }
+
+    pub(crate) fn closed(&self, i: usize) {
+        self.active.set(self.active.get() - 1);
+        self.closed.set(self.closed.get() + 1);
+        self.open.borrow_mut()[i] = false;
+    }
+
+    pub(crate) fn chunk(&self) {
+        self.chunks.set(self.chunks.get() + 1);
+    }
+
+    pub(crate) fn message_received(&self, latency_us: u64) {
+        self.msgs_received.set(self.msgs_received.get() + 1);
+        self.latency.borrow_mut().record_micros(latency_us);
+    }
+
+    /// Streams established and not yet closed or failed: settled, so waiting
+    /// for more is pointless.
+    pub(crate) fn settled(&self) -> u64 {
+        self.established.get() + self.errors.borrow().values().sum::<u64>()
+    }
+
+    /// Is stream `i` open now?
+    pub(crate) fn is_open(&self, i: usize) -> bool {
+        self.open.borrow().get(i).copied().unwrap_or(false)
+    }
+
+    /// A point-in-time copy.
+    pub(crate) fn snapshot(&self, started: Instant) -> Snapshot {
+        let active = self.active.get();
+        let rss_delta = crate::sys::rss_bytes()
+            .unwrap_or(0)
+            .saturating_sub(self.baseline_rss);
+        Snapshot {
+            active,
+            closed: self.closed.get(),
+            chunks: self.chunks.get(),
+            established: self.established.get(),
+            errors: self.errors.borrow().iter().map(|(k, v)| (k.name(), *v)).collect(),
+            msgs_sent: self.msgs_sent.get(),
+            send_errors: self.send_errors.get(),
+            msgs_received: self.msgs_received.get(),
+            rss_delta,
+            ramp_s: self
+                .last_established
+                .get()
+                .map_or(0.0, |t| t.duration_since(started).as_secs_f64()),
+            latency: self.latency.borrow().clone(),
+        }
+    }
+}
+
+/// Counts at one moment, of one process or summed over several.
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    /// Streams open now.
+    pub active: u64,
+    /// Streams that were open and were closed by the other side.
+    pub closed: u64,
+    /// Events (chunks) received.
+    pub chunks: u64,
+    /// Streams ever established.
+    pub established: u64,
+    /// Failed stream opens, by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// Messages the server accepted.
+    pub msgs_sent: u64,
+    /// Messages that could not be sent.
+    pub send_errors: u64,
+    /// Messages that arrived on a stream.
+    pub msgs_received: u64,
+    /// Client RSS growth since the start.
+    pub rss_delta: u64,
+    /// Seconds from start until the last stream was established.
+    pub ramp_s: f64,
+    /// Send → arrival latency.
+    pub latency: Latency,
+}
+
+impl Snapshot {
+    /// Adds another process's snapshot.
+    pub fn add(&mut self, o: &Snapshot) {
+        self.active += o.active;
+        self.closed += o.closed;
+        self.chunks += o.chunks;
+        self.established += o.established;
+        for (k, v) in &o.errors {
+            *self.errors.entry(k.clone()).or_default() += v;
+        }
+        self.msgs_sent += o.msgs_sent;
+        self.send_errors += o.send_errors;
+        self.msgs_received += o.msgs_received;
+        self.rss_delta += o.rss_delta;
+        self.ramp_s = self.ramp_s.max(o.ramp_s);
+        self.latency.merge(&o.latency);
+    }
+
+    /// The line a child process prints.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "active": self.active, "closed": self.closed, "chunks": self.chunks,
+            "established": self.established, "errors": self.errors,
+            "msgs_sent": self.msgs_sent, "send_errors": self.send_errors,
+            "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
+            "ramp_s": self.ramp_s,
+            "latency": self.latency.to_pairs(),
+        })
+    }
+
+    /// Reads a child's line.
+    pub fn from_json(v: &Value) -> Self {
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        Snapshot {
+            active: n("active"),
+            closed: n("closed"),
+            chunks: n("chunks"),
+            established: n("established"),
+            errors: v["errors"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            msgs_sent: n("msgs_sent"),
+            send_errors: n("send_errors"),
+            msgs_received: n("msgs_received"),
+            rss_delta: n("rss_delta"),
+            ramp_s: v["ramp_s"].as_f64().unwrap_or(0.0),
+            latency: Latency::from_pairs(&v["latency"]),
+        }
+    }
+
+    fn errors_text(&self) -> String {
+        if self.errors.is_empty() {
+            return "none".into();
+        }
+        self.errors
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Prints each interval's report, for one process or for the parent of several.
+pub(crate) struct Reporter {
+    /// Child mode: JSON lines on stdout, nothing else.
+    child: bool,
+    stats_url: Option<Target>,
+    bar: Option<ProgressBar>,
+    last: Snapshot,
+    last_at: Instant,
+    /// Last server bytes per connection read from `/stats`.
+    server_bpc: Option<u64>,
+    target: u64,
+}
+
+impl Reporter {
+    /// A reporter for `args`; `stats_url` is the server's `/stats`, if any.
+    pub(crate) fn new(args: &Args, stats_url: Option<Target>) -> Self {
+        let child = args.child.is_some();
+        let bar = (!child && io::stdout().is_terminal()).then(|| {
+            let bar = ProgressBar::new(args.count);
+            bar.set_style(
+                ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} active  {msg}")
+                    // unwrap: constant template.
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        Reporter {
+            child,
+            stats_url,
+            bar,
+            last: Snapshot::default(),
+            last_at: Instant::now(),
+            server_bpc: None,
+            target: args.count,
+        }
+    }
+
+    /// One interval: print (or emit) the report.
+    pub(crate) async fn interval(&mut self, counters: &super::report::Counters, started: Instant) {
+        let snap = counters.snapshot(started);
+        if self.child {
+            println!("{}", snap.to_json());
+            return;
+        }
+        self.report(snap).await;
+    }
+
+    /// Prints a report for `snap` (already aggregated over processes).
+    pub(crate) async fn report(&mut self, snap: Snapshot) {
+        self.server_bpc = self.fetch_server_bpc().await.or(self.server_bpc);
+        let secs = self.last_at.elapsed().as_secs_f64().max(1e-9);
+        let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs;
+        let mut text = format!("Stats: {{{}, {}, {}}}\n", snap.active, snap.closed, snap.chunks);
+        text += &format!(
+            "  connects/s {:.0}  chunks/s {:.0}  errors: {}  client {} B/conn  server {} B/conn",
+            rate(snap.established, self.last.established),
+            rate(snap.chunks, self.last.chunks),
+            snap.errors_text(),
+            per_conn(snap.rss_delta, snap.active).map_or("-".into(), |b| b.to_string()),
+            self.server_bpc.map_or("-".into(), |b| b.to_string()),
+        );
+        if snap.msgs_sent + snap.send_errors > 0 {
+            text += &format!(
+                "\n  messages: sent {} received {} send-errors {}  latency p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+                snap.msgs_sent,
+                snap.msgs_received,
+                snap.send_errors,
+                snap.latency.ms(0.5),
+                snap.latency.ms(0.99),
+                snap.latency.max_ms(),
+            );
+        }
+        match &self.bar {
+            Some(bar) => {
+                self.show(&snap);
+                bar.println(text);
+            }
+            None => {
+                println!("{text}");
+                let _ = io::stdout().flush();
+            }
+        }
+        self.last = snap;
+        self.last_at = Instant::now();
+    }
+
+    /// True when a progress line is drawn (stdout is a terminal).
+    pub(crate) fn is_live(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Moves the progress line to `snap` (no-op without a terminal).
+    pub(crate) fn show(&self, snap: &Snapshot) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(snap.active);
+            bar.set_message(format!("closed {} chunks {}", snap.closed, snap.chunks));
+        }
+    }
+
+    /// The end of a process's run: child emits its final JSON line; otherwise
+    /// builds the summary.
+    pub(crate) async fn finish(&mut self, counters: &super::report::Counters, started: Instant) -> Summary {
+        let snap = counters.snapshot(started);
+        if self.child {
+            println!("{}", json!({ "final": snap.to_json() }));
+            let _ = io::stdout().flush();
+        }
+        self.summarize(snap, started.elapsed(), 1).await
+    }
+
+    /// The summary of an aggregated final snapshot.
+    pub(crate) async fn summarize(&mut self, snap: Snapshot, elapsed: Duration, processes: u64) -> Summary {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        if !self.child {
+            self.server_bpc = self.fetch_server_bpc().await.or(self.server_bpc);
+        }
+        Summary {
+            target: self.target,
+            processes,
+            duration_s: elapsed.as_secs_f64(),
+            server_bytes_per_connection: self.server_bpc,
+            snap,
+        }
+    }
+
+    async fn fetch_server_bpc(&self) -> Option<u64> {
+        let t = self.stats_url.clone()?;
+        let v = tokio::task::spawn_blocking(move || fetch_json(t.addr, &t.path))
+            .await
+            .ok()??;
+        v["memory"]["bytes_per_connection"].as_u64()
+    }
+}
+
+fn per_conn(bytes: u64, conns: u64) -> Option<u64> {
+    (conns > 0).then(|| bytes / conns)
+}
+
+/// The server's `/stats` target for `args` (None with `--stats-url none`).
+pub(crate) fn stats_target(args: &Args, first: &Target) -> anyhow::Result<Option<Target>> {
+    match args.stats_url.as_deref() {
+        Some("none") => Ok(None),
+        Some(url) => Ok(Some(Target::parse(url, args.allow_remote)?)),
+        None => Ok(Some(Target {
+            addr: first.addr,
+            path: "/stats".into(),
+        })),
+    }
+}
+
+/// GET a JSON document with a short timeout; `None` on any failure.
+pub(crate) fn fetch_json(addr: SocketAddr, path: &str) -> Option<Value> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let response = crate::http::parse_response(&buf).ok()??;
+    serde_json::from_slice(response.body(&buf)).ok()
+}
+
+/// The final result of a flood.
+pub struct Summary {
+    /// Streams asked for.
+    pub target: u64,
+    /// Processes that held them.
+    pub processes: u64,
+    /// Run time.
+    pub duration_s: f64,
+    /// From the server's `/stats`, if it has one.
+    pub server_bytes_per_connection: Option<u64>,
+    /// Final counts, summed over processes.
+    pub snap: Snapshot,
+}
+
+impl Summary {
+    /// The `--json` document.
+    pub fn to_json(&self) -> Value {
+        let s = &self.snap;
+        json!({
+            "target": self.target,
+            "processes": self.processes,
+            "duration_s": self.duration_s,
+            "active": s.active,
+            "closed": s.closed,
+            "chunks": s.chunks,
+            "established": s.established,
+            "errors": s.errors,
+            "connect_rate": if s.ramp_s > 0.0 { s.established as f64 / s.ramp_s } else { 0.0 },
+            "client_bytes_per_connection": per_conn(s.rss_delta, s.active),
+            "server_bytes_per_connection": self.server_bytes_per_connection,
+            "messages": {
+                "sent": s.msgs_sent,
+                "received": s.msgs_received,
+                "lost": s.msgs_sent.saturating_sub(s.msgs_received),
+                "send_errors": s.send_errors,
+            },
+            "latency_ms": s.latency.summary(),
+        })
+    }
+
+    /// The closing lines on stdout.
+    pub fn print(&self) {
+        let s = &self.snap;
+        let j = self.to_json();
+        println!("Final: {{{}, {}, {}}}", s.active, s.closed, s.chunks);
+        println!(
+            "  streams {}/{} in {} process(es), connect rate {:.0}/s, errors: {}",
+            s.active,
+            self.target,
+            self.processes,
+            j["connect_rate"].as_f64().unwrap_or(0.0),
+            s.errors_text()
+        );
+        println!(
+            "  client {} B/conn, server {} B/conn",
+            j["client_bytes_per_connection"], j["server_bytes_per_connection"]
+        );
+        if s.msgs_sent + s.send_errors > 0 {
+            println!(
+                "  messages sent {} received {} lost {}  latency ms: {}",
+                s.msgs_sent, s.msgs_received, j["messages"]["lost"], j["latency_ms"]
+            );
+        }
+    }
+
+    /// Writes the `--json` file.
+    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_string_pretty(&self.to_json())? + "\n")?;
+        Ok(())
+    }
+}

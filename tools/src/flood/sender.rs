@@ -1,0 +1,125 @@
+//! Message mode: POSTs `--msg-rate` messages per second to random streams this
+//! process holds. Each body is `@<send time in µs>`; the receiving stream
+//! reads the stamp back and records the latency.
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use super::Plan;
+use super::conn::now_micros;
+use super::report::Counters;
+use crate::http;
+use crate::target::id_of;
+
+/// Keep-alive connections messages are spread over.
+const SENDERS: usize = 4;
+
+/// Sending stops this long before the run ends, so the last messages arrive.
+pub(super) const DRAIN: Duration = Duration::from_secs(1);
+
+/// Random picks tried to find an open stream before skipping a message.
+const PICK_TRIES: usize = 16;
+
+/// Waits until every stream of this process has connected or failed (or the
+/// opening should long be over), then paces messages until `deadline - DRAIN`.
+/// Starting only once the streams are open keeps connection set-up out of
+/// the latency figures.
+pub(super) async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instant) {
+    let opening = Duration::from_secs_f64(plan.count as f64 / plan.rate) + plan.connect_timeout;
+    let open_by = Instant::now() + opening;
+    while counters.settled() < plan.count && Instant::now() < open_by.min(deadline) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // unwrap: only spawned when messages are on.
+    let send = plan.send.clone().expect("message target");
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (tx, rx) = mpsc::unbounded_channel::<String>();
+            let handle = tokio::task::spawn_local(send_loop(send.addr, rx, Rc::clone(&counters)));
+            (tx, handle)
+        })
+        .collect();
+    let started = Instant::now();
+    let stop_at = deadline.checked_sub(DRAIN).unwrap_or(deadline);
+    let mut rng = SmallRng::seed_from_u64(plan.first_n ^ now_micros());
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut queued = 0u64;
+    while Instant::now() < stop_at {
+        tick.tick().await;
+        let due = (started.elapsed().as_secs_f64() * plan.msg_rate) as u64;
+        while queued < due {
+            queued += 1;
+            let pick = (0..PICK_TRIES)
+                .map(|_| rng.random_range(0..plan.count))
+                .find(|&i| counters.is_open(i as usize));
+            let Some(i) = pick else { continue };
+            let (_, path, _) = plan.conn(plan.first_n + i);
+            let target = send.path.replace("{id}", id_of(&path));
+            let _ = senders[(queued as usize) % SENDERS].0.send(target);
+        }
+    }
+    for (tx, handle) in senders {
+        drop(tx);
+        let _ = handle.await;
+    }
+}
+
+/// One keep-alive connection sending what it is given, reconnecting once on failure.
+async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, counters: Rc<Counters>) {
+    let mut conn: Option<TcpStream> = None;
+    let mut buf = Vec::new();
+    while let Some(path) = rx.recv().await {
+        let mut ok = false;
+        for _ in 0..2 {
+            if conn.is_none() {
+                conn = TcpStream::connect(addr).await.ok();
+                buf.clear();
+            }
+            let Some(c) = conn.as_mut() else { break };
+            match post(c, &mut buf, addr, &path).await {
+                Ok(status) => {
+                    ok = (200..300).contains(&status);
+                    break;
+                }
+                Err(_) => conn = None,
+            }
+        }
+        let cell = if ok {
+            &counters.msgs_sent
+        } else {
+            &counters.send_errors
+        };
+        cell.set(cell.get() + 1);
+    }
+}
+
+/// Sends one stamped message and reads the answer; returns its status.
+async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<u16> {
+    let body = format!("@{}", now_micros());
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).await?;
+    loop {
+        match http::parse_response(buf) {
+            Ok(Some(r)) => {
+                buf.drain(..r.len);
+                return Ok(r.status);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+        }
+        if c.read_buf(buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}

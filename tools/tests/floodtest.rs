@@ -1,0 +1,227 @@
+//! The floodtest binary as a real process against a real server.
+
+// The server crate's test helpers: a real server in this process on a free
+// port, and a small HTTP/1.1 client (shared, not copied).
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{TestServer, settings};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_floodtest");
+
+/// Runs floodtest to the end.
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+/// Runs floodtest with `--json`; returns its output and the summary.
+fn flood(args: &[&str]) -> (Output, Option<Value>) {
+    let json = std::env::temp_dir().join(format!(
+        "floodtest-{}-{:?}.json",
+        std::process::id(),
+        Instant::now()
+    ));
+    let json_arg = json.to_str().unwrap();
+    let out = run(&[args, &["--json", json_arg]].concat());
+    let summary = std::fs::read(&json)
+        .ok()
+        .map(|b| serde_json::from_slice(&b).unwrap());
+    let _ = std::fs::remove_file(&json);
+    (out, summary)
+}
+
+#[test]
+fn holds_streams_counts_chunks_and_measures_message_latency() {
+    let mut s = settings();
+    s.stream.tick_interval_ms = 100;
+    let srv = TestServer::start(s);
+    let url = format!("http://{}/test/f{{n}}", srv.addr);
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "200",
+        "--rate",
+        "1000",
+        "--duration",
+        "3s",
+        "--interval",
+        "1s",
+        "--msg-rate",
+        "50",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Stats: {200, 0, "), "{stdout}");
+    let j = summary.unwrap();
+    assert_eq!(j["active"], 200, "{j}");
+    assert_eq!(j["closed"], 0);
+    assert_eq!(j["errors"], serde_json::json!({}));
+    // Welcome + ~25 ticks each over ~2.8 s held; allow for slow machines.
+    assert!(j["chunks"].as_u64().unwrap() >= 200 * 10, "{j}");
+    let sent = j["messages"]["sent"].as_u64().unwrap();
+    assert!(sent >= 50, "{j}");
+    assert_eq!(j["messages"]["received"], sent, "every message delivered: {j}");
+    assert_eq!(j["messages"]["lost"], 0);
+    assert!(j["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+    assert!(j["server_bytes_per_connection"].as_u64().is_some(), "{j}");
+    assert!(j["client_bytes_per_connection"].as_u64().is_some(), "{j}");
+    // The server agrees: every message routed was delivered.
+    let stats = srv.stats();
+    assert_eq!(stats["messages"]["delivered"].as_u64().unwrap(), sent);
+}
+
+#[test]
+fn splits_over_processes_past_the_per_process_cap() {
+    let srv = TestServer::start(settings());
+    let url = format!("http://{}/test/m{{n}}", srv.addr);
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "150",
+        "--rate",
+        "1000",
+        "--duration",
+        "2s",
+        "--interval",
+        "500ms",
+        "--max-per-process",
+        "60",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("150 streams over 3 processes"), "{stdout}");
+    let j = summary.unwrap();
+    assert_eq!(j["processes"], 3);
+    assert_eq!(j["active"], 150, "{j}");
+    assert_eq!(j["closed"], 0);
+    assert!(
+        j["chunks"].as_u64().unwrap() >= 150,
+        "every stream got its welcome: {j}"
+    );
+    // Distinct ids across processes: the server saw 150 streams.
+    assert_eq!(srv.stats()["connections"]["opened"], 150);
+}
+
+#[test]
+fn spreads_over_server_ports_and_source_addresses() {
+    let srv = TestServer::start_on_ports(settings(), 2);
+    let ports = format!("{},{}", srv.addrs[0].port(), srv.addrs[1].port());
+    let url = format!("http://{}/test/p{{n}}", srv.addr);
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "40",
+        "--rate",
+        "1000",
+        "--duration",
+        "2s",
+        "--interval",
+        "1s",
+        "--ports",
+        &ports,
+        "--source-ips",
+        "127.0.0.2-127.0.0.3",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j = summary.unwrap();
+    assert_eq!(j["active"], 40, "{j}");
+    assert_eq!(j["errors"], serde_json::json!({}));
+    assert_eq!(srv.stats()["connections"]["opened"], 40);
+}
+
+#[test]
+fn counts_closed_streams_and_http_errors() {
+    let mut s = settings();
+    s.stream.max_streams = 30;
+    let mut srv = TestServer::start(s);
+    let url = format!("http://{}/test/e{{n}}", srv.addr);
+    let out = run(&[
+        "--url",
+        &url,
+        "--count",
+        "40",
+        "--rate",
+        "1000",
+        "--duration",
+        "3s",
+        "--interval",
+        "1s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("http_503=10"), "10 over the limit: {stdout}");
+    assert!(stdout.contains("Final: {30, 0, "), "{stdout}");
+    // Now a server that goes away mid-run: every stream counts as Closed.
+    let url = format!("http://{}/test/c{{n}}", srv.addr);
+    let flood = Command::new(BIN)
+        .args([
+            "--url",
+            &url,
+            "--count",
+            "20",
+            "--rate",
+            "1000",
+            "--duration",
+            "3s",
+            "--interval",
+            "1s",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 20);
+    assert_eq!(s["connections"]["active"], 20, "{s}");
+    srv.shutdown();
+    let out = flood.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Final: {0, 20, "), "{stdout}");
+}
+
+#[test]
+fn refuses_non_loopback_targets() {
+    let started = Instant::now();
+    let out = run(&[
+        "--url",
+        "http://10.1.2.3:8000/test/{n}",
+        "--count",
+        "1",
+        "--duration",
+        "1s",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a loopback address"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused before connecting"
+    );
+    let out = run(&[
+        "--url",
+        "http://127.0.0.1:1/test/same",
+        "--count",
+        "2",
+        "--msg-rate",
+        "5",
+    ]);
+    assert!(!out.status.success(), "one shared id cannot measure delivery");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("distinct id per stream"));
+    let out = run(&[
+        "--url",
+        "http://127.0.0.1:1/test/{n}",
+        "--source-ips",
+        "10.0.0.1",
+        "--duration",
+        "1s",
+    ]);
+    assert!(!out.status.success());
+}
