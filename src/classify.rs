@@ -43,7 +43,7 @@ pub(crate) const DISPATCHER_LINE: &[u8] = b"GET /dispatcher HTTP/1.1\r\n";
 const HTTP11_SUFFIX: &[u8] = b" HTTP/1.1\r\n";
 
 /// Who serves a connection.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Class {
     /// A lean stream for this id.
     Stream(Arc<str>),
@@ -171,12 +171,12 @@ impl HeadScan {
     pub(crate) fn feed(&mut self, piece: &[u8], max_head: usize) -> Scanned {
         for (i, &b) in piece.iter().enumerate() {
             self.seen += 1;
+            if self.seen > max_head {
+                return Scanned::TooLarge;
+            }
             self.matched = head_end_step(self.matched, b);
             if self.matched == 4 {
                 return Scanned::End(i + 1);
-            }
-            if self.seen > max_head {
-                return Scanned::TooLarge;
             }
         }
         Scanned::More
@@ -258,5 +258,187 @@ mod tests {
         assert_eq!(d("GET /test/foo?x"), None);
         assert_eq!(d("GET /test/foo HTTP/1."), None);
         assert_eq!(decide(b"GET /test/foo?xxxx", true, 8), Some(Class::Http));
+    }
+
+    #[test]
+    fn head_end() {
+        let head = b"GET / HTTP/1.1\r\nx: y\r\r\n\r\nrest";
+        assert_eq!(HeadScan::default().feed(head, 1000), Scanned::End(25));
+        // Exactly at the limit is accepted; one byte more is not.
+        assert_eq!(HeadScan::default().feed(head, 25), Scanned::End(25));
+        assert_eq!(HeadScan::default().feed(head, 24), Scanned::TooLarge);
+    }
+}
+
+/// Property tests: for arbitrary bytes, and arbitrary splits of valid input
+/// into the pieces TCP may deliver, the classifier and the head scanner never
+/// panic and agree with a straightforward reference.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::id;
+
+    /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test --lib properties`
+    /// for a longer run.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// The id length limit the properties use (small, so it is often crossed).
+    const MAX_ID: usize = 12;
+
+    /// What a request line means, by the rules written out plainly: a lean
+    /// stream is `GET /test/<id>[?query] HTTP/1.1` with a valid id, fitting the
+    /// peek buffer; the lean `/dispatcher` line is exactly that line; every
+    /// other line is actix-web's.
+    fn reference(line: &[u8]) -> Class {
+        if line == DISPATCHER_LINE {
+            return Class::Dispatcher;
+        }
+        let stream = (|| {
+            if line.len() > PEEK_BYTES {
+                return None;
+            }
+            let text = std::str::from_utf8(line).ok()?;
+            let target = text.strip_prefix("GET ")?.strip_suffix(" HTTP/1.1\r\n")?;
+            let path = target.split_once('?').map_or(target, |(path, _)| path);
+            let id = path.strip_prefix("/test/")?;
+            if target.contains([' ', '\r', '\n']) || id::validate(id, MAX_ID).is_err() {
+                return None;
+            }
+            Some(Class::Stream(Arc::from(id)))
+        })();
+        stream.unwrap_or(Class::Http)
+    }
+
+    /// What the classifier decides when `bytes` have arrived: it peeks at
+    /// most [`PEEK_BYTES`] of them.
+    fn decide_arrived(bytes: &[u8]) -> Option<Class> {
+        let n = bytes.len().min(PEEK_BYTES);
+        decide(&bytes[..n], n == PEEK_BYTES, MAX_ID)
+    }
+
+    /// Request lines near the interesting cases: stream and dispatcher lines,
+    /// their near misses, and noise.
+    fn request_line() -> impl Strategy<Value = Vec<u8>> {
+        let id = "[A-Za-z0-9._~%/-]{0,16}";
+        let query = proptest::option::of("[ -~]{0,20}");
+        let method = prop_oneof![Just("GET"), Just("POST"), Just("get"), Just("GET ")];
+        let version = prop_oneof![
+            Just("HTTP/1.1"),
+            Just("HTTP/1.0"),
+            Just("HTTP/2"),
+            Just("HTTP/1.1 ")
+        ];
+        let stream = (
+            method,
+            prop_oneof![Just("/test/"), Just("/test"), Just("/tes/")],
+            id,
+            query,
+            version,
+        )
+            .prop_map(|(m, p, id, q, v)| {
+                let q = q.map(|q| format!("?{q}")).unwrap_or_default();
+                format!("{m} {p}{id}{q} {v}\r\n").into_bytes()
+            });
+        let dispatcher = prop_oneof![
+            Just(DISPATCHER_LINE.to_vec()),
+            Just(b"GET /dispatcher?x HTTP/1.1\r\n".to_vec()),
+            Just(b"GET /dispatcher HTTP/1.0\r\n".to_vec()),
+        ];
+        let noise = proptest::collection::vec(any::<u8>(), 0..160).prop_map(|mut v| {
+            v.extend_from_slice(b"\r\n");
+            v
+        });
+        prop_oneof![4 => stream, 1 => dispatcher, 1 => noise]
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Arbitrary bytes: no panic, and once a prefix is decided, more
+        /// bytes never change the decision (so however the line is split
+        /// into TCP pieces, the classifier reaches the same answer).
+        #[test]
+        fn decisions_are_final(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let whole = decide_arrived(&bytes);
+            for k in 0..=bytes.len() {
+                if let Some(early) = decide_arrived(&bytes[..k]) {
+                    prop_assert_eq!(Some(early), whole.clone(), "prefix of {} bytes", k);
+                    break;
+                }
+            }
+            if bytes.len() >= PEEK_BYTES {
+                prop_assert!(whole.is_some(), "a full peek buffer must be decided");
+            }
+        }
+
+        /// A complete request line (plus whatever follows it) is classified
+        /// as the reference says, and every split of it leads there.
+        #[test]
+        fn lines_agree_with_the_reference(
+            line in request_line(),
+            after in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let expected = reference(&line);
+            let mut bytes = line.clone();
+            bytes.extend_from_slice(&after);
+            prop_assert_eq!(decide_arrived(&bytes), Some(expected.clone()));
+            for k in 0..bytes.len() {
+                let early = decide_arrived(&bytes[..k]);
+                prop_assert!(early.is_none() || early == Some(expected.clone()), "prefix {k}: {early:?}");
+            }
+            if let Class::Stream(id) = expected {
+                prop_assert!(id::validate(&id, MAX_ID).is_ok());
+            }
+        }
+
+        /// The head scanner finds the end of a head exactly where the
+        /// reference does (the first blank line), or refuses a head longer
+        /// than the limit, however the bytes are split.
+        #[test]
+        fn head_scan_agrees_with_the_reference(
+            head in proptest::collection::vec(prop_oneof![
+                Just(&b"\r\n"[..]), Just(&b"\r"[..]), Just(&b"\n"[..]), Just(&b"Host: a"[..]),
+                Just(&b"\r\n\r"[..]), Just(&b"\0\xff"[..]),
+            ], 0..80).prop_map(|pieces| pieces.concat()),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+            max in 1usize..400,
+        ) {
+            let end = head.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+            let expected = match end {
+                Some(len) if len <= max => Some(Ok(len)),
+                Some(_) => Some(Err(())),
+                None if head.len() > max => Some(Err(())),
+                None => None,
+            };
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (head.len() + 1)).collect();
+            cuts.push(head.len());
+            cuts.sort_unstable();
+            let (mut scan, mut from, mut got) = (HeadScan::default(), 0, None);
+            for to in cuts {
+                match scan.feed(&head[from..to], max) {
+                    Scanned::More => from = to,
+                    Scanned::End(n) => {
+                        got = Some(Ok(from + n));
+                        break;
+                    }
+                    Scanned::TooLarge => {
+                        got = Some(Err(()));
+                        break;
+                    }
+                }
+            }
+            prop_assert_eq!(got, expected);
+        }
     }
 }

@@ -358,3 +358,122 @@ mod tests {
         assert!(text.ends_with("\"}"), "{text}");
     }
 }
+
+/// Property tests: the `/dispatcher` parser never panics on arbitrary bytes,
+/// its answer does not depend on how the bytes arrived, and generated heads
+/// are classified as the rules written out plainly say.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test --lib properties`
+    /// for a longer run.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Header lines near the cases the parser treats specially.
+    fn header() -> impl Strategy<Value = (String, String)> {
+        let name = prop_oneof![
+            Just("Host".to_owned()),
+            Just("Connection".to_owned()),
+            Just("content-length".to_owned()),
+            Just("Transfer-Encoding".to_owned()),
+            Just("Expect".to_owned()),
+            Just("Upgrade".to_owned()),
+            "[A-Za-z0-9!#$%&'*+.^_`|~-]{1,12}",
+        ];
+        let value = prop_oneof![
+            Just("close".to_owned()),
+            Just("keep-alive, Close".to_owned()),
+            Just("upgrade".to_owned()),
+            Just("0".to_owned()),
+            Just("12".to_owned()),
+            "[ -~]{0,16}",
+        ];
+        (name, value)
+    }
+
+    /// What a plain head means by the rules in the module docs: any header
+    /// that may bring a body or change the protocol makes it actix-web's;
+    /// `Connection: close` (as one of its tokens) asks to close.
+    fn reference(headers: &[(String, String)]) -> Option<bool> {
+        let mut close = false;
+        for (name, value) in headers {
+            let name = name.to_ascii_lowercase();
+            let value = value.trim_matches(|c: char| c.is_ascii_whitespace());
+            let tokens = || value.split(',').map(|t| t.trim().to_ascii_lowercase());
+            match name.as_str() {
+                "content-length" if value != "0" => return None,
+                "transfer-encoding" | "expect" | "upgrade" => return None,
+                "connection" if tokens().any(|t| t == "upgrade") => return None,
+                "connection" => close |= tokens().any(|t| t == "close"),
+                _ => {}
+            }
+        }
+        Some(close)
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Arbitrary bytes: no panic; a complete answer is final (more bytes
+        /// do not change it) and `Plain` never claims more than it was given.
+        #[test]
+        fn answers_are_final(bytes in proptest::collection::vec(any::<u8>(), 0..200), prefix in any::<bool>()) {
+            let mut bytes = bytes;
+            if prefix {
+                let mut b = REQUEST_LINE.to_vec();
+                b.extend_from_slice(&bytes);
+                bytes = b;
+            }
+            let whole = parse(&bytes);
+            if let Parsed::Plain { len, .. } = whole {
+                prop_assert!(len <= bytes.len());
+            }
+            for k in 0..bytes.len() {
+                match parse(&bytes[..k]) {
+                    Parsed::Incomplete => {}
+                    early => {
+                        prop_assert_eq!(early, whole, "prefix of {} bytes", k);
+                        break;
+                    }
+                }
+            }
+        }
+
+        /// Generated heads: plain or not, and `close`, as the reference says;
+        /// every proper prefix of a plain head is incomplete.
+        #[test]
+        fn heads_agree_with_the_reference(
+            headers in proptest::collection::vec(header(), 0..6),
+            after in "[ -~]{0,30}",
+        ) {
+            let mut head = String::from_utf8(REQUEST_LINE.to_vec()).unwrap();
+            for (name, value) in &headers {
+                head.push_str(&format!("{name}: {value}\r\n"));
+            }
+            head.push_str("\r\n");
+            let bytes = format!("{head}{after}").into_bytes();
+            let expected = match reference(&headers) {
+                Some(close) => Parsed::Plain { len: head.len(), close },
+                None => Parsed::Other,
+            };
+            prop_assert_eq!(parse(&bytes), expected);
+            if reference(&headers).is_some() {
+                for k in 0..head.len() {
+                    prop_assert_eq!(parse(&bytes[..k]), Parsed::Incomplete, "prefix of {} bytes", k);
+                }
+            }
+        }
+    }
+}

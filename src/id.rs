@@ -62,3 +62,37 @@ mod tests {
         assert_eq!(validate("a%20", 64), Err(IdError::BadChar));
     }
 }
+
+/// Property tests: [`validate`] agrees with the rule written out plainly.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// 10,000 cases; `PROPTEST_CASES=1000000 cargo test --lib properties`
+    /// for a longer run.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any string, any limit: valid exactly when non-empty, within the
+        /// limit and made of RFC 3986 unreserved characters only.
+        #[test]
+        fn ids_follow_the_rule(id in prop_oneof!["[A-Za-z0-9._~-]{0,20}", ".{0,20}"], max in 1usize..20) {
+            let unreserved = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~-";
+            let expected = !id.is_empty() && id.len() <= max && id.chars().all(|c| unreserved.contains(c));
+            prop_assert_eq!(validate(&id, max).is_ok(), expected, "{:?}", id);
+        }
+    }
+}

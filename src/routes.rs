@@ -219,3 +219,47 @@ mod tests {
         assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }
+
+/// Property tests: message validation agrees with the rule written out
+/// plainly, for arbitrary bytes.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// 10,000 cases; `PROPTEST_CASES=1000000 cargo test --lib properties`
+    /// for a longer run.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// A message is accepted, unchanged, exactly when it is non-empty
+        /// UTF-8 without CR or LF; otherwise the error names the first rule
+        /// broken.
+        #[test]
+        fn messages_follow_the_rule(bytes in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64),
+            "[^\r\n]{0,40}".prop_map(String::into_bytes),
+            ".{0,20}[\r\n].{0,20}".prop_map(String::into_bytes),
+        ]) {
+            let expected = match std::str::from_utf8(&bytes) {
+                Err(_) => Err(ApiError::NotUtf8),
+                Ok("") => Err(ApiError::EmptyMessage),
+                Ok(t) if t.contains('\r') || t.contains('\n') => Err(ApiError::LineBreak),
+                Ok(t) => Ok(t),
+            };
+            prop_assert_eq!(validate_message(&bytes), expected);
+        }
+    }
+}
