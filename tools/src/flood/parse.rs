@@ -208,6 +208,10 @@ pub(super) fn stamp_of(event: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+
     use super::*;
 
     fn events(input: &[&[u8]]) -> (Vec<String>, Result<Fed, ParseError>) {
@@ -259,5 +263,286 @@ mod tests {
         p.feed(body.as_bytes(), |e| stamp = stamp_of(e)).unwrap();
         assert_eq!(stamp, Some(1_764_482_400_123_456));
         assert_eq!(stamp_of(b"Chunk 1 for id x"), None);
+    }
+
+    /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test -p switchboard-tools --lib` for a longer run.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// What feeding a fresh parser gave: the events (captured bytes), the result that stopped it
+    /// (first `Err` or `Ended`, else the last `Ok(More)`), and the parser as it was left.
+    type Outcome = (Vec<Vec<u8>>, Result<Fed, ParseError>, EventParser);
+
+    /// Feeds `pieces` in order to a fresh parser, stopping at the first result other than `Ok(More)`.
+    fn run(pieces: &[&[u8]]) -> Outcome {
+        let mut p = EventParser::default();
+        let mut out = Vec::new();
+        let mut last = Ok(Fed::More);
+        for piece in pieces {
+            last = p.feed(piece, |e| out.push(e.to_vec()));
+            if last != Ok(Fed::More) {
+                break;
+            }
+        }
+        (out, last, p)
+    }
+
+    /// Cuts `input` at `cuts` (taken modulo its length + 1, any order; repeats give empty pieces,
+    /// which are fed too).
+    fn split<'a>(input: &'a [u8], cuts: &[Index]) -> Vec<&'a [u8]> {
+        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(input.len() + 1)).collect();
+        at.sort_unstable();
+        let mut pieces = Vec::with_capacity(at.len() + 1);
+        let mut from = 0;
+        for to in at {
+            pieces.push(&input[from..to]);
+            from = to;
+        }
+        pieces.push(&input[from..]);
+        pieces
+    }
+
+    /// Asserts two outcomes are the same: events, stopping result, and parser state.
+    fn same(got: &Outcome, want: &Outcome, how: &str) -> Result<(), TestCaseError> {
+        prop_assert_eq!(&got.0, &want.0, "events differ when fed {}", how);
+        prop_assert_eq!(got.1, want.1, "result differs when fed {}", how);
+        // Both stopped after the same byte, so the state must match too.
+        prop_assert_eq!(
+            format!("{:?}", got.2),
+            format!("{:?}", want.2),
+            "state differs when fed {}",
+            how
+        );
+        Ok(())
+    }
+
+    /// Where `needle` first occurs in `hay`.
+    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+        hay.windows(needle.len()).position(|w| w == needle)
+    }
+
+    /// Reference decoder for a whole chunked response, written for clarity, not speed and
+    /// independently of the parser: find the head's end, then loop over hex size line (extensions
+    /// after `;` ignored), data, CRLF. Gives the first [`CAPTURE`] bytes of each chunk without its
+    /// trailing `\n`, and whether the final (zero) chunk came.
+    fn reference_chunked(input: &[u8]) -> (Vec<Vec<u8>>, bool) {
+        let mut at = find(input, b"\r\n\r\n").expect("no end of head") + 4;
+        let mut events = Vec::new();
+        loop {
+            let Some(eol) = find(&input[at..], b"\r\n") else {
+                return (events, false);
+            };
+            let hex = input[at..at + eol].split(|&b| b == b';').next().unwrap_or(&[]);
+            let size = usize::from_str_radix(std::str::from_utf8(hex).expect("size not UTF-8"), 16)
+                .expect("size not hex");
+            at += eol + 2;
+            if size == 0 {
+                return (events, true);
+            }
+            let Some(data) = input.get(at..at + size) else {
+                return (events, false);
+            };
+            let event = data.strip_suffix(b"\n").unwrap_or(data);
+            events.push(event[..event.len().min(CAPTURE)].to_vec());
+            assert_eq!(
+                input.get(at + size..at + size + 2),
+                Some(&b"\r\n"[..]),
+                "no CRLF after data"
+            );
+            at += size + 2;
+        }
+    }
+
+    /// One line of event text, no CR or LF: printable ASCII, or any non-control Unicode (so that
+    /// [`CAPTURE`] may cut a character in two).
+    fn text() -> impl Strategy<Value = String> {
+        let ascii = vec(b' '..=b'~', 0..100).prop_map(|b| b.into_iter().map(char::from).collect());
+        let any = vec(
+            any::<char>().prop_map(|c| if c.is_control() { '?' } else { c }),
+            0..60,
+        )
+        .prop_map(|c| c.into_iter().collect());
+        prop_oneof![ascii, any]
+    }
+
+    /// A header line that is not transfer-encoding: `Name: value\r\n`, no CR or LF inside.
+    fn header() -> impl Strategy<Value = String> {
+        const NAME: &[u8] = b"ABCXYZabcxyz0189-";
+        let name = (select(&NAME[..12]), vec(select(NAME), 0..16));
+        (name, vec(b' '..=b'~', 0..40)).prop_map(|((first, rest), value)| {
+            let line = [&[first], &rest[..], b": ", &value[..], b"\r\n"].concat();
+            String::from_utf8(line).expect("ASCII")
+        })
+    }
+
+    /// One framed chunk holding one line of [`text`] ending in `\n`; its size line in hex of
+    /// either case, maybe with leading zeros, maybe with an extension.
+    fn chunk() -> impl Strategy<Value = Vec<u8>> {
+        let ext = proptest::option::of(vec(b' '..=b'~', 0..10));
+        (text(), any::<bool>(), 0..3usize, ext).prop_map(|(text, upper, zeros, ext)| {
+            let size = text.len() + 1;
+            let hex = if upper {
+                format!("{size:X}")
+            } else {
+                format!("{size:x}")
+            };
+            let ext = ext.map(|e| [&b";"[..], &e].concat()).unwrap_or_default();
+            let size_line = [&"0".repeat(zeros).into_bytes(), hex.as_bytes(), &ext, b"\r\n"].concat();
+            [size_line, text.into_bytes(), b"\n\r\n".to_vec()].concat()
+        })
+    }
+
+    /// A valid chunked streaming response: `HTTP/1.1 200 OK`, a few headers with
+    /// `transfer-encoding: chunked` (any case) among them, up to 20 chunks, then maybe the final
+    /// chunk, maybe followed by bytes the parser must not look at.
+    fn chunked_response() -> impl Strategy<Value = Vec<u8>> {
+        let head = (vec(header(), 0..5), any::<Index>(), any::<u32>()).prop_map(|(mut headers, at, case)| {
+            let te: String = "transfer-encoding: chunked"
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if (case >> i) & 1 == 1 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            headers.insert(at.index(headers.len() + 1), format!("{te}\r\n"));
+            format!("HTTP/1.1 200 OK\r\n{}\r\n", headers.concat())
+        });
+        let end = proptest::option::of((0..3usize, vec(any::<u8>(), 0..16)));
+        (head, vec(chunk(), 0..20), end).prop_map(|(head, chunks, end)| {
+            let mut out = head.into_bytes();
+            out.extend(chunks.concat());
+            if let Some((zeros, after)) = end {
+                out.extend(format!("{}0\r\n\r\n", "0".repeat(zeros)).into_bytes());
+                out.extend(after);
+            }
+            out
+        })
+    }
+
+    /// Bytes that steer the parser through its states: head, size-line and framing characters.
+    const INTERESTING: &[u8] = b"\r\n\r\n0123456789abcdefABCDEF;: chunkedCHUNKED HTTP/1.1 200 OK@";
+
+    /// Input to throw at the parser: either an optional valid head (chunked or raw) followed by
+    /// bytes that are anything or [`INTERESTING`], or a valid chunked response with a few bytes
+    /// overwritten and maybe cut short.
+    fn noise() -> impl Strategy<Value = Vec<u8>> {
+        let head = select(vec![
+            &b""[..],
+            HEAD,
+            b"HTTP/1.0 200 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\n",
+        ]);
+        // Bytes as they are, all mapped into INTERESTING, or those with the high bit set mapped.
+        let garbage = (head, 0..3u8, vec(any::<u8>(), 0..2048)).prop_map(|(h, mode, mut b)| {
+            for b in b.iter_mut().filter(|b| mode == 1 || (mode == 2 && **b >= 0x80)) {
+                *b = INTERESTING[usize::from(*b) % INTERESTING.len()];
+            }
+            [h, &b[..]].concat()
+        });
+        let edits = vec((any::<Index>(), any::<u8>()), 0..4);
+        let mutated = (chunked_response(), edits, proptest::option::of(any::<Index>())).prop_map(
+            |(mut r, edits, cut)| {
+                for (at, b) in edits {
+                    let at = at.index(r.len());
+                    r[at] = b;
+                }
+                if let Some(cut) = cut {
+                    r.truncate(cut.index(r.len() + 1));
+                }
+                r
+            },
+        );
+        prop_oneof![garbage, mutated]
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Never panics, and the split does not matter: whole, in arbitrary pieces, or byte by
+        /// byte, the events, the first `Err`/`Ended` (or final `More`) and the state agree; after
+        /// `Ended` the parser stays ended.
+        #[test]
+        fn any_bytes_any_split_same_outcome(input in noise(), cuts in vec(any::<Index>(), 0..16)) {
+            let whole = run(&[&input]);
+            same(&run(&split(&input, &cuts)), &whole, "in pieces")?;
+            same(&run(&input.chunks(1).collect::<Vec<_>>()), &whole, "byte by byte")?;
+            let (_, result, mut parser) = whole;
+            if result == Ok(Fed::Ended) {
+                let mut events = 0;
+                prop_assert_eq!(parser.feed(&input, |_| events += 1), Ok(Fed::Ended));
+                prop_assert_eq!(events, 0);
+            }
+        }
+
+        /// A valid chunked response, split anywhere, gives exactly the reference decoder's events
+        /// (their first `CAPTURE` bytes), and `Ended` iff it had the final chunk.
+        #[test]
+        fn chunked_response_matches_reference(
+            input in chunked_response(),
+            cuts in vec(any::<Index>(), 0..16),
+        ) {
+            let (want, ended) = reference_chunked(&input);
+            let (events, result, parser) = run(&split(&input, &cuts));
+            prop_assert_eq!(events, want);
+            prop_assert_eq!(result, Ok(if ended { Fed::Ended } else { Fed::More }));
+            prop_assert!(parser.in_body());
+        }
+
+        /// A raw (not chunked) body, split anywhere, gives one event per complete line: its first
+        /// `CAPTURE` bytes, without the `\n`; a trailing partial line gives none.
+        #[test]
+        fn raw_lines_match_reference(
+            version in select(vec!["HTTP/1.0", "HTTP/1.1"]),
+            headers in vec(header(), 0..5)
+                .prop_filter("no chunked", |h| !h.concat().to_ascii_lowercase().contains("chunked")),
+            lines in vec(text(), 0..20),
+            partial in text(),
+            cuts in vec(any::<Index>(), 0..16),
+        ) {
+            let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            let input = format!("{version} 200 OK\r\n{}\r\n{body}{partial}", headers.concat());
+            let want: Vec<Vec<u8>> =
+                lines.iter().map(|l| l.as_bytes()[..l.len().min(CAPTURE)].to_vec()).collect();
+            let (events, result, parser) = run(&split(input.as_bytes(), &cuts));
+            prop_assert_eq!(events, want);
+            prop_assert_eq!(result, Ok(Fed::More));
+            prop_assert!(parser.in_body());
+        }
+
+        /// Any status but 200 is `Status(code)`, whatever follows and however it is split, with no
+        /// events and the parser still before the body.
+        #[test]
+        fn non_200_status_is_an_error(
+            version in select(vec!["HTTP/1.0", "HTTP/1.1"]),
+            code in (0u16..10_000).prop_filter("not 200", |c| *c != 200),
+            reason in prop_oneof![Just(String::new()), "[ -~]{0,20}".prop_map(|r| format!(" {r}"))],
+            rest in vec(any::<u8>(), 0..256),
+            cuts in vec(any::<Index>(), 0..16),
+        ) {
+            let input = [format!("{version} {code}{reason}\r\n").as_bytes(), &rest].concat();
+            let (events, result, parser) = run(&split(&input, &cuts));
+            prop_assert_eq!(result, Err(ParseError::Status(code)));
+            prop_assert!(events.is_empty());
+            prop_assert!(!parser.in_body());
+        }
+
+        /// `stamp_of` finds the digits after the first `@`, however much text surrounds them.
+        #[test]
+        fn stamp_after_at(prefix in "[^@]{0,30}", stamp in any::<u64>(), suffix in "([^0-9@][^@]{0,20})?") {
+            prop_assert_eq!(stamp_of(format!("{prefix}@{stamp}{suffix}").as_bytes()), Some(stamp));
+            prop_assert_eq!(stamp_of(format!("{prefix}{suffix}").as_bytes()), None);
+        }
     }
 }
