@@ -61,7 +61,7 @@ pub(crate) enum Sink {
         /// task cell instead of 24, for a buffer most streams never use.
         pending: Option<Box<Vec<u8>>>,
     },
-    /// Fallback path: actix-web's dispatcher reads a [`BodyStream`].
+    /// Fallback path: actix-web's HTTP/1 dispatcher reads a [`BodyStream`].
     Body(Rc<RefCell<BodyQueue>>),
 }
 
@@ -227,7 +227,7 @@ fn chunk_head(len: usize, buf: &mut [u8; 18]) -> &[u8] {
 /// the same worker thread, hence `Rc<RefCell<_>>` and no channel.
 #[derive(Default)]
 pub(crate) struct BodyQueue {
-    /// Event lines not yet taken by the dispatcher; each becomes one chunk.
+    /// Event lines not yet taken by actix-web's HTTP/1 dispatcher; each becomes one chunk.
     lines: VecDeque<Bytes>,
     /// Total bytes in `lines`, held under the pending bound.
     bytes: usize,
@@ -235,7 +235,7 @@ pub(crate) struct BodyQueue {
     done: bool,
     /// actix-web dropped the body (client gone).
     reader_gone: bool,
-    /// Wakes the dispatcher when there is data or the end.
+    /// Wakes actix-web's HTTP/1 dispatcher when there is data or the end.
     reader: Option<Waker>,
     /// Wakes the Stream's watcher when the reader goes.
     watcher: Option<Waker>,
