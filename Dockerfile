@@ -2,12 +2,18 @@
 # as a non-root user. `docker build -t switchboard . && docker run -p 8000:8000 switchboard`
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
+# Only the server package is built. Cargo still reads the whole workspace,
+# so the tools' and harness's manifests come along, with an empty target
+# each: their sources never enter the image.
 COPY Cargo.toml Cargo.lock ./
+COPY tools/Cargo.toml ./tools/
+COPY bench/Cargo.toml ./bench/
+RUN mkdir -p tools/src bench/src && touch tools/src/lib.rs && echo 'fn main() {}' > bench/src/main.rs
 COPY config ./config
 COPY src ./src
 # No debug info in the image (the release profile keeps some for profiling).
 ENV CARGO_PROFILE_RELEASE_DEBUG=0
-RUN cargo build --release --locked --bin switchboard
+RUN cargo build --release --locked -p switchboard --bin switchboard
 
 FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin switchboard

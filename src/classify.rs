@@ -280,19 +280,6 @@ mod properties {
     use super::*;
     use crate::id;
 
-    /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test --lib properties`
-    /// for a longer run.
-    fn config() -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        ProptestConfig {
-            cases,
-            ..ProptestConfig::default()
-        }
-    }
-
     /// The id length limit the properties use (small, so it is often crossed).
     const MAX_ID: usize = 12;
 
@@ -363,7 +350,7 @@ mod properties {
     }
 
     proptest! {
-        #![proptest_config(config())]
+        #![proptest_config(crate::proptest_config())]
 
         /// Arbitrary bytes: no panic, and once a prefix is decided, more
         /// bytes never change the decision (so however the line is split

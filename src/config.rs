@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
 /// Most listening ports one process will open (c1000k used 100).
-pub const MAX_PORTS: usize = 1000;
+pub(crate) const MAX_PORTS: usize = 1000;
 
 /// Why the settings could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +86,13 @@ pub struct StreamSettings {
     pub max_id_len: usize,
     /// Per-stream bound on unsent output.
     pub max_pending_bytes: usize,
+}
+
+impl StreamSettings {
+    /// `tick_interval_ms` as a duration.
+    pub(crate) fn tick_interval(&self) -> Duration {
+        Duration::from_millis(self.tick_interval_ms)
+    }
 }
 
 /// `[message]`
@@ -236,7 +243,7 @@ impl Settings {
     }
 
     /// Main address plus one per extra port.
-    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+    pub(crate) fn listen_addrs(&self) -> Vec<SocketAddr> {
         // unwrap: validate() checked both.
         let ip: IpAddr = self.server.host.parse().expect("validated host");
         let mut ports = vec![self.server.port];
@@ -245,31 +252,26 @@ impl Settings {
     }
 
     /// Worker threads to start.
-    pub fn workers(&self) -> usize {
+    pub(crate) fn workers(&self) -> usize {
         match self.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
     }
 
-    /// `stream.tick_interval_ms` as a duration.
-    pub fn tick_interval(&self) -> Duration {
-        Duration::from_millis(self.stream.tick_interval_ms)
-    }
-
     /// `server.head_timeout_ms` as a duration.
-    pub fn head_timeout(&self) -> Duration {
+    pub(crate) fn head_timeout(&self) -> Duration {
         Duration::from_millis(self.server.head_timeout_ms)
     }
 
     /// `server.shutdown_timeout_ms` as a duration.
-    pub fn shutdown_timeout(&self) -> Duration {
+    pub(crate) fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.server.shutdown_timeout_ms)
     }
 }
 
 /// Parses "8001-8003,9000" into `[8001, 8002, 8003, 9000]`. Empty means none.
-pub fn parse_ports(spec: &str) -> Result<Vec<u16>, String> {
+pub(crate) fn parse_ports(spec: &str) -> Result<Vec<u16>, String> {
     let mut ports = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let port = |s: &str| {

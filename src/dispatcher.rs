@@ -368,19 +368,6 @@ mod properties {
 
     use super::*;
 
-    /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test --lib properties`
-    /// for a longer run.
-    fn config() -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        ProptestConfig {
-            cases,
-            ..ProptestConfig::default()
-        }
-    }
-
     /// Header lines near the cases the parser treats specially.
     fn header() -> impl Strategy<Value = (String, String)> {
         let name = prop_oneof![
@@ -424,7 +411,7 @@ mod properties {
     }
 
     proptest! {
-        #![proptest_config(config())]
+        #![proptest_config(crate::proptest_config())]
 
         /// Arbitrary bytes: no panic; a complete answer is final (more bytes
         /// do not change it) and `Plain` never claims more than it was given.

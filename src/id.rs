@@ -70,21 +70,8 @@ mod properties {
 
     use super::*;
 
-    /// 10,000 cases; `PROPTEST_CASES=1000000 cargo test --lib properties`
-    /// for a longer run.
-    fn config() -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        ProptestConfig {
-            cases,
-            ..ProptestConfig::default()
-        }
-    }
-
     proptest! {
-        #![proptest_config(config())]
+        #![proptest_config(crate::proptest_config())]
 
         /// Any string, any limit: valid exactly when non-empty, within the
         /// limit and made of RFC 3986 unreserved characters only.

@@ -57,3 +57,17 @@ pub mod telemetry;
 
 pub use config::{Settings, SettingsError};
 pub use server::Server;
+
+/// The property tests' settings: 10,000 cases each, or `PROPTEST_CASES`
+/// (e.g. `PROPTEST_CASES=1000000 cargo test --lib properties` for a longer run).
+#[cfg(test)]
+fn proptest_config() -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    proptest::test_runner::Config {
+        cases,
+        ..proptest::test_runner::Config::default()
+    }
+}

@@ -228,21 +228,8 @@ mod properties {
 
     use super::*;
 
-    /// 10,000 cases; `PROPTEST_CASES=1000000 cargo test --lib properties`
-    /// for a longer run.
-    fn config() -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        ProptestConfig {
-            cases,
-            ..ProptestConfig::default()
-        }
-    }
-
     proptest! {
-        #![proptest_config(config())]
+        #![proptest_config(crate::proptest_config())]
 
         /// A message is accepted, unchanged, exactly when it is non-empty
         /// UTF-8 without CR or LF; otherwise the error names the first rule

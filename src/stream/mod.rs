@@ -198,10 +198,7 @@ impl Actor for Stream {
             return;
         }
         ctx.spawn(Watch);
-        ticker::register(
-            me,
-            std::time::Duration::from_millis(self.f.shared.settings.tick_interval_ms),
-        );
+        ticker::register(me, self.f.shared.settings.tick_interval());
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
