@@ -66,8 +66,10 @@ pub struct ServerSettings {
     pub max_connections: usize,
     /// Time allowed for a complete request head.
     pub head_timeout_ms: u64,
-    /// Largest request head on the lean stream path.
+    /// Largest request head on the stream path (lean and fallback).
     pub max_head_bytes: usize,
+    /// Time allowed for a whole request body, from the end of its head.
+    pub body_timeout_ms: u64,
     /// Keep-alive for ordinary HTTP connections; 0 disables it.
     pub keep_alive_ms: u64,
     /// Upper bound on a graceful shutdown.
@@ -217,6 +219,9 @@ impl Settings {
             // actix-web computes the deadline from a clock it updates every
             // 500 ms; a shorter timeout can land in the past and never fire.
             return invalid("server.head_timeout_ms", "must be at least 1000");
+        }
+        if self.server.body_timeout_ms < 100 {
+            return invalid("server.body_timeout_ms", "must be at least 100");
         }
         if self.server.max_head_bytes < 256 {
             return invalid("server.max_head_bytes", "must be at least 256");

@@ -30,7 +30,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
-use crate::classify::DISPATCHER_LINE as REQUEST_LINE;
+use crate::classify::{DISPATCHER_LINE as REQUEST_LINE, is_token};
 use crate::counter::{Counter, Take};
 use crate::error::ApiError;
 use crate::socket::{self, Rewound};
@@ -113,11 +113,6 @@ fn trim(s: &[u8]) -> &[u8] {
         .rposition(|b| !b.is_ascii_whitespace())
         .map_or(start, |e| e + 1);
     &s[start..end]
-}
-
-/// RFC 9110 token characters (header names).
-fn is_token(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// How a connection on this path ended.

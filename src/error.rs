@@ -44,6 +44,19 @@ pub(crate) enum ApiError {
     /// Route exists, method does not: 405.
     #[error("method not allowed; use {0}")]
     MethodNotAllowed(&'static str),
+    /// A request head that breaks RFC 9112 (or asks a stream for a body): 400.
+    #[error("invalid request head: {0}")]
+    BadHead(&'static str),
+    /// The request body did not arrive within `server.body_timeout_ms`: 408,
+    /// and the connection is closed.
+    #[error("request body not received within {ms} ms")]
+    BodyTimeout {
+        /// The configured timeout.
+        ms: u64,
+    },
+    /// More than one `Authorization` header: 400.
+    #[error("more than one Authorization header")]
+    RepeatedAuthorization,
     /// The request head did not arrive within `server.head_timeout_ms`: 408.
     #[error("request head not received within {ms} ms")]
     HeadTimeout {
@@ -114,12 +127,14 @@ impl ResponseError for ApiError {
             | ApiError::EmptyMessage
             | ApiError::NotUtf8
             | ApiError::LineBreak
-            | ApiError::Payload(_) => StatusCode::BAD_REQUEST,
+            | ApiError::Payload(_)
+            | ApiError::BadHead(_)
+            | ApiError::RepeatedAuthorization => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::HeadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::HeadTimeout { .. } | ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::StreamLimit(_) | ApiError::ShuttingDown | ApiError::Crashed(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -131,6 +146,12 @@ impl ResponseError for ApiError {
         let mut res = HttpResponse::build(self.status_code());
         if let Some(h) = self.extra_header() {
             res.insert_header(h);
+        }
+        // A body that stopped arriving leaves the connection mid-request:
+        // nothing more can be read from it; and a server shutting down
+        // keeps no connection open.
+        if matches!(self, ApiError::BodyTimeout { .. } | ApiError::ShuttingDown) {
+            res.force_close();
         }
         res.content_type("application/json").body(self.body())
     }

@@ -39,11 +39,41 @@ impl<S> StreamActor for S where S: Actor<Context = Context<S>> + Handler<Deliver
 type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
 
 /// A message for a stream, from `/send` or `/broadcast`.
+///
+/// It keeps the books itself: one that never reaches its stream's handler
+/// (the stream had stopped, or stopped with it still in its mailbox) counts
+/// as `messages.dropped` when it is dropped.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Deliver {
     /// One line of text (validated: no CR or LF).
-    pub(crate) msg: Arc<str>,
+    msg: Arc<str>,
+    /// Where it is counted dropped unless a handler takes it.
+    books: Option<Arc<Stats>>,
+}
+
+impl Deliver {
+    /// A message for one stream, counted dropped in `stats` unless handled.
+    fn new(msg: &Arc<str>, stats: &Arc<Stats>) -> Self {
+        Deliver {
+            msg: Arc::clone(msg),
+            books: Some(Arc::clone(stats)),
+        }
+    }
+
+    /// The handler has it: the stream's sink keeps the books from here.
+    pub(crate) fn arrived(mut self) -> Arc<str> {
+        self.books = None;
+        Arc::clone(&self.msg)
+    }
+}
+
+impl Drop for Deliver {
+    fn drop(&mut self) {
+        if let Some(stats) = self.books.take() {
+            stats.messages_dropped.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 /// The server is shutting down: the stream sends its final chunk and stops.
@@ -214,13 +244,11 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
                 return 0;
             };
             for (_, stream) in streams {
-                tell(
-                    stream,
-                    Deliver {
-                        msg: Arc::clone(&m.msg),
-                    },
-                );
+                tell(stream, Deliver::new(&m.msg, &r.stats));
             }
+            r.stats
+                .messages_delivered
+                .fetch_add(streams.len() as u64, Relaxed);
             streams.len()
         })
     }
@@ -233,13 +261,9 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
         guarded(self, ctx, |r, _| {
             r.stats.messages_routed.fetch_add(1, Relaxed);
             for (_, stream) in r.table.values().flatten() {
-                tell(
-                    stream,
-                    Deliver {
-                        msg: Arc::clone(&m.msg),
-                    },
-                );
+                tell(stream, Deliver::new(&m.msg, &r.stats));
             }
+            r.stats.messages_delivered.fetch_add(r.streams as u64, Relaxed);
             r.streams
         })
     }

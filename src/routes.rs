@@ -11,8 +11,9 @@
 //! | `POST /admin/crash/{router,counter}` | fault injection, only with `debug.fault_injection` |
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use actix_web::http::header;
+use actix_web::http::{Version, header};
 use actix_web::web::{self, Data, Path, Payload, ServiceConfig};
 use actix_web::{HttpRequest, HttpResponse, Route};
 use futures_util::StreamExt;
@@ -22,6 +23,7 @@ use crate::counter::{self, Take};
 use crate::error::ApiError;
 use crate::id::{self, IdError};
 use crate::router::{self, Broadcast, Publish};
+use crate::socket::CloseHandle;
 use crate::state::ServerState;
 use crate::stream::Stream;
 
@@ -52,7 +54,28 @@ async fn fail(e: ApiError) -> Result<HttpResponse, ApiError> {
 }
 
 /// `GET /test/{id}` through actix-web: same wire format, heavier per stream.
-async fn stream(id: Path<String>, state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
+///
+/// It applies the lean path's rules that actix-web does not already: the
+/// `server.max_head_bytes` bound (here on the head as actix-web parsed it,
+/// request line and header lines with CRLF ends), no request body on a
+/// stream, and a close-delimited body for HTTP/1.0, which has no chunked
+/// encoding (RFC 9112 §6.1).
+async fn stream(
+    req: HttpRequest,
+    id: Path<String>,
+    state: Data<ServerState>,
+) -> Result<HttpResponse, ApiError> {
+    let max_head = state.settings.server.max_head_bytes;
+    if head_len(&req) > max_head {
+        return Err(ApiError::HeadTooLarge { limit: max_head });
+    }
+    if req.headers().contains_key(header::CONTENT_LENGTH)
+        || req.headers().contains_key(header::TRANSFER_ENCODING)
+    {
+        return Err(ApiError::BadHead(
+            "a stream request has no body (Content-Length or Transfer-Encoding)",
+        ));
+    }
     let s = &state.settings.stream;
     id::validate(&id, s.max_id_len)?;
     if state.shutdown.is_cancelled() {
@@ -62,11 +85,31 @@ async fn stream(id: Path<String>, state: Data<ServerState>) -> Result<HttpRespon
         return Err(ApiError::StreamLimit(s.max_streams));
     }
     let body = Stream::start_body(Arc::from(id.as_str()), Arc::clone(&state.streams));
-    Ok(HttpResponse::Ok()
-        .content_type("text/plain; charset=utf-8")
+    let mut res = HttpResponse::Ok();
+    res.content_type("text/plain; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .insert_header(("x-accel-buffering", "no"))
-        .streaming(body))
+        .insert_header(("x-accel-buffering", "no"));
+    let mut res = res.streaming(body);
+    if req.version() == Version::HTTP_10 {
+        // No chunking and no length: the body ends when the connection does.
+        res.head_mut().no_chunking(true);
+        res.head_mut()
+            .set_connection_type(actix_web::http::ConnectionType::Close);
+    }
+    Ok(res)
+}
+
+/// The size of a request head as actix-web parsed it: request line and
+/// header lines, each with CRLF, and the blank line.
+fn head_len(req: &HttpRequest) -> usize {
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    let line = req.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();
+    let headers: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 2 + value.len() + 2)
+        .sum();
+    line + headers + 2
 }
 
 /// `POST /send/{id}`
@@ -79,7 +122,7 @@ async fn send(
     authorize(&req, &state)?;
     let id = id.into_inner();
     id::validate(&id, state.settings.stream.max_id_len)?;
-    let msg = read_message(&req, body, state.settings.message.max_bytes).await?;
+    let msg = read_message(&req, body, &state).await?;
     let delivered = state
         .router()
         .send(Publish { id: id.clone(), msg })
@@ -97,7 +140,7 @@ async fn broadcast(
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
-    let msg = read_message(&req, body, state.settings.message.max_bytes).await?;
+    let msg = read_message(&req, body, &state).await?;
     let delivered = state
         .router()
         .send(Broadcast { msg })
@@ -152,21 +195,38 @@ async fn crash(
 }
 
 /// Checks `Authorization: Bearer <auth.publish_token>` when a token is set.
+///
+/// The scheme is case-insensitive (RFC 9110 §11.1), spaces after it are
+/// allowed; two `Authorization` headers are refused (400) rather than one
+/// of them checked.
 fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
     let token = &state.settings.auth.publish_token;
     if token.is_empty() {
         return Ok(());
     }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    let mut given = req.headers().get_all(header::AUTHORIZATION);
+    let (first, second) = (given.next(), given.next());
+    if second.is_some() {
+        return Err(ApiError::RepeatedAuthorization);
+    }
+    let credentials = first
+        .and_then(|v| bearer_credentials(v.as_bytes()))
         .unwrap_or_default();
-    if constant_time_eq(given, token.as_bytes()) {
+    if constant_time_eq(credentials, token.as_bytes()) {
         Ok(())
     } else {
         Err(ApiError::Unauthorized)
     }
+}
+
+/// The credentials of `Bearer <token>`, the scheme in any case.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|b| *b != b' ')?;
+    Some(&rest[start..])
 }
 
 /// Compares without an early exit, so timing does not leak the token.
@@ -175,7 +235,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Reads a message body: at most `max` bytes, UTF-8, one non-empty line.
-async fn read_message(req: &HttpRequest, mut body: Payload, max: usize) -> Result<Arc<str>, ApiError> {
+///
+/// The whole body must arrive within `server.body_timeout_ms` of the head
+/// (408 and the connection closed otherwise), and a body still arriving when
+/// the server shuts down is cut with 503: a stalled upload holds neither an
+/// fd nor shutdown.
+async fn read_message(req: &HttpRequest, body: Payload, state: &ServerState) -> Result<Arc<str>, ApiError> {
+    let max = state.settings.message.max_bytes;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -184,6 +250,28 @@ async fn read_message(req: &HttpRequest, mut body: Payload, max: usize) -> Resul
     if declared.is_some_and(|n| n > max) {
         return Err(ApiError::TooLarge { limit: max });
     }
+    let ms = state.settings.server.body_timeout_ms;
+    let cut = |e: ApiError| {
+        // The rest of the body may never come: the connection cannot serve
+        // another request.
+        if let Some(close) = req.conn_data::<CloseHandle>() {
+            close.close();
+        }
+        Err(e)
+    };
+    let bytes = tokio::select! {
+        biased;
+        () = state.shutdown.cancelled() => return cut(ApiError::ShuttingDown),
+        read = tokio::time::timeout(Duration::from_millis(ms), read_body(body, max)) => match read {
+            Ok(bytes) => bytes?,
+            Err(_) => return cut(ApiError::BodyTimeout { ms }),
+        },
+    };
+    validate_message(&bytes).map(Arc::from)
+}
+
+/// Reads a body of at most `max` bytes.
+async fn read_body(mut body: Payload, max: usize) -> Result<web::BytesMut, ApiError> {
     let mut bytes = web::BytesMut::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| ApiError::Payload(e.to_string()))?;
@@ -192,7 +280,7 @@ async fn read_message(req: &HttpRequest, mut body: Payload, max: usize) -> Resul
         }
         bytes.extend_from_slice(&chunk);
     }
-    validate_message(&bytes).map(Arc::from)
+    Ok(bytes)
 }
 
 /// A message is one non-empty line of UTF-8 (its size is checked while it
@@ -217,6 +305,17 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"BEARER   abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"Bearerabc"), None);
+        assert_eq!(bearer_credentials(b"Basic abc"), None);
+        assert_eq!(bearer_credentials(b"Bearer "), None);
+        assert_eq!(bearer_credentials(b"Bear"), None);
     }
 }
 

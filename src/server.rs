@@ -60,6 +60,11 @@ const DRAIN_POLL: Duration = Duration::from_millis(10);
 /// actix-web's time to flush a response before dropping a closing connection.
 const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a connection a handler asked to close (see
+/// [`socket::CloseHandle`]) keeps running so its answer, a few hundred
+/// bytes that the socket takes at once, goes out first.
+const CLOSE_AFTER_ANSWER: Duration = Duration::from_millis(100);
+
 /// A bound, not yet running server.
 pub struct Server {
     settings: Settings,
@@ -277,6 +282,9 @@ fn http_service(
         // writing to a half-closed connection until the next tick fails.
         .h1_allow_half_closed(false)
         .local_addr(local_addr)
+        .on_connect_ext(|io: &Rewound, ext: &mut actix_http::Extensions| {
+            ext.insert(io.close_handle());
+        })
         // Hidden but stable in actix-http 3: what HttpServer uses to drain
         // keep-alive connections on graceful shutdown.
         .graceful_shutdown_signal(move || {
@@ -393,15 +401,16 @@ where
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
     match classify::classify(&io, deadline, settings.stream.max_id_len).await {
-        Class::Stream(id) => {
-            let head = classify::consume_head(&io, deadline, settings.server.max_head_bytes).await;
+        Class::Stream { id, http10 } => {
+            let max_head = settings.server.max_head_bytes;
+            let head = classify::consume_head(&io, deadline, max_head, http10).await;
             let refusal = match head {
                 Ok(()) => match admit_stream(&state) {
                     Ok(()) => {
                         // A stream is not an HTTP connection: its slot is
                         // counted by `stream.max_streams` from here on.
                         drop(permit);
-                        return Stream::start_lean(io, id, Arc::clone(&state.streams));
+                        return Stream::start_lean(io, id, http10, Arc::clone(&state.streams));
                     }
                     Err(e) => e,
                 },
@@ -412,12 +421,8 @@ where
                         ms: settings.server.head_timeout_ms,
                     },
                 ),
-                Err(HeadError::TooLarge) => head_refused(
-                    &state,
-                    ApiError::HeadTooLarge {
-                        limit: settings.server.max_head_bytes,
-                    },
-                ),
+                Err(HeadError::TooLarge) => head_refused(&state, ApiError::HeadTooLarge { limit: max_head }),
+                Err(HeadError::Invalid(why)) => head_refused(&state, ApiError::BadHead(why)),
             };
             socket::refuse(io, &refusal).await;
         }
@@ -427,14 +432,12 @@ where
             // future's size while it is classified.
             if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(io, &state, deadline)).await
             {
-                let _ = Box::pin(http.call(io)).await;
+                serve_http(&*http, io).await;
             }
         }
         Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
-            // Boxed: actix-web's HTTP/1 dispatcher future is large and only
-            // this branch needs it.
-            let _ = Box::pin(http.call(Rewound::new(io))).await;
+            serve_http(&*http, Rewound::new(io)).await;
         }
         Class::Timeout => {
             let refusal = head_refused(
@@ -446,6 +449,25 @@ where
             socket::refuse(io, &refusal).await;
         }
         Class::Gone => {}
+    }
+}
+
+/// Serves a connection with actix-web until it ends, or until a handler
+/// asks for it to be closed.
+async fn serve_http<S>(http: &S, io: Rewound)
+where
+    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
+{
+    let close = io.close_handle();
+    // Boxed: actix-web's HTTP/1 dispatcher future is large and only this
+    // path needs it.
+    let served = Box::pin(http.call(io));
+    tokio::select! {
+        _ = served => {}
+        () = async {
+            close.requested().await;
+            sleep(CLOSE_AFTER_ANSWER).await;
+        } => {}
     }
 }
 
@@ -463,7 +485,7 @@ fn admit_stream(state: &ServerState) -> Result<(), ApiError> {
     }
 }
 
-/// Counts a head the server refuses itself (408, 431) in `bad_heads`.
+/// Counts a head the server refuses itself (400, 408, 431) in `bad_heads`.
 fn head_refused(state: &ServerState, e: ApiError) -> ApiError {
     state.stats.bad_heads.fetch_add(1, Relaxed);
     e

@@ -5,11 +5,13 @@
 
 use std::io;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use actix_rt::net::TcpStream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::ApiError;
@@ -68,6 +70,8 @@ pub(crate) async fn close_gently(io: &TcpStream) {
 /// nothing in front when the head was only peeked).
 pub(crate) struct Rewound {
     io: TcpStream,
+    /// Lets a handler ask for this connection to be closed.
+    close: CloseHandle,
     /// Read before the hand-over; served first.
     prefix: Vec<u8>,
     /// How much of `prefix` has been served.
@@ -79,6 +83,7 @@ impl Rewound {
     pub(crate) fn new(io: TcpStream) -> Self {
         Rewound {
             io,
+            close: CloseHandle::default(),
             prefix: Vec::new(),
             pos: 0,
         }
@@ -88,9 +93,15 @@ impl Rewound {
     pub(crate) fn with_prefix(io: TcpStream, prefix: &[u8]) -> Self {
         Rewound {
             io,
+            close: CloseHandle::default(),
             prefix: prefix.to_vec(),
             pos: 0,
         }
+    }
+
+    /// What a handler on this connection uses to have it closed.
+    pub(crate) fn close_handle(&self) -> CloseHandle {
+        self.close.clone()
     }
 
     /// The socket underneath.
@@ -139,5 +150,25 @@ impl AsyncWrite for Rewound {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Asks for the connection under an actix-web request to be closed once its
+/// answer is out: for a request whose body stopped arriving, actix-web's
+/// HTTP/1 dispatcher would otherwise keep waiting for the rest of a chunked
+/// body, holding the socket. Put in each request's connection data; the
+/// connection's task in `server` acts on it.
+#[derive(Clone, Default)]
+pub(crate) struct CloseHandle(Rc<Notify>);
+
+impl CloseHandle {
+    /// Close the connection after the answer.
+    pub(crate) fn close(&self) {
+        self.0.notify_one();
+    }
+
+    /// Resolves once [`CloseHandle::close`] was called.
+    pub(crate) async fn requested(&self) {
+        self.0.notified().await;
     }
 }

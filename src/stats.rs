@@ -29,9 +29,15 @@ pub(crate) struct Stats {
     pub(crate) chunks_sent: AtomicU64,
     /// Messages accepted by the Router (`/send` and `/broadcast`).
     pub(crate) messages_routed: AtomicU64,
-    /// Message events written to a stream.
+    /// Message events handed to a stream (what `/send` and `/broadcast`
+    /// answer as `delivered`). Each ends in exactly one of `written` and
+    /// `dropped`; at rest `delivered = written + dropped`.
     pub(crate) messages_delivered: AtomicU64,
-    /// Message events a stream could not take (slow client or already closing).
+    /// Message events whose bytes all reached the kernel (lean) or actix-web
+    /// (fallback): what the client receives if it reads.
+    pub(crate) messages_written: AtomicU64,
+    /// Message events handed to a stream that ended before writing them
+    /// (gone, closing, or cut as too slow with them pending).
     pub(crate) messages_dropped: AtomicU64,
     /// Mirror of the Counter actor's value, for reading without a round trip.
     pub(crate) counter: AtomicU64,
@@ -72,6 +78,7 @@ impl Stats {
             chunks_sent: AtomicU64::new(0),
             messages_routed: AtomicU64::new(0),
             messages_delivered: AtomicU64::new(0),
+            messages_written: AtomicU64::new(0),
             messages_dropped: AtomicU64::new(0),
             counter: AtomicU64::new(0),
             router_restarts: AtomicU64::new(0),
@@ -147,6 +154,7 @@ impl Stats {
             "messages": {
                 "routed": get(&self.messages_routed),
                 "delivered": get(&self.messages_delivered),
+                "written": get(&self.messages_written),
                 "dropped": get(&self.messages_dropped),
             },
             "counter": get(&self.counter),

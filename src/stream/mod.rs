@@ -29,7 +29,7 @@ use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handl
 use actix_rt::net::TcpStream;
 
 pub(crate) use sink::BodyStream;
-use sink::{Sink, SinkError, Written};
+use sink::{Event, Framing, Sink, SinkError, Written};
 use ticker::Tick;
 
 use crate::config::StreamSettings;
@@ -61,6 +61,8 @@ pub(crate) struct Stream {
     sink: Sink,
     /// A [`Flush`] is running; set while the sink holds pending bytes.
     flushing: bool,
+    /// How the body is framed (chunked, or close-delimited for HTTP/1.0).
+    framing: Framing,
     /// The rest.
     f: Box<Fields>,
 }
@@ -80,24 +82,27 @@ struct Fields {
 impl Stream {
     /// Starts a lean stream on the current worker: the actor owns `io`, whose
     /// request head has been read. The caller has reserved a stream slot.
-    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, shared: Arc<Shared>) {
+    /// `http10`: the client spoke HTTP/1.0 and gets a close-delimited body.
+    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, http10: bool, shared: Arc<Shared>) {
         let _ = io.set_nodelay(true);
-        Stream::new(id, Sink::socket(io), shared, false).start();
+        let framing = if http10 { Framing::Close } else { Framing::Chunked };
+        Stream::new(id, Sink::socket(io), framing, shared, false).start();
     }
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
     /// returns. The caller has reserved a stream slot.
     pub(crate) fn start_body(id: Arc<str>, shared: Arc<Shared>) -> BodyStream {
-        let (sink, body) = Sink::body();
-        Stream::new(id, sink, shared, true).start();
+        let (sink, body) = Sink::body(Arc::clone(&shared.stats));
+        Stream::new(id, sink, Framing::Chunked, shared, true).start();
         body
     }
 
-    fn new(id: Arc<str>, sink: Sink, shared: Arc<Shared>, fallback: bool) -> Self {
+    fn new(id: Arc<str>, sink: Sink, framing: Framing, shared: Arc<Shared>, fallback: bool) -> Self {
         shared.stats.stream_opened(fallback);
         Stream {
             sink,
             flushing: false,
+            framing,
             f: Box::new(Fields {
                 id,
                 conn: next_conn_id(),
@@ -142,7 +147,10 @@ impl Handler<Tick> for Stream {
         let max = self.f.shared.settings.max_pending_bytes;
         let tick = push_line(
             &mut self.sink,
+            self.framing,
+            Event::Other,
             max,
+            &self.f.shared.stats,
             format_args!("Chunk {} for id {}", self.f.seq, self.f.id),
         );
         self.after_write(ctx, tick);
@@ -150,13 +158,20 @@ impl Handler<Tick> for Stream {
 }
 
 /// Formats `line` plus `\n` into the worker's scratch buffer and pushes it.
-fn push_line(sink: &mut Sink, max_pending: usize, line: fmt::Arguments<'_>) -> Result<Written, SinkError> {
+fn push_line(
+    sink: &mut Sink,
+    framing: Framing,
+    event: Event,
+    max_pending: usize,
+    stats: &Stats,
+    line: fmt::Arguments<'_>,
+) -> Result<Written, SinkError> {
     LINE.with_borrow_mut(|buf| {
         buf.clear();
         // unwrap: writing into a Vec cannot fail.
         buf.write_fmt(line).expect("format into Vec");
         buf.push(b'\n');
-        sink.push_line(buf, max_pending)
+        sink.push_line(buf, framing, event, max_pending, stats)
     })
 }
 
@@ -184,7 +199,7 @@ impl Actor for Stream {
             addr: me.clone(),
         });
         let max = self.f.shared.settings.max_pending_bytes;
-        match self.sink.open(max) {
+        match self.sink.open(self.framing, max, &self.f.shared.stats) {
             Ok(Written::Pending) => {
                 self.flushing = true;
                 ctx.spawn(Flush);
@@ -193,7 +208,8 @@ impl Actor for Stream {
             Err(_) => return ctx.stop(),
         }
         let line = format_args!("Switchboard welcomes you! Your Id: {}", self.f.id);
-        let welcome = push_line(&mut self.sink, max, line);
+        let stats = &self.f.shared.stats;
+        let welcome = push_line(&mut self.sink, self.framing, Event::Other, max, stats, line);
         if !self.after_write(ctx, welcome) {
             return;
         }
@@ -206,7 +222,12 @@ impl Actor for Stream {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
         });
-        self.f.shared.stats.stream_closed();
+        let stats = &self.f.shared.stats;
+        // Messages still pending never reached the client's kernel.
+        stats
+            .messages_dropped
+            .fetch_add(self.sink.pending_messages() as u64, Relaxed);
+        stats.stream_closed();
     }
 }
 
@@ -214,16 +235,20 @@ impl Handler<Deliver> for Stream {
     type Result = ();
 
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
+        let msg = m.arrived();
         self.f.seq += 1;
         let max = self.f.shared.settings.max_pending_bytes;
         let line = push_line(
             &mut self.sink,
+            self.framing,
+            Event::Message,
             max,
-            format_args!("Recvd msg #{}: '{}'", self.f.seq, m.msg),
+            &self.f.shared.stats,
+            format_args!("Recvd msg #{}: '{}'", self.f.seq, msg),
         );
-        if self.after_write(ctx, line) {
-            self.f.shared.stats.messages_delivered.fetch_add(1, Relaxed);
-        } else {
+        // Written (now or once the pending bytes drain) is counted by the
+        // sink; refused, it is dropped here.
+        if !self.after_write(ctx, line) {
             self.f.shared.stats.messages_dropped.fetch_add(1, Relaxed);
         }
     }
@@ -233,7 +258,7 @@ impl Handler<Close> for Stream {
     type Result = ();
 
     fn handle(&mut self, _: Close, ctx: &mut Context<Self>) {
-        self.sink.finish();
+        self.sink.finish(self.framing, &self.f.shared.stats);
         ctx.stop();
     }
 }
@@ -272,7 +297,7 @@ impl ActorFuture<Stream> for Flush {
         ctx: &mut Context<Stream>,
         cx: &mut task::Context<'_>,
     ) -> Poll<()> {
-        match act.sink.poll_flush(cx) {
+        match act.sink.poll_flush(cx, &act.f.shared.stats) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 act.flushing = false;

@@ -7,23 +7,43 @@
 //! Stream disconnects the client: memory per stream stays bounded, and a
 //! client that cannot keep up learns it (the connection ends) instead of
 //! silently missing events.
+//!
+//! The message books, in one place too: a message handed to a stream is
+//! `messages.delivered` (counted by the Router); it is then `written` once all
+//! its bytes reach the kernel (or actix-web takes it from the body queue), or
+//! `dropped` if the stream ends first, slow or gone. So at rest
+//! `delivered = written + dropped`.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
 
 use actix_rt::net::TcpStream;
 use bytes::Bytes;
 
-/// Response head of a lean stream; the same headers actix-web would send.
+use crate::stats::Stats;
+
+/// Response head of a lean HTTP/1.1 stream; the same headers actix-web
+/// would send.
 const RESPONSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\n\
 content-type: text/plain; charset=utf-8\r\n\
 transfer-encoding: chunked\r\n\
 cache-control: no-cache\r\n\
 x-accel-buffering: no\r\n\r\n";
+
+/// Response head of a lean HTTP/1.0 stream: no chunked encoding in HTTP/1.0
+/// (RFC 9112 §6.1), so the body is the lines themselves and ends when the
+/// connection closes.
+const RESPONSE_HEAD_10: &[u8] = b"HTTP/1.0 200 OK\r\n\
+content-type: text/plain; charset=utf-8\r\n\
+cache-control: no-cache\r\n\
+x-accel-buffering: no\r\n\
+connection: close\r\n\r\n";
 
 /// The last chunk of a chunked body.
 const FINAL_CHUNK: &[u8] = b"0\r\n\r\n";
@@ -46,20 +66,62 @@ pub(crate) enum Written {
     Pending,
 }
 
+/// How a lean stream's body is framed. Kept by the Stream, beside its other
+/// flag, not in the sink: there it would cost 8 bytes of every stream's
+/// task cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// HTTP/1.1: one chunk per event, a final zero-length chunk at the end.
+    Chunked,
+    /// HTTP/1.0: the lines as they are; closing the connection ends the body.
+    Close,
+}
+
+/// What an event is, for the message books (`messages.written`/`.dropped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A routed message: counted written once all its bytes reach the
+    /// kernel (or actix-web takes it from the body queue), dropped if the
+    /// stream ends first.
+    Message,
+    /// The welcome line or a tick.
+    Other,
+}
+
+/// Bytes the kernel would not take yet, and where the messages among them end.
+#[derive(Default)]
+pub(crate) struct Pending {
+    /// The bytes, oldest first.
+    bytes: Vec<u8>,
+    /// Bytes already moved from `bytes` to the kernel.
+    drained: usize,
+    /// For each message not yet wholly with the kernel: `drained` plus its
+    /// end within `bytes` at the time, i.e. where it ends in the same count.
+    ends: VecDeque<usize>,
+}
+
+impl Pending {
+    /// `n` more bytes reached the kernel; counts the messages now complete.
+    fn drain(&mut self, n: usize, stats: &Stats) {
+        self.bytes.drain(..n);
+        self.drained += n;
+        while self.ends.front().is_some_and(|&end| end <= self.drained) {
+            self.ends.pop_front();
+            stats.messages_written.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// An event destination.
-#[expect(
-    clippy::box_collection,
-    reason = "8 bytes in the task cell instead of 24; see `pending`"
-)]
 pub(crate) enum Sink {
-    /// Lean path: the Stream owns the socket and frames chunks itself.
+    /// Lean path: the Stream owns the socket and frames events itself.
     Socket {
         /// The client connection.
         io: TcpStream,
-        /// Bytes the kernel would not take yet (bounded); empty when idle, and
-        /// deallocated as soon as it drains. Boxed: 8 bytes in the Stream's
-        /// task cell instead of 24, for a buffer most streams never use.
-        pending: Option<Box<Vec<u8>>>,
+        /// Bytes the kernel would not take yet (bounded); `None` when idle,
+        /// and deallocated as soon as it drains. Boxed: 8 bytes in the
+        /// Stream's task cell, for a buffer most streams never use.
+        pending: Option<Box<Pending>>,
     },
     /// Fallback path: actix-web's HTTP/1 dispatcher reads a [`BodyStream`].
     Body(Rc<RefCell<BodyQueue>>),
@@ -72,55 +134,86 @@ impl Sink {
     }
 
     /// A fallback sink and the body actix-web should stream.
-    pub(crate) fn body() -> (Self, BodyStream) {
-        let queue = Rc::new(RefCell::new(BodyQueue::default()));
+    pub(crate) fn body(stats: Arc<Stats>) -> (Self, BodyStream) {
+        let queue = Rc::new(RefCell::new(BodyQueue::new(stats)));
         (Sink::Body(Rc::clone(&queue)), BodyStream(queue))
     }
 
     /// Writes what precedes the first event (the lean response head).
-    pub(crate) fn open(&mut self, max_pending: usize) -> Result<Written, SinkError> {
+    pub(crate) fn open(
+        &mut self,
+        framing: Framing,
+        max_pending: usize,
+        stats: &Stats,
+    ) -> Result<Written, SinkError> {
         match self {
-            Sink::Socket { io, pending } => write_all(io, pending, &[RESPONSE_HEAD], max_pending),
+            Sink::Socket { io, pending } => {
+                let head = match framing {
+                    Framing::Chunked => RESPONSE_HEAD,
+                    Framing::Close => RESPONSE_HEAD_10,
+                };
+                write_all(io, pending, &[head], Event::Other, max_pending, stats)
+            }
             Sink::Body(_) => Ok(Written::Done),
         }
     }
 
-    /// Sends one event; `line` ends with `\n` and becomes one chunk.
-    pub(crate) fn push_line(&mut self, line: &[u8], max_pending: usize) -> Result<Written, SinkError> {
+    /// Sends one event; `line` ends with `\n` and becomes one chunk (or, on
+    /// HTTP/1.0, is written as it is). A message wholly with the kernel at
+    /// once is counted written here; one left pending, when it drains.
+    pub(crate) fn push_line(
+        &mut self,
+        line: &[u8],
+        framing: Framing,
+        event: Event,
+        max_pending: usize,
+        stats: &Stats,
+    ) -> Result<Written, SinkError> {
         match self {
+            Sink::Socket { io, pending } if framing == Framing::Close => {
+                write_all(io, pending, &[line], event, max_pending, stats)
+            }
             Sink::Socket { io, pending } => {
                 let mut head = [0u8; 18];
                 let head = chunk_head(line.len(), &mut head);
-                write_all(io, pending, &[head, line, b"\r\n"], max_pending)
+                write_all(io, pending, &[head, line, b"\r\n"], event, max_pending, stats)
             }
-            Sink::Body(queue) => queue.borrow_mut().push(line, max_pending),
+            Sink::Body(queue) => queue.borrow_mut().push(line, event, max_pending),
         }
     }
 
     /// Moves pending bytes to the kernel; ready when none are left.
-    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SinkError>> {
-        let Sink::Socket { io, pending } = self else {
+    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>, stats: &Stats) -> Poll<Result<(), SinkError>> {
+        let Sink::Socket { io, pending, .. } = self else {
             return Poll::Ready(Ok(()));
         };
-        let Some(buf) = pending else {
+        let Some(p) = pending else {
             return Poll::Ready(Ok(()));
         };
-        while !buf.is_empty() {
+        while !p.bytes.is_empty() {
             match io.poll_write_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(_)) => return Poll::Ready(Err(SinkError::Closed)),
                 Poll::Ready(Ok(())) => {}
             }
-            match io.try_write(buf) {
-                Ok(n) => {
-                    buf.drain(..n);
-                }
+            match io.try_write(&p.bytes) {
+                Ok(n) => p.drain(n, stats),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => return Poll::Ready(Err(SinkError::Closed)),
             }
         }
         *pending = None;
         Poll::Ready(Ok(()))
+    }
+
+    /// Messages handed to this sink that have not reached the kernel (they
+    /// are dropped if the stream ends now). The body queue counts its own
+    /// when it goes.
+    pub(crate) fn pending_messages(&self) -> usize {
+        match self {
+            Sink::Socket { pending, .. } => pending.as_ref().map_or(0, |p| p.ends.len()),
+            Sink::Body(_) => 0,
+        }
     }
 
     /// Ready once the client has gone: EOF or an error on the read side of
@@ -154,19 +247,28 @@ impl Sink {
         }
     }
 
-    /// Ends the body cleanly: the final zero-length chunk, best effort (a
-    /// client that is not reading may not get it).
-    pub(crate) fn finish(&mut self) {
+    /// Ends the body cleanly: what is pending and the final zero-length
+    /// chunk (none on HTTP/1.0, where closing ends the body), best effort:
+    /// a client that is not reading may not get it.
+    pub(crate) fn finish(&mut self, framing: Framing, stats: &Stats) {
         match self {
-            Sink::Socket { io, pending } => match pending {
-                Some(buf) if !buf.is_empty() => {
-                    buf.extend_from_slice(FINAL_CHUNK);
-                    let _ = io.try_write(buf);
+            Sink::Socket { io, pending } => {
+                let end: &[u8] = match framing {
+                    Framing::Chunked => FINAL_CHUNK,
+                    Framing::Close => b"",
+                };
+                match pending {
+                    Some(p) if !p.bytes.is_empty() => {
+                        p.bytes.extend_from_slice(end);
+                        if let Ok(n) = io.try_write(&p.bytes) {
+                            p.drain(n, stats);
+                        }
+                    }
+                    _ => {
+                        let _ = io.try_write(end);
+                    }
                 }
-                _ => {
-                    let _ = io.try_write(FINAL_CHUNK);
-                }
-            },
+            }
             Sink::Body(queue) => {
                 let mut q = queue.borrow_mut();
                 q.done = true;
@@ -179,22 +281,29 @@ impl Sink {
 }
 
 /// Writes `parts` in one `writev`; what the kernel does not take goes to
-/// `pending`, unless that would pass `max_pending`.
-#[expect(clippy::box_collection, reason = "the Sink's boxed pending buffer")]
+/// `pending`, unless that would pass `max_pending`. A message is counted
+/// written if it all went, else its end is noted in `pending`.
 fn write_all(
     io: &TcpStream,
-    pending: &mut Option<Box<Vec<u8>>>,
+    pending: &mut Option<Box<Pending>>,
     parts: &[&[u8]],
+    event: Event,
     max_pending: usize,
+    stats: &Stats,
 ) -> Result<Written, SinkError> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut written = 0;
-    let waiting = pending.as_ref().map_or(0, |p| p.len());
+    let waiting = pending.as_ref().map_or(0, |p| p.bytes.len());
     if waiting == 0 {
         let slices: [IoSlice<'_>; 3] =
             std::array::from_fn(|i| IoSlice::new(parts.get(i).copied().unwrap_or_default()));
         match io.try_write_vectored(&slices[..parts.len()]) {
-            Ok(n) if n == total => return Ok(Written::Done),
+            Ok(n) if n == total => {
+                if event == Event::Message {
+                    stats.messages_written.fetch_add(1, Relaxed);
+                }
+                return Ok(Written::Done);
+            }
             Ok(n) => written = n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return Err(SinkError::Closed),
@@ -203,12 +312,15 @@ fn write_all(
     if waiting + (total - written) > max_pending {
         return Err(SinkError::Full);
     }
-    let pending = pending.get_or_insert_with(Default::default);
+    let p = pending.get_or_insert_with(Default::default);
     let mut skip = written;
     for part in parts {
         let s = skip.min(part.len());
-        pending.extend_from_slice(&part[s..]);
+        p.bytes.extend_from_slice(&part[s..]);
         skip -= s;
+    }
+    if event == Event::Message {
+        p.ends.push_back(p.drained + p.bytes.len());
     }
     Ok(Written::Pending)
 }
@@ -225,10 +337,10 @@ fn chunk_head(len: usize, buf: &mut [u8; 18]) -> &[u8] {
 
 /// The queue between a fallback Stream and actix-web's body. Both ends live on
 /// the same worker thread, hence `Rc<RefCell<_>>` and no channel.
-#[derive(Default)]
 pub(crate) struct BodyQueue {
-    /// Event lines not yet taken by actix-web's HTTP/1 dispatcher; each becomes one chunk.
-    lines: VecDeque<Bytes>,
+    /// Event lines not yet taken by actix-web's HTTP/1 dispatcher; each
+    /// becomes one chunk. `true` marks a message.
+    lines: VecDeque<(Bytes, bool)>,
     /// Total bytes in `lines`, held under the pending bound.
     bytes: usize,
     /// The Stream has ended; the body ends once `lines` is drained.
@@ -239,10 +351,25 @@ pub(crate) struct BodyQueue {
     reader: Option<Waker>,
     /// Wakes the Stream's watcher when the reader goes.
     watcher: Option<Waker>,
+    /// Where messages taken by actix-web are counted written, and the ones
+    /// left when the queue goes, dropped.
+    stats: Arc<Stats>,
 }
 
 impl BodyQueue {
-    fn push(&mut self, line: &[u8], max_pending: usize) -> Result<Written, SinkError> {
+    fn new(stats: Arc<Stats>) -> Self {
+        BodyQueue {
+            lines: VecDeque::new(),
+            bytes: 0,
+            done: false,
+            reader_gone: false,
+            reader: None,
+            watcher: None,
+            stats,
+        }
+    }
+
+    fn push(&mut self, line: &[u8], event: Event, max_pending: usize) -> Result<Written, SinkError> {
         if self.reader_gone {
             return Err(SinkError::Closed);
         }
@@ -250,11 +377,19 @@ impl BodyQueue {
             return Err(SinkError::Full);
         }
         self.bytes += line.len();
-        self.lines.push_back(Bytes::copy_from_slice(line));
+        self.lines
+            .push_back((Bytes::copy_from_slice(line), event == Event::Message));
         if let Some(w) = self.reader.take() {
             w.wake();
         }
         Ok(Written::Done)
+    }
+}
+
+impl Drop for BodyQueue {
+    fn drop(&mut self) {
+        let left = self.lines.iter().filter(|(_, message)| *message).count();
+        self.stats.messages_dropped.fetch_add(left as u64, Relaxed);
     }
 }
 
@@ -266,8 +401,11 @@ impl futures_core::Stream for BodyStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut q = self.0.borrow_mut();
-        if let Some(line) = q.lines.pop_front() {
+        if let Some((line, message)) = q.lines.pop_front() {
             q.bytes -= line.len();
+            if message {
+                q.stats.messages_written.fetch_add(1, Relaxed);
+            }
             Poll::Ready(Some(Ok(line)))
         } else if q.done {
             Poll::Ready(None)

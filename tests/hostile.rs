@@ -1,0 +1,456 @@
+//! Hostile and odd clients over real sockets: they hold nothing they do not
+//! pay for, both stream paths apply one set of head rules, HTTP/1.0 gets a
+//! body it can read, and the message books balance.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{TestServer, read_chunk, read_head, read_response, request, settings};
+use proptest::prelude::*;
+
+/// Reads whatever the server sends until it closes (or `within` passes);
+/// returns the bytes and whether it closed.
+fn read_until_closed(s: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut out = Vec::new();
+    let closed = match s.read_to_end(&mut out) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    (out, closed)
+}
+
+/// Item 2: a body that stops arriving gets 408 within the body timeout and
+/// the connection is closed; its permit and `http_active` slot come back.
+#[test]
+fn a_stalled_request_body_gets_408_and_is_closed() {
+    let mut s = settings();
+    s.server.body_timeout_ms = 300;
+    let srv = TestServer::start(s);
+    let mut stream = srv.open("listener");
+    stream.line();
+    for head in [
+        "POST /send/listener HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nabc",
+        "POST /send/listener HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        "POST /broadcast HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\n",
+    ] {
+        let started = Instant::now();
+        let mut c = TcpStream::connect(srv.addr).unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        let (bytes, closed) = read_until_closed(&mut c, Duration::from_secs(3));
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.starts_with("HTTP/1.1 408"), "{head:?}: {text}");
+        assert!(text.contains("request body not received within 300 ms"), "{text}");
+        assert!(closed, "{head:?}: connection left open");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    // The one HTTP connection left is the `/stats` request itself.
+    let stats = srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["http_active"] == 1);
+    assert_eq!(stats["connections"]["http_active"], 1, "{stats}");
+    assert_eq!(stats["messages"]["routed"], 0, "{stats}");
+}
+
+/// Item 2: a stalled body does not hold graceful shutdown for its timeout:
+/// it is cut with 503 and the server stops within a second.
+#[test]
+fn a_stalled_body_does_not_hold_shutdown() {
+    let mut s = settings();
+    s.server.body_timeout_ms = 60_000;
+    s.server.shutdown_timeout_ms = 5_000;
+    let mut srv = TestServer::start(s);
+    let mut c = TcpStream::connect(srv.addr).unwrap();
+    c.write_all(b"POST /send/x HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nabc")
+        .unwrap();
+    // The stalled upload and the `/stats` request itself.
+    srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["http_active"] == 2);
+    let started = Instant::now();
+    srv.shutdown();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    let (bytes, _) = read_until_closed(&mut c, Duration::from_secs(2));
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+}
+
+/// Item 3: heads still arriving take no stream slot, and do not hold
+/// shutdown.
+#[test]
+fn heads_still_arriving_take_no_stream_slot_and_do_not_hold_shutdown() {
+    let mut s = settings();
+    s.stream.max_streams = 5;
+    s.server.head_timeout_ms = 30_000;
+    s.server.shutdown_timeout_ms = 5_000;
+    let mut srv = TestServer::start(s);
+    let stalled: Vec<TcpStream> = (0..5)
+        .map(|i| {
+            let mut c = TcpStream::connect(srv.addr).unwrap();
+            c.write_all(format!("GET /test/h{i} HTTP/1.1\r\nHost: x\r\n").as_bytes())
+                .unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut real = srv.open("real");
+    assert_eq!(real.status, 200);
+    assert!(real.line().starts_with("Switchboard welcomes you!"));
+    assert_eq!(srv.stats()["connections"]["active"], 1);
+    drop(real);
+    srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["active"] == 0);
+    let started = Instant::now();
+    srv.shutdown();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    drop(stalled);
+}
+
+/// Item 4: an HTTP/1.0 stream is close-delimited (no chunked encoding), on
+/// the lean path and through actix-web, with the same lines.
+#[test]
+fn http10_streams_are_close_delimited() {
+    let mut srv = TestServer::start(settings());
+    // Status line, headers, and the reader positioned at the body.
+    let open = |path: &str| {
+        let mut c = TcpStream::connect(srv.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut r = BufReader::new(c);
+        let mut status = String::new();
+        r.read_line(&mut status).unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut l = String::new();
+            r.read_line(&mut l).unwrap();
+            match l.trim_end().split_once(':') {
+                Some((k, v)) => headers.push((k.trim().to_owned(), v.trim().to_owned())),
+                None => break,
+            }
+        }
+        (status, headers, r)
+    };
+    let (lean_status, lean_headers, mut lean) = open("/test/ten");
+    let (fb_status, fb_headers, mut fallback) = open("/test/%74en");
+    for (status, headers) in [(&lean_status, &lean_headers), (&fb_status, &fb_headers)] {
+        assert!(
+            status.starts_with("HTTP/1.0 200") || status.starts_with("HTTP/1.1 200"),
+            "{status}"
+        );
+        let h = |n: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(n))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(h("transfer-encoding"), None, "{headers:?}");
+        assert_eq!(h("content-length"), None, "{headers:?}");
+        // Closing is HTTP/1.0's default; only keep-alive would be said.
+        assert_ne!(h("connection").as_deref(), Some("keep-alive"), "{headers:?}");
+    }
+    assert!(lean_status.starts_with("HTTP/1.0 200"), "{lean_status}");
+    for r in [&mut lean, &mut fallback] {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        assert_eq!(l, "Switchboard welcomes you! Your Id: ten\n");
+    }
+    assert_eq!(srv.post("/send/ten", "hello").json()["delivered"], 2);
+    for r in [&mut lean, &mut fallback] {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        assert_eq!(l, "Recvd msg #1: 'hello'\n");
+    }
+    srv.shutdown();
+    for r in [&mut lean, &mut fallback] {
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    }
+}
+
+/// Item 6: the bearer scheme is case-insensitive; two `Authorization`
+/// headers are refused with 400.
+#[test]
+fn auth_scheme_is_case_insensitive_and_repeats_are_refused() {
+    let mut s = settings();
+    s.auth.publish_token = "sekrit".into();
+    let srv = TestServer::start(s);
+    for value in ["Bearer sekrit", "bearer sekrit", "BEARER sekrit"] {
+        let r = request(srv.addr, "POST", "/send/x", &[("authorization", value)], b"hi").unwrap();
+        assert_eq!(r.status, 200, "{value}: {}", r.text());
+    }
+    let r = request(
+        srv.addr,
+        "POST",
+        "/send/x",
+        &[("authorization", "bearer wrong")],
+        b"hi",
+    )
+    .unwrap();
+    assert_eq!(r.status, 401);
+    let two = [
+        ("authorization", "Bearer sekrit"),
+        ("authorization", "Bearer other"),
+    ];
+    let r = request(srv.addr, "POST", "/send/x", &two, b"hi").unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error(), "more than one Authorization header");
+    let two = [
+        ("authorization", "Bearer sekrit"),
+        ("authorization", "Bearer sekrit"),
+    ];
+    let r = request(srv.addr, "POST", "/broadcast", &two, b"hi").unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+}
+
+/// Item 7: 10,000 messages to a client that never reads. Every message
+/// `/send` counted as delivered ends in exactly one of `written` and
+/// `dropped`, and what the client finally reads is what was counted written.
+#[test]
+fn message_books_balance_for_a_client_that_never_reads() {
+    // Messages large enough that 10,000 of them overflow any kernel buffer.
+    let mut s = settings();
+    s.stream.max_pending_bytes = 8192;
+    let srv = TestServer::start(s);
+    let mut reader = TcpStream::connect(srv.addr).unwrap();
+    reader
+        .write_all(b"GET /test/sink HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["active"] == 1);
+
+    // One keep-alive publisher connection; each answer says how many streams
+    // the message was handed to (1 while the stream lives, then 0).
+    let mut publisher = BufReader::new(TcpStream::connect(srv.addr).unwrap());
+    let mut handed = 0u64;
+    for i in 0..10_000 {
+        let body = format!("message number {i} {}", "x".repeat(3000));
+        let req = format!(
+            "POST /send/sink HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        publisher.get_mut().write_all(req.as_bytes()).unwrap();
+        let res = read_response(&mut publisher).unwrap();
+        assert_eq!(res.status, 200, "{}", res.text());
+        handed += res.json()["delivered"].as_u64().unwrap();
+    }
+    assert!(handed > 0);
+
+    // The client reads at last: everything the kernel was given, then EOF.
+    let (bytes, closed) = read_until_closed(&mut reader, Duration::from_secs(5));
+    assert!(closed, "the slow stream should have been cut");
+    // Count the whole chunks only: the last may have been cut mid-way.
+    let mut body = std::io::Cursor::new(bytes);
+    read_head(&mut body).unwrap();
+    let mut received = 0u64;
+    while let Ok(Some(chunk)) = read_chunk(&mut body) {
+        received += u64::from(chunk.starts_with(b"Recvd msg #"));
+    }
+
+    let stats = srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["active"] == 0);
+    let m = &stats["messages"];
+    let (delivered, written, dropped) = (
+        m["delivered"].as_u64().unwrap(),
+        m["written"].as_u64().unwrap(),
+        m["dropped"].as_u64().unwrap(),
+    );
+    assert_eq!(stats["connections"]["slow_disconnects"], 1, "{stats}");
+    assert_eq!(delivered, handed, "{stats}");
+    assert_eq!(written + dropped, delivered, "{stats}");
+    assert_eq!(received, written, "{stats}");
+    assert!(dropped > 0, "{stats}");
+}
+
+/// Item 5: the same heads, sent to the lean path (`/test/p<n>`) and to
+/// actix-web's fallback route (`/test/%70<n>`, the same id percent-escaped,
+/// which the lean path declines), get the same status.
+mod one_set_of_rules {
+    use super::*;
+
+    /// One server for every case (max head 1,024 bytes so heads cross it).
+    fn server() -> SocketAddr {
+        static SERVER: OnceLock<TestServer> = OnceLock::new();
+        SERVER
+            .get_or_init(|| {
+                let mut s = settings();
+                s.server.max_head_bytes = 1024;
+                s.server.head_timeout_ms = 2000;
+                TestServer::start(s)
+            })
+            .addr
+    }
+
+    /// The status the server answers `request` with.
+    fn status(addr: SocketAddr, request: &[u8]) -> u16 {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The server may answer and close before it has read everything.
+        let _ = c.write_all(request);
+        let mut line = String::new();
+        let _ = BufReader::new(c).read_line(&mut line);
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no status line: {line:?} for {:?}",
+                    String::from_utf8_lossy(request)
+                )
+            })
+    }
+
+    /// Complete header lines, good and bad, with either line end.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let text = prop_oneof![
+            6 => Just(&b"Host: a"[..]),
+            4 => Just(&b"X-A: b c"[..]),
+            2 => Just(&b"x:"[..]),
+            1 => Just(&b"Content-Length: 0"[..]),
+            1 => Just(&b"Transfer-Encoding: chunked"[..]),
+            1 => Just(&b" folded"[..]),
+            1 => Just(&b"Bad Name: x"[..]),
+            1 => Just(&b":empty"[..]),
+            1 => Just(&b"nocolon"[..]),
+            1 => Just(&b"V: a\0b"[..]),
+            1 => Just(&b"V: \x01"[..]),
+            1 => Just(&b"V: a\rb"[..]),
+            1 => Just(&b"V: \t\x80\xff~"[..]),
+        ];
+        let end = prop_oneof![Just(&b"\r\n"[..]), Just(&b"\n"[..])];
+        (text, end).prop_map(|(t, e)| [t, e].concat())
+    }
+
+    /// A head's header lines and blank line: arbitrary lines; or a valid
+    /// head with a header that takes it past the limit (last, since the two
+    /// paths stop reading at different places and a refused byte after the
+    /// limit would be judged by one and not the other); or too many lines.
+    fn headers() -> impl Strategy<Value = Vec<u8>> {
+        let end = prop_oneof![Just(&b"\r\n"[..]), Just(&b"\n"[..])];
+        let lines = proptest::collection::vec(line(), 0..12).prop_map(|l| l.concat());
+        let big = Just(format!("Host: a\r\nX-Big: {}\r\n", "b".repeat(1100)).into_bytes());
+        let many = Just(format!("Host: a\r\n{}", "a: b\r\n".repeat(100)).into_bytes());
+        (prop_oneof![8 => lines, 1 => big, 1 => many], end).prop_map(|(h, e)| [&h[..], e].concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn both_paths_answer_the_same(headers in headers(), n in 0u32..1000, http10 in any::<bool>()) {
+            let addr = server();
+            let version = if http10 { "HTTP/1.0" } else { "HTTP/1.1" };
+            let lean = [format!("GET /test/p{n} {version}\r\n").as_bytes(), &headers].concat();
+            let fallback = [format!("GET /test/%70{n} {version}\r\n").as_bytes(), &headers].concat();
+            let (a, b) = (status(addr, &lean), status(addr, &fallback));
+            prop_assert_eq!(a, b, "lean {} vs actix-web {} for {:?}", a, b, String::from_utf8_lossy(&headers));
+        }
+    }
+}
+
+/// Item 1: a client that sends part of a request line and goes away (FIN or
+/// RST) frees its server socket at once, not at the head timeout: a flood
+/// of them against a server with few descriptors does not lock others out.
+#[test]
+fn partial_request_lines_that_close_free_their_socket_at_once() {
+    use std::os::unix::process::CommandExt as _;
+    // The real binary, with few descriptors and a long head timeout.
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        &format!("ulimit -n 128 && exec {}", env!("CARGO_BIN_EXE_switchboard")),
+    ])
+    .env("SWITCHBOARD__SERVER__PORT", "0")
+    .env("SWITCHBOARD__SERVER__WORKERS", "1")
+    .env("SWITCHBOARD__SERVER__HEAD_TIMEOUT_MS", "20000")
+    .env("SWITCHBOARD__LOG__FORMAT", "json")
+    .env("SWITCHBOARD__LOG__LEVEL", "info")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    // Its own process group, so nothing it leaves behind outlives the test.
+    cmd.process_group(0);
+    let mut child = cmd.spawn().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let addr: SocketAddr = loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
+        if line.contains("switchboard listening") {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let addrs = v["fields"]["addrs"]
+                .as_str()
+                .unwrap()
+                .trim_matches(['[', ']'])
+                .to_owned();
+            break addrs.split(", ").next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in err.lines() {});
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", child.id()))
+            .unwrap()
+            .count()
+    };
+    let baseline = fds();
+
+    // 400 connections, more than the server has descriptors: each sends a
+    // partial request line, half close (FIN), half reset (RST).
+    let started = Instant::now();
+    for i in 0..400 {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /test/x").unwrap();
+        if i % 2 == 0 {
+            socket2::SockRef::from(&c)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+        }
+    }
+    // A real client is served well before the head timeout.
+    let r = request(addr, "GET", "/healthz", &[], b"").unwrap();
+    assert_eq!(r.status, 200);
+    let served = started.elapsed();
+    assert!(served < Duration::from_secs(3), "served after {served:?}");
+    // And the server holds no socket for the clients that left.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while fds() > baseline && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(fds() <= baseline, "{} descriptors, baseline {baseline}", fds());
+
+    // Gone within 100 ms (the peek backoff is at most 50 ms): one at a time.
+    let mut worst = Duration::ZERO;
+    for _ in 0..20 {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /test/y HTTP/1").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while fds() == baseline && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(c);
+        let closed = Instant::now();
+        while fds() > baseline && Instant::now() < deadline + Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        worst = worst.max(closed.elapsed());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        worst < Duration::from_millis(200),
+        "slowest noticed after {worst:?}"
+    );
+    eprintln!("flood served after {served:?}; slowest close noticed after {worst:?}");
+}
