@@ -4,11 +4,12 @@
 //! actix-web's HTTP/1 dispatcher keeps an 8 KiB read and an 8 KiB write
 //! buffer for a connection's whole life; an idle stream must not pay that.
 //! So the first request line is *peeked* (`MSG_PEEK`: nothing is consumed).
-//! A plain `GET /test/{id} HTTP/1.1` with a valid id is taken here: the head
-//! is read and discarded and the socket goes to a [`crate::stream::Stream`]
-//! actor. Every other connection goes, bytes untouched, to actix-web, which
-//! also has a `/test/{id}` route for what this path declines (HTTP/1.0, a
-//! percent-escaped or invalid id, a second request on a keep-alive connection).
+//! A plain `GET /test/{id} HTTP/1.1` (or HTTP/1.0) with a valid id is taken
+//! here: the head is checked ([`HeadCheck`]) and discarded as it is read, and
+//! the socket goes to a [`crate::stream::Stream`] actor. Every other
+//! connection goes, bytes untouched, to actix-web, which also has a
+//! `/test/{id}` route for what this path declines (a percent-escaped or
+//! invalid id, an odd query, a second request on a keep-alive connection).
 
 use std::io;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use actix_rt::net::TcpStream;
 use futures_util::FutureExt as _;
 use tokio::io::Interest;
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::id::is_id_byte;
 
@@ -101,9 +102,10 @@ pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usiz
             // the deadline: the socket's readiness says whether the read side
             // has closed (epoll's RDHUP, which tokio keeps as READ_CLOSED).
             None if peer_closed(io) => return Class::Gone,
-            None if Instant::now() + backoff >= deadline => return Class::Timeout,
+            None if Instant::now() >= deadline => return Class::Timeout,
             None => {
-                sleep(backoff).await;
+                // The last wait ends at the deadline, for one last peek.
+                sleep_until(deadline.min(Instant::now() + backoff)).await;
                 backoff = (backoff * 2).min(PEEK_BACKOFF_MAX);
             }
         }
@@ -145,8 +147,13 @@ pub(crate) fn decide(buf: &[u8], full: bool, max_id_len: usize) -> Option<Class>
     }
     let mut tail = &rest[id_len..];
     if tail.first() == Some(&b'?') {
-        match tail.iter().position(|b| matches!(b, b' ' | b'\r' | b'\n')) {
-            Some(end) => tail = &tail[end..],
+        let query = &tail[1..];
+        let len = query.iter().take_while(|b| is_query_byte(**b)).count();
+        match query.get(len) {
+            // The query is any bytes actix-web accepts in one; anything else
+            // is actix-web's to refuse.
+            Some(b' ') => tail = &query[len..],
+            Some(_) => return Some(Class::Http),
             None => return more(),
         }
     }
@@ -171,6 +178,12 @@ pub(crate) fn decide(buf: &[u8], full: bool, max_id_len: usize) -> Option<Class>
         id: Arc::from(id),
         http10,
     })
+}
+
+/// True for the bytes the `http` crate (under actix-web) accepts in a query:
+/// visible ASCII but `"`, `#`, `<` and `>`.
+fn is_query_byte(b: u8) -> bool {
+    matches!(b, 0x21 | 0x24..=0x3b | 0x3d | 0x3f..=0x7e)
 }
 
 /// Most header lines in a head, as actix-web allows (more: 431 there too).
@@ -527,9 +540,12 @@ mod properties {
                 t if t.ends_with(" HTTP/1.0") => (&t[..t.len() - 9], true),
                 _ => return None,
             };
-            let path = target.split_once('?').map_or(target, |(path, _)| path);
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
             let id = path.strip_prefix("/test/")?;
-            if target.contains([' ', '\r', '\n']) || id::validate(id, MAX_ID).is_err() {
+            let query_ok = query
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !b"\"#<>".contains(&b));
+            if path.contains([' ', '\r', '\n']) || !query_ok || id::validate(id, MAX_ID).is_err() {
                 return None;
             }
             Some(Class::Stream {
@@ -551,7 +567,12 @@ mod properties {
     /// their near misses, and noise.
     fn request_line() -> impl Strategy<Value = Vec<u8>> {
         let id = "[A-Za-z0-9._~%/-]{0,16}";
-        let query = proptest::option::of("[ -~]{0,20}");
+        let query = proptest::option::of(prop_oneof![
+            "[!$-;=?-~]{0,20}",
+            "[ -~]{0,20}",
+            proptest::collection::vec(any::<u8>(), 0..8)
+                .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+        ]);
         let method = prop_oneof![Just("GET"), Just("POST"), Just("get"), Just("GET ")];
         let version = prop_oneof![
             Just("HTTP/1.1\r\n"),

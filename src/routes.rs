@@ -66,15 +66,23 @@ async fn stream(
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
     let max_head = state.settings.server.max_head_bytes;
-    if head_len(&req) > max_head {
-        return Err(ApiError::HeadTooLarge { limit: max_head });
-    }
-    if req.headers().contains_key(header::CONTENT_LENGTH)
+    let refused = if head_len(&req) > max_head {
+        Some(ApiError::HeadTooLarge { limit: max_head })
+    } else if req.headers().contains_key(header::CONTENT_LENGTH)
         || req.headers().contains_key(header::TRANSFER_ENCODING)
     {
-        return Err(ApiError::BadHead(
+        Some(ApiError::BadHead(
             "a stream request has no body (Content-Length or Transfer-Encoding)",
-        ));
+        ))
+    } else {
+        None
+    };
+    if let Some(e) = refused {
+        state
+            .stats
+            .bad_heads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Err(e);
     }
     let s = &state.settings.stream;
     id::validate(&id, s.max_id_len)?;
@@ -84,7 +92,8 @@ async fn stream(
     if !state.stats.try_reserve_stream(s.max_streams) {
         return Err(ApiError::StreamLimit(s.max_streams));
     }
-    let body = Stream::start_body(Arc::from(id.as_str()), Arc::clone(&state.streams));
+    let close = req.conn_data::<CloseHandle>().cloned();
+    let body = Stream::start_body(Arc::from(id.as_str()), Arc::clone(&state.streams), close);
     let mut res = HttpResponse::Ok();
     res.content_type("text/plain; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "no-cache"))
@@ -100,7 +109,9 @@ async fn stream(
 }
 
 /// The size of a request head as actix-web parsed it: request line and
-/// header lines, each with CRLF, and the blank line.
+/// header lines, each with CRLF and `": "`, and the blank line. The raw head
+/// may differ by a few bytes (bare LF line ends, other whitespace), so near
+/// the limit the two paths can disagree by that much.
 fn head_len(req: &HttpRequest) -> usize {
     let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
     let line = req.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();

@@ -415,14 +415,7 @@ where
                     Err(e) => e,
                 },
                 Err(HeadError::Gone) => return,
-                Err(HeadError::Timeout) => head_refused(
-                    &state,
-                    ApiError::HeadTimeout {
-                        ms: settings.server.head_timeout_ms,
-                    },
-                ),
-                Err(HeadError::TooLarge) => head_refused(&state, ApiError::HeadTooLarge { limit: max_head }),
-                Err(HeadError::Invalid(why)) => head_refused(&state, ApiError::BadHead(why)),
+                Err(e) => head_refused(&state, e),
             };
             socket::refuse(io, &refusal).await;
         }
@@ -432,20 +425,17 @@ where
             // future's size while it is classified.
             if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(io, &state, deadline)).await
             {
-                serve_http(&*http, io).await;
+                Box::pin(serve_http(&*http, io)).await;
             }
         }
         Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
-            serve_http(&*http, Rewound::new(io)).await;
+            // Boxed: actix-web's HTTP/1 dispatcher future is large, and every
+            // connection's task would carry its size while it is classified.
+            Box::pin(serve_http(&*http, Rewound::new(io))).await;
         }
         Class::Timeout => {
-            let refusal = head_refused(
-                &state,
-                ApiError::HeadTimeout {
-                    ms: settings.server.head_timeout_ms,
-                },
-            );
+            let refusal = head_refused(&state, HeadError::Timeout);
             socket::refuse(io, &refusal).await;
         }
         Class::Gone => {}
@@ -459,9 +449,10 @@ where
     S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
 {
     let close = io.close_handle();
-    // Boxed: actix-web's HTTP/1 dispatcher future is large and only this
-    // path needs it.
-    let served = Box::pin(http.call(io));
+    let served = http.call(io);
+    // Dropping the dispatcher closes the socket at once; a client whose
+    // request body is still arriving may then see a reset rather than its
+    // answer, which has had `CLOSE_AFTER_ANSWER` to go out.
     tokio::select! {
         _ = served => {}
         () = async {
@@ -485,8 +476,20 @@ fn admit_stream(state: &ServerState) -> Result<(), ApiError> {
     }
 }
 
-/// Counts a head the server refuses itself (400, 408, 431) in `bad_heads`.
-fn head_refused(state: &ServerState, e: ApiError) -> ApiError {
+/// The answer to a head the lean path refuses (400, 408, 431), counted in
+/// `bad_heads`.
+fn head_refused(state: &ServerState, e: HeadError) -> ApiError {
     state.stats.bad_heads.fetch_add(1, Relaxed);
-    e
+    let server = &state.settings.server;
+    match e {
+        HeadError::Timeout => ApiError::HeadTimeout {
+            ms: server.head_timeout_ms,
+        },
+        HeadError::TooLarge => ApiError::HeadTooLarge {
+            limit: server.max_head_bytes,
+        },
+        HeadError::Invalid(why) => ApiError::BadHead(why),
+        // Nobody is left to answer; callers return before asking.
+        HeadError::Gone => ApiError::BadHead("client gone"),
+    }
 }

@@ -54,7 +54,8 @@ pub(crate) struct Stats {
     pub(crate) accept_fd_limit: AtomicU64,
     /// Other accept() failures.
     pub(crate) accept_errors: AtomicU64,
-    /// Connections closed with 408/431 before a request head was complete.
+    /// Request heads refused by switchboard's own checks (400, 408, 431): on
+    /// the lean paths, and the stream rules of actix-web's fallback route.
     pub(crate) bad_heads: AtomicU64,
 }
 

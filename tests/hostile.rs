@@ -275,6 +275,55 @@ fn message_books_balance_for_a_client_that_never_reads() {
     assert!(dropped > 0, "{stats}");
 }
 
+/// Item 7, on actix-web's fallback route: a client that never reads is cut
+/// there too (its connection closed, not held), and its books balance.
+#[test]
+fn a_fallback_stream_that_never_reads_is_cut_and_its_books_balance() {
+    let mut s = settings();
+    s.stream.max_pending_bytes = 8192;
+    let srv = TestServer::start(s);
+    // `%73` is `s`: the lean path declines the escaped id, actix-web serves it.
+    let mut reader = TcpStream::connect(srv.addr).unwrap();
+    reader
+        .write_all(b"GET /test/%73ink HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["active"] == 1);
+    let mut publisher = BufReader::new(TcpStream::connect(srv.addr).unwrap());
+    let mut handed = 0u64;
+    for i in 0..5_000 {
+        if i % 500 == 0 && srv.stats()["connections"]["slow_disconnects"] == 1 {
+            break;
+        }
+        let body = format!("message number {i} {}", "x".repeat(3000));
+        let req = format!(
+            "POST /send/sink HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        publisher.get_mut().write_all(req.as_bytes()).unwrap();
+        let res = read_response(&mut publisher).unwrap();
+        handed += res.json()["delivered"].as_u64().unwrap();
+    }
+    let stats = srv.wait_stats(Duration::from_secs(3), |s| {
+        s["connections"]["active"] == 0 && s["connections"]["http_active"] == 2
+    });
+    assert_eq!(stats["connections"]["slow_disconnects"], 1, "{stats}");
+    assert_eq!(stats["connections"]["fallback"], 1, "{stats}");
+    // The publisher's connection and the `/stats` request: the cut
+    // stream's connection is gone.
+    assert_eq!(stats["connections"]["http_active"], 2, "{stats}");
+    let (_, closed) = read_until_closed(&mut reader, Duration::from_secs(5));
+    assert!(closed, "the cut stream's connection is still open");
+    let m = &stats["messages"];
+    let (delivered, written, dropped) = (
+        m["delivered"].as_u64().unwrap(),
+        m["written"].as_u64().unwrap(),
+        m["dropped"].as_u64().unwrap(),
+    );
+    assert_eq!(delivered, handed, "{stats}");
+    assert_eq!(written + dropped, delivered, "{stats}");
+    assert!(dropped > 0, "{stats}");
+}
+
 /// Item 5: the same heads, sent to the lean path (`/test/p<n>`) and to
 /// actix-web's fallback route (`/test/%70<n>`, the same id percent-escaped,
 /// which the lean path declines), get the same status.

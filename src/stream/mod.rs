@@ -35,6 +35,7 @@ use ticker::Tick;
 use crate::config::StreamSettings;
 use crate::id::{ConnId, next_conn_id};
 use crate::router::{Close, Deliver, Login, Logout, Router};
+use crate::socket::CloseHandle;
 use crate::stats::Stats;
 
 /// What every stream of one server shares, through one `Arc` each stream
@@ -91,8 +92,9 @@ impl Stream {
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
     /// returns. The caller has reserved a stream slot.
-    pub(crate) fn start_body(id: Arc<str>, shared: Arc<Shared>) -> BodyStream {
-        let (sink, body) = Sink::body(Arc::clone(&shared.stats));
+    /// `close` closes the connection under the body if the stream is cut.
+    pub(crate) fn start_body(id: Arc<str>, shared: Arc<Shared>, close: Option<CloseHandle>) -> BodyStream {
+        let (sink, body) = Sink::body(Arc::clone(&shared.stats), close);
         Stream::new(id, sink, Framing::Chunked, shared, true).start();
         body
     }

@@ -26,6 +26,7 @@ use std::task::{Context, Poll, Waker};
 use actix_rt::net::TcpStream;
 use bytes::Bytes;
 
+use crate::socket::CloseHandle;
 use crate::stats::Stats;
 
 /// Response head of a lean HTTP/1.1 stream; the same headers actix-web
@@ -134,8 +135,8 @@ impl Sink {
     }
 
     /// A fallback sink and the body actix-web should stream.
-    pub(crate) fn body(stats: Arc<Stats>) -> (Self, BodyStream) {
-        let queue = Rc::new(RefCell::new(BodyQueue::new(stats)));
+    pub(crate) fn body(stats: Arc<Stats>, close: Option<CloseHandle>) -> (Self, BodyStream) {
+        let queue = Rc::new(RefCell::new(BodyQueue::new(stats, close)));
         (Sink::Body(Rc::clone(&queue)), BodyStream(queue))
     }
 
@@ -280,6 +281,27 @@ impl Sink {
     }
 }
 
+impl Drop for Sink {
+    /// A fallback sink whose Stream stops without [`Sink::finish`] (too slow,
+    /// or gone) aborts its body: actix-web then drops the connection instead
+    /// of waiting on a body that will never end. (A lean sink's socket
+    /// closes with it.)
+    fn drop(&mut self) {
+        if let Sink::Body(queue) = self {
+            let mut q = queue.borrow_mut();
+            if !q.done {
+                q.aborted = true;
+                if let Some(w) = q.reader.take() {
+                    w.wake();
+                }
+                if let Some(close) = &q.close {
+                    close.close();
+                }
+            }
+        }
+    }
+}
+
 /// Writes `parts` in one `writev`; what the kernel does not take goes to
 /// `pending`, unless that would pass `max_pending`. A message is counted
 /// written if it all went, else its end is noted in `pending`.
@@ -345,6 +367,13 @@ pub(crate) struct BodyQueue {
     bytes: usize,
     /// The Stream has ended; the body ends once `lines` is drained.
     done: bool,
+    /// The Stream stopped without ending the body (client too slow, or
+    /// gone): the body fails, and the connection is closed.
+    aborted: bool,
+    /// Closes the connection under the body: actix-web polls the body only
+    /// when the socket takes bytes, so a client that stopped reading would
+    /// never let it see the failure.
+    close: Option<CloseHandle>,
     /// actix-web dropped the body (client gone).
     reader_gone: bool,
     /// Wakes actix-web's HTTP/1 dispatcher when there is data or the end.
@@ -357,11 +386,13 @@ pub(crate) struct BodyQueue {
 }
 
 impl BodyQueue {
-    fn new(stats: Arc<Stats>) -> Self {
+    fn new(stats: Arc<Stats>, close: Option<CloseHandle>) -> Self {
         BodyQueue {
             lines: VecDeque::new(),
             bytes: 0,
             done: false,
+            aborted: false,
+            close,
             reader_gone: false,
             reader: None,
             watcher: None,
@@ -396,11 +427,19 @@ impl Drop for BodyQueue {
 /// The body of a fallback stream response.
 pub(crate) struct BodyStream(Rc<RefCell<BodyQueue>>);
 
+/// Why a fallback stream's body ends in error: its Stream was cut.
+#[derive(Debug, thiserror::Error)]
+#[error("stream cut: the client did not keep up")]
+pub(crate) struct Aborted;
+
 impl futures_core::Stream for BodyStream {
-    type Item = Result<Bytes, std::convert::Infallible>;
+    type Item = Result<Bytes, Aborted>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut q = self.0.borrow_mut();
+        if q.aborted {
+            return Poll::Ready(Some(Err(Aborted)));
+        }
         if let Some((line, message)) = q.lines.pop_front() {
             q.bytes -= line.len();
             if message {
