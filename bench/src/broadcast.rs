@@ -165,6 +165,7 @@ fn measure(
         duration: ramp_limit + ARRIVAL_WAIT,
         msg_rate: 0.0,
         send_url: None,
+        lifetime: None,
     };
     let label = format!(
         "broadcast-{}-{}",

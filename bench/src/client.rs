@@ -41,6 +41,79 @@ pub(crate) fn request(addr: SocketAddr, method: &str, path: &str, body: &str) ->
     parse_reply(&buf).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response"))
 }
 
+/// One keep-alive connection for many POSTs (reconnecting when it breaks):
+/// a load loop that opened a connection per request would fill the
+/// ephemeral port range with TIME_WAIT sockets.
+pub(crate) struct KeepAlive {
+    addr: SocketAddr,
+    conn: Option<TcpStream>,
+}
+
+impl KeepAlive {
+    /// Nothing is connected until the first request.
+    pub(crate) fn new(addr: SocketAddr) -> Self {
+        KeepAlive { addr, conn: None }
+    }
+
+    /// POSTs `body` to `path`; answers the status.
+    pub(crate) fn post(&mut self, path: &str, body: &str) -> io::Result<u16> {
+        let result = self.try_post(path, body);
+        if result.is_err() {
+            self.conn = None;
+        }
+        result
+    }
+
+    fn try_post(&mut self, path: &str, body: &str) -> io::Result<u16> {
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            slot => {
+                let c = TcpStream::connect_timeout(&self.addr, TIMEOUT)?;
+                c.set_read_timeout(Some(TIMEOUT))?;
+                c.set_nodelay(true)?;
+                slot.insert(c)
+            }
+        };
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        conn.write_all(req.as_bytes())?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some((status, complete)) = answer_status(&buf) {
+                if complete {
+                    return Ok(status);
+                }
+            } else if buf.len() as u64 > MAX_REPLY {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response"));
+            }
+        }
+    }
+}
+
+/// The status of a response at the start of `buf` and whether its
+/// `content-length` body is all there.
+fn answer_status(buf: &[u8]) -> Option<(u16, bool)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&buf[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let length = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    Some((status, buf.len() >= end + 4 + length))
+}
+
 /// Status and body of a complete response (not chunked).
 pub(crate) fn parse_reply(buf: &[u8]) -> Option<Reply> {
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
@@ -78,5 +151,14 @@ mod tests {
         assert_eq!(r.body, "{\"a\":1}");
         assert_eq!(parse_reply(b"HTTP/1.1 200 OK\r\n"), None);
         assert_eq!(parse_reply(b"garbage\r\n\r\n"), None);
+        assert_eq!(
+            answer_status(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n1"),
+            Some((200, false))
+        );
+        assert_eq!(
+            answer_status(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n12"),
+            Some((200, true))
+        );
+        assert_eq!(answer_status(b"HTTP/1.1 200 OK\r\n"), None);
     }
 }

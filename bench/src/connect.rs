@@ -113,6 +113,7 @@ fn measure(
         duration,
         msg_rate: 0.0,
         send_url: None,
+        lifetime: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("connect-{}", kind.label()))?;
     rec.tool(&flood.command);

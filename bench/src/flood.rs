@@ -35,6 +35,8 @@ pub(crate) struct FloodSpec {
     pub msg_rate: f64,
     /// Where messages go (`{id}`), when not derived from the stream URL.
     pub send_url: Option<String>,
+    /// Churn: floodtest's `--lifetime` (None: streams are held).
+    pub lifetime: Option<Duration>,
 }
 
 impl FloodSpec {
@@ -61,6 +63,9 @@ impl FloodSpec {
         }
         if let Some(u) = &self.send_url {
             a.extend(["--send-url".into(), u.clone()]);
+        }
+        if let Some(l) = self.lifetime {
+            a.extend(["--lifetime".into(), format!("{}ms", l.as_millis())]);
         }
         a.extend(["--json".into(), json.display().to_string()]);
         a
@@ -151,6 +156,8 @@ pub(crate) struct FloodSummary {
     pub active: u64,
     /// Streams the server closed.
     pub closed: u64,
+    /// Streams floodtest closed itself to open again (`--lifetime`).
+    pub churned: u64,
     /// Events received.
     pub chunks: u64,
     /// Streams ever established.
@@ -220,8 +227,10 @@ mod tests {
             duration: Duration::from_millis(35_500),
             msg_rate: 1000.0,
             send_url: Some("http://127.0.0.1:9000/send/{id}".into()),
+            lifetime: None,
         };
         let a = spec.args(Path::new("/tmp/f.json")).join(" ");
+        assert!(!a.contains("--lifetime"));
         assert!(a.contains("--stats-url none"));
         assert!(a.contains("--source-ips 127.0.0.2-127.0.0.5"));
         assert!(a.contains("--duration 35500ms"));
@@ -234,6 +243,16 @@ mod tests {
             ..spec
         };
         assert!(!quiet.args(Path::new("x")).join(" ").contains("--msg-rate"));
+        let churning = FloodSpec {
+            lifetime: Some(Duration::from_secs(60)),
+            ..quiet
+        };
+        assert!(
+            churning
+                .args(Path::new("x"))
+                .join(" ")
+                .contains("--lifetime 60000ms")
+        );
     }
 
     #[test]

@@ -235,6 +235,7 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
         duration: ramp_limit + settle + window + RAMP_SLACK,
         msg_rate: 0.0,
         send_url: None,
+        lifetime: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("idle-{}-{n}", kind.label()))?;
     rec.tool(&flood.command);

@@ -133,6 +133,7 @@ fn measure(
         duration: ramp + send_for + DRAIN,
         msg_rate,
         send_url: Some(server.url("/send/{id}")),
+        lifetime: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("latency-{}", kind.label()))?;
     rec.tool(&flood.command);

@@ -30,6 +30,7 @@ mod process;
 mod procfs;
 mod report;
 mod servers;
+mod soak;
 mod table;
 mod wrk;
 
@@ -71,6 +72,7 @@ libnginx-mod-nchan and wrk (scripts/bench/peers.sh installs them).
   bench latency                         10,000 streams, 1,000 routed messages/s
   bench broadcast                       one message to 19,000 streams
   bench connect                         streams established per second up to 19,000
+  bench soak --duration 30m             churning streams, slowloris, never-readers: RSS flat, nothing lost
   bench report                          regenerate BENCHMARKS.md from bench/results
   scripts/bench/all.sh [--smoke]        all of the above (about 7 minutes; --smoke: under 2)"
 )]
@@ -93,6 +95,8 @@ pub enum Command {
     Broadcast(broadcast::Args),
     /// Streams established per second when many connect at once.
     Connect(connect::Args),
+    /// A long mixed, hostile load: memory flat, nothing lost, back to baseline.
+    Soak(soak::Args),
     /// Regenerates BENCHMARKS.md and the chart from the JSON results.
     Report(report::Args),
 }
@@ -122,6 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Latency(a) => latency::run(&a),
         Command::Broadcast(a) => broadcast::run(&a),
         Command::Connect(a) => connect::run(&a),
+        Command::Soak(a) => soak::run(&a),
         Command::Report(a) => report::run(&a),
     }
 }

@@ -17,10 +17,16 @@ use super::outcome::Outcome;
 use super::process::display_path;
 use super::servers;
 use super::servers::{ServerKind, nginx_conf};
+use super::soak::{self, SoakData};
 use super::table::{Table, fixed, thousands, times, whole};
 
 /// The chart's path under the output directory (and the link in the report).
 pub(crate) const CHART: &str = "docs/bytes-per-stream.svg";
+
+/// The soak's charts: RSS, and descriptors and streams, over time.
+pub(crate) const SOAK_RSS_CHART: &str = "docs/soak-rss.svg";
+/// See [`SOAK_RSS_CHART`].
+pub(crate) const SOAK_FDS_CHART: &str = "docs/soak-fds.svg";
 
 /// Goal: server RSS per idle stream at 19,000 streams, bytes.
 pub(crate) const GOAL_RSS_PER_STREAM: f64 = 1500.0;
@@ -60,6 +66,8 @@ pub(crate) struct Results {
     pub broadcast: Option<Outcome<BroadcastData>>,
     /// `connect.json`.
     pub connect: Option<Outcome<ConnectData>>,
+    /// `soak.json`.
+    pub soak: Option<Outcome<SoakData>>,
 }
 
 impl Results {
@@ -71,6 +79,7 @@ impl Results {
             latency: Outcome::read(dir, "latency")?,
             broadcast: Outcome::read(dir, "broadcast")?,
             connect: Outcome::read(dir, "connect")?,
+            soak: Outcome::read(dir, "soak")?,
         })
     }
 
@@ -82,6 +91,7 @@ impl Results {
             self.latency.as_ref().map(|o| o.smoke),
             self.broadcast.as_ref().map(|o| o.smoke),
             self.connect.as_ref().map(|o| o.smoke),
+            self.soak.as_ref().map(|o| o.smoke),
         ]
         .contains(&Some(true))
     }
@@ -94,7 +104,7 @@ impl Results {
                 if let Some(o) = &self.$f { v.push((stringify!($f), o.commit.as_str())); }
             )*};
         }
-        push!(idle, dispatcher, latency, broadcast, connect);
+        push!(idle, dispatcher, latency, broadcast, connect, soak);
         v
     }
 }
@@ -121,6 +131,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         std::fs::write(&chart_path, svg(&bytes_chart(&idle.data)))
             .with_context(|| format!("writing {}", chart_path.display()))?;
         println!("wrote {}", chart_path.display());
+    }
+    if let Some(soak) = &results.soak {
+        let (rss, fds) = soak::charts(&soak.data);
+        for (path, chart) in [(SOAK_RSS_CHART, rss), (SOAK_FDS_CHART, fds)] {
+            let path = args.out.join(path);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&path, svg(&chart)).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
     }
     let t = targets(&results);
     println!("\n{}", targets_table(&t).render());
@@ -297,6 +318,38 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
         measured,
         met,
     });
+
+    let soak = r.soak.as_ref();
+    let (measured, met) = match soak.map(|o| (o.smoke, &o.data)) {
+        Some((smoke, d)) => {
+            let lost = d.flood.messages.lost;
+            let back = d.after.fds <= d.baseline.fds && d.after.streams <= d.baseline.streams;
+            let drift = d
+                .rss_drift
+                .map_or("n/a".into(), |x| format!("{}%", fixed(x * 100.0, 1)));
+            judge(
+                smoke,
+                format!(
+                    "RSS drift {drift}; {lost} lost; fds {} → {} (baseline {}), streams back to {}",
+                    d.samples.iter().map(|s| s.fds).max().unwrap_or(0),
+                    d.after.fds,
+                    d.baseline.fds,
+                    d.after.streams
+                ),
+                d.rss_drift.is_some_and(|x| x <= soak::GOAL_RSS_FLAT) && lost == 0 && back,
+            )
+        }
+        None => (not_run("soak run"), None),
+    };
+    out.push(Judged {
+        target: format!(
+            "soak{}: churning streams, slowloris, never-readers",
+            soak.map_or(String::new(), |o| format!(" ({} s)", whole(o.data.duration_s)))
+        ),
+        goal: "RSS flat within 5% after warm-up, nothing lost, fds and streams back to baseline".into(),
+        measured,
+        met,
+    });
     out
 }
 
@@ -441,6 +494,20 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
         connect::render,
         results_dir,
     );
+    s += &section(
+        "Soak: churn, slowloris, never-readers",
+        "soak",
+        soak::HOW,
+        r.soak.as_ref(),
+        |o| {
+            format!(
+                "{}\n![switchboard RSS during the soak]({SOAK_RSS_CHART})\n\n\
+                 ![switchboard descriptors and streams during the soak]({SOAK_FDS_CHART})\n",
+                soak::render(o)
+            )
+        },
+        results_dir,
+    );
 
     s += "## Peer configuration\n\n";
     s += &format!(
@@ -563,13 +630,26 @@ mod tests {
                 rows: vec![broadcast::tests::row(0, 19_000, 19_000, 150.0)],
             })),
             connect: None,
+            soak: Some(Recorder::new("soak", false).finish(SoakData {
+                duration_s: 1800.0,
+                rss_drift: Some(0.02),
+                baseline: soak::Sample {
+                    fds: 20,
+                    ..soak::Sample::default()
+                },
+                after: soak::Sample {
+                    fds: 20,
+                    ..soak::Sample::default()
+                },
+                ..SoakData::default()
+            })),
         }
     }
 
     #[test]
     fn judges_every_target() {
         let t = targets(&full_results());
-        assert_eq!(t.len(), 5);
+        assert_eq!(t.len(), 6);
         // 1,536 B > 1,500 B.
         assert_eq!((t[0].measured.as_str(), t[0].met), ("1,536 B", Some(false)));
         // 1.20× at 64 but 0.80× at 256.
@@ -586,6 +666,20 @@ mod tests {
         assert_eq!(t[3].met, Some(true));
         assert!(t[3].measured.contains("150.0 ms, received by 19,000 of 19,000"));
         assert_eq!((t[4].measured.as_str(), t[4].met), ("2.63 µs", Some(true)));
+        assert_eq!(t[5].met, Some(true), "{}", t[5].measured);
+        assert!(t[5].target.contains("(1,800 s)"), "{}", t[5].target);
+        // A soak that lost a message, or drifted, or left descriptors, is not met.
+        for spoil in [
+            (|d: &mut SoakData| d.flood.messages.lost = 1) as fn(&mut SoakData),
+            |d| d.rss_drift = Some(0.06),
+            |d| d.after.fds = 21,
+        ] {
+            let mut r = full_results();
+            if let Some(o) = r.soak.as_mut() {
+                spoil(&mut o.data);
+            }
+            assert_eq!(targets(&r)[5].met, Some(false));
+        }
     }
 
     #[test]
@@ -637,9 +731,11 @@ mod tests {
             "## Routed",
             "## Broadcast",
             "## Connect rate",
+            "## Soak",
         ] {
             assert!(md.contains(h), "missing {h}");
         }
+        assert!(md.contains("](docs/soak-rss.svg)"));
         assert!(md.contains("Not measured yet: there is no `bench/results/connect.json`."));
         assert!(md.contains("](docs/bytes-per-stream.svg)"));
         assert!(md.contains("**not met**"));

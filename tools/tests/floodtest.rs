@@ -80,6 +80,56 @@ fn holds_streams_counts_chunks_and_measures_message_latency() {
 }
 
 #[test]
+fn churns_streams_without_losing_messages() {
+    let srv = TestServer::start(settings());
+    let url = format!("http://{}/test/ch{{n}}", srv.addr);
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "100",
+        "--rate",
+        "1000",
+        "--duration",
+        "5s",
+        "--interval",
+        "1s",
+        "--lifetime",
+        "1s",
+        "--msg-rate",
+        "100",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = summary.unwrap();
+    // Each stream lives 0.5-1.5 s plus a 1 s drain: ~2 lives each in 5 s.
+    let churned = j["churned"].as_u64().unwrap();
+    assert!(churned >= 100, "{j}");
+    assert_eq!(
+        j["established"].as_u64().unwrap(),
+        churned + j["active"].as_u64().unwrap(),
+        "{j}"
+    );
+    assert_eq!(j["closed"], 0, "{j}");
+    let sent = j["messages"]["sent"].as_u64().unwrap();
+    assert!(sent >= 200, "{j}");
+    assert_eq!(j["messages"]["lost"], 0, "{j}");
+    // The server saw every churned stream go.
+    let stats = srv.wait_stats(std::time::Duration::from_secs(3), |s| {
+        s["connections"]["active"] == 0
+    });
+    assert_eq!(stats["connections"]["active"], 0, "{stats}");
+    assert_eq!(
+        stats["connections"]["opened"].as_u64().unwrap(),
+        j["established"].as_u64().unwrap()
+    );
+}
+
+#[test]
 fn splits_over_processes_past_the_per_process_cap() {
     let srv = TestServer::start(settings());
     let url = format!("http://{}/test/m{{n}}", srv.addr);

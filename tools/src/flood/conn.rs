@@ -10,7 +10,10 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::task::Poll;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
@@ -36,6 +39,58 @@ pub(super) async fn hold(i: u64, plan: Rc<Plan>, counters: Rc<Counters>) {
     counters.established(i as usize);
     while let Ok(Fed::More) = read_some(&stream, &mut parser, &counters).await {}
     counters.closed(i as usize);
+}
+
+/// With `--lifetime`: pause before opening again after a failed open or a
+/// close by the server (no tight reconnect loop against a server that cuts).
+const REOPEN_PAUSE: Duration = Duration::from_millis(100);
+
+/// With `--lifetime`: how long a leaving stream keeps reading, so messages
+/// sent to it just before it stopped being a target still arrive.
+const LEAVE_DRAIN: Duration = Duration::from_secs(1);
+
+/// Like [`hold`], but churning: holds stream `i` for a random time between
+/// half and one and a half `lifetime`, stops it being a message target,
+/// reads for [`LEAVE_DRAIN`] more, closes it and opens it again; until the
+/// run ends (the task is dropped then). A stream the server closes is
+/// counted closed and opened again too.
+pub(super) async fn churn(i: u64, plan: Rc<Plan>, counters: Rc<Counters>, lifetime: Duration) {
+    let mut rng = SmallRng::seed_from_u64(i ^ now_micros());
+    loop {
+        let Some((stream, mut parser)) = Box::pin(open(i, Rc::clone(&plan), &counters)).await else {
+            tokio::time::sleep(REOPEN_PAUSE).await;
+            continue;
+        };
+        counters.established(i as usize);
+        let until = tokio::time::Instant::now() + lifetime.mul_f64(rng.random_range(0.5..1.5));
+        if !read_until(&stream, &mut parser, &counters, until).await {
+            counters.closed(i as usize);
+            tokio::time::sleep(REOPEN_PAUSE).await;
+            continue;
+        }
+        counters.leaving(i as usize);
+        let drain = tokio::time::Instant::now() + LEAVE_DRAIN;
+        read_until(&stream, &mut parser, &counters, drain).await;
+        drop(stream);
+        counters.churned();
+    }
+}
+
+/// Reads events until `until`; false if the stream ended before.
+async fn read_until(
+    stream: &TcpStream,
+    parser: &mut EventParser,
+    counters: &Counters,
+    until: tokio::time::Instant,
+) -> bool {
+    loop {
+        tokio::select! {
+            r = read_some(stream, parser, counters) => if !matches!(r, Ok(Fed::More)) {
+                return false;
+            },
+            () = tokio::time::sleep_until(until) => return true,
+        }
+    }
 }
 
 /// Connects, sends the request and reads the response head. `None` when it
@@ -181,6 +236,7 @@ mod tests {
             msg_rate: 0.0,
             send: None,
             connect_timeout: std::time::Duration::from_secs(1),
+            lifetime: None,
         });
         let c = std::rc::Rc::new(super::Counters::new(1));
         let f = super::hold(0, plan, c);

@@ -78,6 +78,11 @@ pub struct Args {
     /// Allow targets that are not loopback addresses.
     #[arg(long)]
     pub allow_remote: bool,
+    /// Churn: close each stream after a random time between half and one and
+    /// a half of this, and open it again (same id), until the run ends. It
+    /// gets no new messages for its last second, so none is lost to it.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub lifetime: Option<Duration>,
     /// Messages per second POSTed to random held streams (0: no messages).
     #[arg(long, default_value_t = 0.0)]
     pub msg_rate: f64,
@@ -121,6 +126,8 @@ pub struct Plan {
     pub send: Option<Target>,
     /// Per-stream connect + head timeout.
     pub connect_timeout: Duration,
+    /// `--lifetime`: churn streams.
+    pub lifetime: Option<Duration>,
 }
 
 impl Plan {
@@ -275,6 +282,7 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
         msg_rate: args.msg_rate / of as f64,
         send,
         connect_timeout: args.connect_timeout,
+        lifetime: args.lifetime,
     })
 }
 
@@ -301,8 +309,11 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
                 tick.tick().await;
                 let due = ((started.elapsed().as_secs_f64() * plan.rate) as u64 + 1).min(plan.count);
                 while opened < due {
-                    let i = opened;
-                    tokio::task::spawn_local(conn::hold(i, Rc::clone(&plan), Rc::clone(&counters)));
+                    let (i, plan, counters) = (opened, Rc::clone(&plan), Rc::clone(&counters));
+                    match plan.lifetime {
+                        Some(life) => tokio::task::spawn_local(conn::churn(i, plan, counters, life)),
+                        None => tokio::task::spawn_local(conn::hold(i, plan, counters)),
+                    };
                     opened += 1;
                 }
             }

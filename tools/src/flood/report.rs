@@ -82,6 +82,8 @@ impl ErrorKind {
 pub(crate) struct Counters {
     active: Cell<u64>,
     closed: Cell<u64>,
+    /// Streams this tool closed itself (`--lifetime`) before opening again.
+    churned: Cell<u64>,
     chunks: Cell<u64>,
     established: Cell<u64>,
     /// When the last stream was established (for the connect rate).
@@ -105,6 +107,7 @@ impl Counters {
         Counters {
             active: Cell::new(0),
             closed: Cell::new(0),
+            churned: Cell::new(0),
             chunks: Cell::new(0),
             established: Cell::new(0),
             last_established: Cell::new(None),
@@ -133,6 +136,17 @@ impl Counters {
         self.active.set(self.active.get() - 1);
         self.closed.set(self.closed.get() + 1);
         self.open.borrow_mut()[i] = false;
+    }
+
+    /// Stream `i` is about to be closed by this tool: no new messages for it.
+    pub(crate) fn leaving(&self, i: usize) {
+        self.open.borrow_mut()[i] = false;
+    }
+
+    /// Stream `i` was closed by this tool (after [`Counters::leaving`]).
+    pub(crate) fn churned(&self) {
+        self.active.set(self.active.get() - 1);
+        self.churned.set(self.churned.get() + 1);
     }
 
     pub(crate) fn chunk(&self) {
@@ -164,6 +178,7 @@ impl Counters {
         Snapshot {
             active,
             closed: self.closed.get(),
+            churned: self.churned.get(),
             chunks: self.chunks.get(),
             established: self.established.get(),
             errors: self.errors.borrow().iter().map(|(k, v)| (k.name(), *v)).collect(),
@@ -187,6 +202,8 @@ pub struct Snapshot {
     pub active: u64,
     /// Streams that were open and were closed by the other side.
     pub closed: u64,
+    /// Streams closed by this tool itself to open again (`--lifetime`).
+    pub churned: u64,
     /// Events (chunks) received.
     pub chunks: u64,
     /// Streams ever established.
@@ -212,6 +229,7 @@ impl Snapshot {
     pub fn add(&mut self, o: &Snapshot) {
         self.active += o.active;
         self.closed += o.closed;
+        self.churned += o.churned;
         self.chunks += o.chunks;
         self.established += o.established;
         for (k, v) in &o.errors {
@@ -228,7 +246,7 @@ impl Snapshot {
     /// The line a child process prints.
     pub fn to_json(&self) -> Value {
         json!({
-            "active": self.active, "closed": self.closed, "chunks": self.chunks,
+            "active": self.active, "closed": self.closed, "churned": self.churned, "chunks": self.chunks,
             "established": self.established, "errors": self.errors,
             "msgs_sent": self.msgs_sent, "send_errors": self.send_errors,
             "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
@@ -243,6 +261,7 @@ impl Snapshot {
         Snapshot {
             active: n("active"),
             closed: n("closed"),
+            churned: n("churned"),
             chunks: n("chunks"),
             established: n("established"),
             errors: v["errors"]
@@ -467,6 +486,7 @@ impl Summary {
             "duration_s": self.duration_s,
             "active": s.active,
             "closed": s.closed,
+            "churned": s.churned,
             "chunks": s.chunks,
             "established": s.established,
             "errors": s.errors,
