@@ -102,20 +102,24 @@ impl KeepAlive {
 /// The status of a response at the start of `buf` and whether its
 /// `content-length` body is all there.
 fn answer_status(buf: &[u8]) -> Option<(u16, bool)> {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&buf[..end]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let length = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    Some((status, buf.len() >= end + 4 + length))
+    let (status, body_start, length) = head(buf)?;
+    Some((status, buf.len() >= body_start + length.unwrap_or(0)))
 }
 
 /// Status and body of a complete response (not chunked).
 pub(crate) fn parse_reply(buf: &[u8]) -> Option<Reply> {
+    let (status, body_start, length) = head(buf)?;
+    let body = &buf[body_start..];
+    let body = &body[..length.unwrap_or(body.len()).min(body.len())];
+    Some(Reply {
+        status,
+        body: String::from_utf8_lossy(body).into_owned(),
+    })
+}
+
+/// A response head at the start of `buf`: status, where the body starts,
+/// and its `content-length` if it has one.
+fn head(buf: &[u8]) -> Option<(u16, usize, Option<usize>)> {
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&buf[..end]).ok()?;
     let mut lines = head.split("\r\n");
@@ -124,12 +128,7 @@ pub(crate) fn parse_reply(buf: &[u8]) -> Option<Reply> {
         .filter_map(|l| l.split_once(':'))
         .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
         .and_then(|(_, v)| v.trim().parse::<usize>().ok());
-    let body = &buf[end + 4..];
-    let body = &body[..length.unwrap_or(body.len()).min(body.len())];
-    Some(Reply {
-        status,
-        body: String::from_utf8_lossy(body).into_owned(),
-    })
+    Some((status, end + 4, length))
 }
 
 /// GET `path` as JSON; fails on anything but 200.
