@@ -62,6 +62,8 @@ pub struct ServerSettings {
     pub workers: usize,
     /// Listen backlog.
     pub backlog: u32,
+    /// `SO_REUSEPORT` on every listener, so several processes share the ports.
+    pub reuse_port: bool,
     /// Most concurrent non-stream HTTP connections.
     pub max_connections: usize,
     /// Time allowed for a complete request head.

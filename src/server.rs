@@ -78,7 +78,7 @@ impl Server {
             .listen_addrs()
             .into_iter()
             .map(|addr| {
-                listen(addr, settings.server.backlog)
+                listen(addr, settings.server.backlog, settings.server.reuse_port)
                     .map_err(|e| io::Error::new(e.kind(), format!("listening on {addr}: {e}")))
             })
             .collect::<io::Result<_>>()?;
@@ -175,10 +175,14 @@ impl Server {
     }
 }
 
-/// A listening socket with `SO_REUSEADDR` and the configured backlog.
-fn listen(addr: SocketAddr, backlog: u32) -> io::Result<std::net::TcpListener> {
+/// A listening socket with `SO_REUSEADDR`, `SO_REUSEPORT` if asked for, and
+/// the configured backlog.
+fn listen(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
+    // Several processes on one port: the kernel spreads new connections over
+    // every listener that set it (by a hash of the 4-tuple).
+    socket.set_reuse_port(reuse_port)?;
     socket.bind(&addr.into())?;
     socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     socket.set_nonblocking(true)?;

@@ -187,6 +187,53 @@ fn bad_configuration_is_refused_with_the_key_named() {
     assert!(!out.status.success());
 }
 
+/// `server.reuse_port`: two processes on one port share its connections;
+/// without it the second cannot bind and says where.
+#[test]
+fn reuse_port_lets_two_processes_share_a_port() {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let shared = free();
+    // Each process also has a private port, to read its own /stats.
+    let start = |private: u16| {
+        let mut cmd = server();
+        cmd.env("SWITCHBOARD__SERVER__PORT", shared.to_string())
+            .env("SWITCHBOARD__SERVER__EXTRA_PORTS", private.to_string())
+            .env("SWITCHBOARD__SERVER__REUSE_PORT", "true");
+        Proc::start(cmd)
+    };
+    let (a, b) = (start(free()), start(free()));
+    let streams: Vec<StreamClient> = (0..40)
+        .map(|i| StreamClient::open(a.addrs[0], &format!("rp{i}")))
+        .collect();
+    assert!(streams.iter().all(|s| s.status == 200));
+    let active = |p: &Proc| {
+        request(p.addrs[1], "GET", "/stats", &[], b"").unwrap().json()["connections"]["active"]
+            .as_u64()
+            .unwrap()
+    };
+    let (on_a, on_b) = (active(&a), active(&b));
+    assert_eq!(on_a + on_b, 40);
+    assert!(
+        on_a > 0 && on_b > 0,
+        "the kernel spread none to one of them: {on_a} / {on_b}"
+    );
+
+    // Without reuse_port the port is taken.
+    let out = Command::new(BIN)
+        .env("SWITCHBOARD__SERVER__PORT", shared.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("listening on 127.0.0.1:{shared}")), "{err}");
+}
+
 #[test]
 fn extra_ports_serve_the_same_server() {
     let free: Vec<u16> = (0..2)
