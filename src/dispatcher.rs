@@ -30,7 +30,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
-use crate::classify::{DISPATCHER_LINE as REQUEST_LINE, is_token};
+use crate::classify::{DISPATCHER_LINE as REQUEST_LINE, HeadError, is_token};
 use crate::counter::{Counter, Take};
 use crate::error::ApiError;
 use crate::socket::{self, Rewound};
@@ -140,9 +140,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
             r = timeout_at(deadline, io.read(&mut buf[filled..])) => match r {
                 Ok(Ok(n)) if n > 0 => n,
                 Err(_) if filled > 0 => {
-                    let ms = state.settings.server.head_timeout_ms;
-                    state.stats.bad_heads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    socket::refuse(io, &ApiError::HeadTimeout { ms }).await;
+                    state.refuse_head(io, HeadError::Timeout).await;
                     return Outcome::Done;
                 }
                 _ => return Outcome::Done,

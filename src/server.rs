@@ -408,20 +408,16 @@ where
         Class::Stream { id, http10 } => {
             let max_head = settings.server.max_head_bytes;
             let head = classify::consume_head(&io, deadline, max_head, http10).await;
-            let refusal = match head {
-                Ok(()) => match admit_stream(&state) {
-                    Ok(()) => {
-                        // A stream is not an HTTP connection: its slot is
-                        // counted by `stream.max_streams` from here on.
-                        drop(permit);
-                        return Stream::start_lean(io, id, http10, Arc::clone(&state.streams));
-                    }
-                    Err(e) => e,
-                },
-                Err(HeadError::Gone) => return,
-                Err(e) => head_refused(&state, e),
-            };
-            socket::refuse(io, &refusal).await;
+            match head.map(|()| admit_stream(&state)) {
+                Ok(Ok(())) => {
+                    // A stream is not an HTTP connection: its slot is
+                    // counted by `stream.max_streams` from here on.
+                    drop(permit);
+                    Stream::start_lean(io, id, http10, Arc::clone(&state.streams));
+                }
+                Ok(Err(full_or_closing)) => socket::refuse(io, &full_or_closing).await,
+                Err(e) => state.refuse_head(io, e).await,
+            }
         }
         Class::Dispatcher => {
             let _conn = HttpConn::new(permit, &state.stats);
@@ -438,10 +434,7 @@ where
             // connection's task would carry its size while it is classified.
             Box::pin(serve_http(&*http, Rewound::new(io))).await;
         }
-        Class::Timeout => {
-            let refusal = head_refused(&state, HeadError::Timeout);
-            socket::refuse(io, &refusal).await;
-        }
+        Class::Timeout => state.refuse_head(io, HeadError::Timeout).await,
         Class::Gone => {}
     }
 }
@@ -477,23 +470,5 @@ fn admit_stream(state: &ServerState) -> Result<(), ApiError> {
         Err(ApiError::StreamLimit(max))
     } else {
         Ok(())
-    }
-}
-
-/// The answer to a head the lean path refuses (400, 408, 431), counted in
-/// `bad_heads`.
-fn head_refused(state: &ServerState, e: HeadError) -> ApiError {
-    state.stats.bad_heads.fetch_add(1, Relaxed);
-    let server = &state.settings.server;
-    match e {
-        HeadError::Timeout => ApiError::HeadTimeout {
-            ms: server.head_timeout_ms,
-        },
-        HeadError::TooLarge => ApiError::HeadTooLarge {
-            limit: server.max_head_bytes,
-        },
-        HeadError::Invalid(why) => ApiError::BadHead(why),
-        // Nobody is left to answer; callers return before asking.
-        HeadError::Gone => ApiError::BadHead("client gone"),
     }
 }

@@ -2,12 +2,18 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use actix::Addr;
+use actix_rt::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::classify::HeadError;
 use crate::config::Settings;
 use crate::counter::Counter;
+use crate::error::ApiError;
 use crate::router::Router;
+use crate::socket;
 use crate::stats::Stats;
 use crate::stream::{self, Stream};
 
@@ -30,5 +36,24 @@ impl ServerState {
     /// The supervised Router (its address survives restarts).
     pub(crate) fn router(&self) -> &Addr<Router<Stream>> {
         &self.streams.router
+    }
+
+    /// Answers a head a lean path refuses (400, 408, 431), counted in
+    /// `bad_heads`, and closes the connection; a client that is gone gets
+    /// nothing.
+    pub(crate) async fn refuse_head(&self, io: TcpStream, e: HeadError) {
+        let server = &self.settings.server;
+        let answer = match e {
+            HeadError::Timeout => ApiError::HeadTimeout {
+                ms: server.head_timeout_ms,
+            },
+            HeadError::TooLarge => ApiError::HeadTooLarge {
+                limit: server.max_head_bytes,
+            },
+            HeadError::Invalid(why) => ApiError::BadHead(why),
+            HeadError::Gone => return,
+        };
+        self.stats.bad_heads.fetch_add(1, Relaxed);
+        socket::refuse(io, &answer).await;
     }
 }
