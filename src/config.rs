@@ -42,6 +42,8 @@ pub struct Settings {
     pub message: MessageSettings,
     /// Who may publish.
     pub auth: AuthSettings,
+    /// The Redis bus between processes.
+    pub cluster: ClusterSettings,
     /// Logging.
     pub log: LogSettings,
     /// Test-only switches.
@@ -64,6 +66,8 @@ pub struct ServerSettings {
     pub backlog: u32,
     /// `SO_REUSEPORT` on every listener, so several processes share the ports.
     pub reuse_port: bool,
+    /// Server processes a parent starts on the same ports (1: just this one).
+    pub processes: usize,
     /// Most concurrent non-stream HTTP connections.
     pub max_connections: usize,
     /// Time allowed for a complete request head.
@@ -126,6 +130,66 @@ impl std::fmt::Debug for AuthSettings {
         f.debug_struct("AuthSettings")
             .field("publish_token", &token)
             .finish()
+    }
+}
+
+/// `[cluster]`
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// Redis URL; empty means one process on its own.
+    pub redis_url: String,
+    /// This node's name; empty means `<hostname>-<pid>`.
+    pub node_name: String,
+    /// Start of every channel and key name.
+    pub prefix: String,
+    /// Longest wait for one Redis command.
+    pub command_timeout_ms: u64,
+    /// First reconnect delay.
+    pub reconnect_min_ms: u64,
+    /// Largest reconnect delay.
+    pub reconnect_max_ms: u64,
+    /// Time subscribed after the last local stream of an id left.
+    pub unsubscribe_linger_ms: u64,
+    /// Heartbeat period.
+    pub heartbeat_interval_ms: u64,
+    /// Heartbeat lifetime in Redis.
+    pub heartbeat_ttl_ms: u64,
+}
+
+impl ClusterSettings {
+    /// Whether a Redis bus is configured.
+    pub fn enabled(&self) -> bool {
+        !self.redis_url.is_empty()
+    }
+}
+
+impl std::fmt::Debug for ClusterSettings {
+    /// Never prints a password inside the URL.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSettings")
+            .field("redis_url", &redact_url(&self.redis_url))
+            .field("node_name", &self.node_name)
+            .field("prefix", &self.prefix)
+            .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("reconnect_min_ms", &self.reconnect_min_ms)
+            .field("reconnect_max_ms", &self.reconnect_max_ms)
+            .field("unsubscribe_linger_ms", &self.unsubscribe_linger_ms)
+            .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
+            .field("heartbeat_ttl_ms", &self.heartbeat_ttl_ms)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host` as `redis://user:<redacted>@host`.
+pub(crate) fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split_once(':').map_or("", |(u, _)| u);
+            format!("{}{user}:<redacted>{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -240,10 +304,72 @@ impl Settings {
         if self.message.max_bytes == 0 || self.message.max_bytes > 16 * 1024 * 1024 {
             return invalid("message.max_bytes", "must be between 1 and 16777216");
         }
+        self.validate_cluster()?;
         if self.message.max_bytes + 64 > self.stream.max_pending_bytes {
             return invalid(
                 "message.max_bytes",
                 "must be at least 64 below stream.max_pending_bytes, or no message would fit",
+            );
+        }
+        Ok(())
+    }
+
+    /// The `[cluster]` rules, and the ones `server.processes` needs.
+    fn validate_cluster(&self) -> Result<(), SettingsError> {
+        let invalid = |key, reason: String| Err(SettingsError::Invalid { key, reason });
+        let c = &self.cluster;
+        let processes = self.server.processes;
+        if processes == 0 || processes > 64 {
+            return invalid("server.processes", "must be between 1 and 64".into());
+        }
+        if processes > 1 && !c.enabled() {
+            return invalid(
+                "server.processes",
+                format!(
+                    "{processes} processes need cluster.redis_url: without the Redis bus each \
+                     process routes only its own streams, so a /send would silently miss the \
+                     streams held by the others"
+                ),
+            );
+        }
+        if processes > 1 && self.server.port == 0 {
+            return invalid(
+                "server.processes",
+                "needs a fixed server.port: with port 0 every process would pick a different one".into(),
+            );
+        }
+        if !c.enabled() {
+            return Ok(());
+        }
+        if let Err(e) = redis::Client::open(c.redis_url.as_str()) {
+            return invalid("cluster.redis_url", format!("not a Redis URL: {e}"));
+        }
+        let printable = |s: &str| s.chars().all(|ch| ch.is_ascii_graphic());
+        if c.prefix.is_empty() || c.prefix.len() > 64 || !printable(&c.prefix) {
+            return invalid(
+                "cluster.prefix",
+                "must be 1 to 64 printable ASCII characters, no spaces".into(),
+            );
+        }
+        if c.node_name.len() > 128 || !printable(&c.node_name) {
+            return invalid(
+                "cluster.node_name",
+                "must be at most 128 printable ASCII characters, no spaces".into(),
+            );
+        }
+        if c.command_timeout_ms < 10 {
+            return invalid("cluster.command_timeout_ms", "must be at least 10".into());
+        }
+        if c.reconnect_min_ms == 0 || c.reconnect_max_ms < c.reconnect_min_ms {
+            return invalid(
+                "cluster.reconnect_max_ms",
+                "reconnect_min_ms must be at least 1 and reconnect_max_ms at least reconnect_min_ms".into(),
+            );
+        }
+        if c.heartbeat_interval_ms < 10 || c.heartbeat_ttl_ms <= c.heartbeat_interval_ms {
+            return invalid(
+                "cluster.heartbeat_ttl_ms",
+                "heartbeat_interval_ms must be at least 10 and heartbeat_ttl_ms above it".into(),
             );
         }
         Ok(())
@@ -353,6 +479,44 @@ mod tests {
         assert!(s.validate().is_err());
         s.server.extra_ports = "8001-8003".into();
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn processes_need_the_bus_and_a_fixed_port() {
+        let mut s = Settings::defaults();
+        s.server.processes = 3;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("cluster.redis_url"), "{e}");
+        s.cluster.redis_url = "redis://127.0.0.1:6379".into();
+        assert!(s.validate().is_ok());
+        s.server.port = 0;
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("fixed server.port")
+        );
+        s.server.port = 8000;
+        s.cluster.redis_url = "http://nope".into();
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("cluster.redis_url")
+        );
+    }
+
+    #[test]
+    fn redis_password_is_not_printed() {
+        let mut s = Settings::defaults();
+        s.cluster.redis_url = "redis://app:hunter2@10.0.0.1:6379/0".into();
+        let printed = format!("{s:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(
+            printed.contains("redis://app:<redacted>@10.0.0.1:6379/0"),
+            "{printed}"
+        );
+        assert_eq!(redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
     }
 
     #[test]

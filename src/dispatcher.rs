@@ -197,7 +197,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
 
 /// Writes the answers to `count` requests into `out`: numbers from `first`
 /// on, or 503 for each if the Counter crashed handling the batch.
-pub(crate) fn respond(out: &mut Vec<u8>, first: Option<u64>, count: u64, close: bool) {
+pub(crate) fn respond(out: &mut Vec<u8>, first: Result<u64, ApiError>, count: u64, close: bool) {
     out.clear();
     let date = crate::http_date::now();
     for i in 0..count {
@@ -208,8 +208,8 @@ pub(crate) fn respond(out: &mut Vec<u8>, first: Option<u64>, count: u64, close: 
             ""
         };
         // unwrap: writing into a Vec cannot fail.
-        match first {
-            Some(first) => {
+        match &first {
+            Ok(first) => {
                 let body = first + i;
                 let len = body.checked_ilog10().map_or(1, |d| d as usize + 1);
                 write!(
@@ -218,8 +218,8 @@ pub(crate) fn respond(out: &mut Vec<u8>, first: Option<u64>, count: u64, close: 
                      {connection}date: {date}\r\n\r\n{body}"
                 )
             }
-            None => {
-                ApiError::Crashed("counter").write_http1(out, close && last);
+            Err(e) => {
+                e.write_http1(out, close && last);
                 Ok(())
             }
         }
@@ -227,18 +227,21 @@ pub(crate) fn respond(out: &mut Vec<u8>, first: Option<u64>, count: u64, close: 
     }
 }
 
+/// The first of the numbers asked for, or why there are none.
+type Numbers = Result<u64, ApiError>;
+
 thread_local! {
     /// The requests of this worker waiting for numbers in this turn of its
     /// event loop: how many each wants, and where its first one goes. Not
     /// empty exactly while a [`flush`] is on its way.
-    static BATCH: RefCell<Vec<(u64, oneshot::Sender<Option<u64>>)>> = const { RefCell::new(Vec::new()) };
+    static BATCH: RefCell<Vec<(u64, oneshot::Sender<Numbers>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `n` consecutive numbers from the Counter; answers the first (`None` if the
-/// Counter crashed). Calls from the same worker in the same turn of its event
+/// `n` consecutive numbers from the Counter; answers the first (or why
+/// not: the Counter crashed, or Redis is unreachable in cluster mode). Calls from the same worker in the same turn of its event
 /// loop share one message: the first call spawns the task that sends it,
 /// which runs after the tasks already woken, so they join the batch.
-pub(crate) async fn take(counter: &Addr<Counter>, n: u64) -> Option<u64> {
+pub(crate) async fn take(counter: &Addr<Counter>, n: u64) -> Result<u64, ApiError> {
     let (tx, rx) = oneshot::channel();
     let first = BATCH.with_borrow_mut(|batch| {
         batch.push((n, tx));
@@ -247,16 +250,19 @@ pub(crate) async fn take(counter: &Addr<Counter>, n: u64) -> Option<u64> {
     if first {
         actix_rt::spawn(flush(counter.clone()));
     }
-    rx.await.ok().flatten()
+    rx.await.unwrap_or(Err(ApiError::Crashed("counter")))
 }
 
 async fn flush(counter: Addr<Counter>) {
     let batch = BATCH.take();
     let total = batch.iter().map(|(n, _)| n).sum();
-    let first = counter.send(Take(total)).await.ok().flatten();
+    let first = counter
+        .send(Take(total))
+        .await
+        .unwrap_or(Err(ApiError::Crashed("counter")));
     let mut next = first;
     for (n, tx) in batch {
-        let _ = tx.send(next);
+        let _ = tx.send(next.clone());
         next = next.map(|v| v + n);
     }
 }
@@ -324,7 +330,7 @@ mod tests {
     #[test]
     fn answers_number_consecutively() {
         let mut out = Vec::new();
-        respond(&mut out, Some(9), 2, true);
+        respond(&mut out, Ok(9), 2, true);
         let text = String::from_utf8(out).unwrap();
         let answers: Vec<&str> = text.split("HTTP/1.1 ").skip(1).collect();
         assert_eq!(answers.len(), 2);
@@ -345,7 +351,7 @@ mod tests {
     #[test]
     fn a_crashed_counter_answers_503() {
         let mut out = Vec::new();
-        respond(&mut out, None, 1, false);
+        respond(&mut out, Err(ApiError::Crashed("counter")), 1, false);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{text}");
         assert!(text.ends_with("\"}"), "{text}");

@@ -78,6 +78,10 @@ pub(crate) enum ApiError {
     /// The actor crashed handling this very request and was restarted: 503.
     #[error("{0} crashed handling this request and was restarted; retry")]
     Crashed(&'static str),
+    /// Cluster mode, and Redis did not answer (down, or past
+    /// `cluster.command_timeout_ms`): 503.
+    #[error("cluster bus unavailable")]
+    BusUnavailable,
 }
 
 impl ApiError {
@@ -136,9 +140,10 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::HeadTimeout { .. } | ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ApiError::StreamLimit(_) | ApiError::ShuttingDown | ApiError::Crashed(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::StreamLimit(_)
+            | ApiError::ShuttingDown
+            | ApiError::Crashed(_)
+            | ApiError::BusUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

@@ -21,8 +21,11 @@
 //! - `state`: what the workers and handlers of one server share.
 //! - `stream`: the Stream actor (one per streaming connection), its sink and
 //!   the per-worker tick wheel.
+//! - `cluster`: cluster mode, the Redis pub/sub bus between processes: the
+//!   command connection (publish, the fleet's count, heartbeats, `/cluster`)
+//!   and the supervised Bus actor that holds this node's subscriptions.
 //! - `router`: the Router actor, id -> streams; generic over the stream
-//!   actor, so it never names it.
+//!   actor, so it never names it. It tells the bus which ids it holds.
 //! - `counter`: the Counter actor behind `/dispatcher`.
 //! - `supervision`: how a panic in a Router or Counter handler becomes a
 //!   restart that keeps the actor's state.
@@ -39,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 mod classify;
+mod cluster;
 pub mod config;
 mod counter;
 mod dispatcher;

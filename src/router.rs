@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use actix::{Actor, Context, Handler, Message, Supervised, WeakAddr};
+use actix::{Actor, Context, Handler, Message, Recipient, Supervised, WeakAddr};
 use smallvec::SmallVec;
 
 use crate::id::ConnId;
@@ -108,6 +108,9 @@ pub(crate) struct Router<S: StreamActor> {
     closing: bool,
     /// Where `messages.routed` and restarts are counted.
     stats: Arc<Stats>,
+    /// Told when an id gets its first stream and loses its last one (the
+    /// cluster bus subscribes to what this node holds); `None` without one.
+    interest: Option<Recipient<Interest>>,
 }
 
 impl<S: StreamActor> Router<S> {
@@ -118,6 +121,13 @@ impl<S: StreamActor> Router<S> {
             streams: 0,
             closing: false,
             stats,
+            interest: None,
+        }
+    }
+
+    fn notify(&self, m: impl FnOnce() -> Interest) {
+        if let Some(interest) = &self.interest {
+            interest.do_send(m());
         }
     }
 
@@ -140,9 +150,14 @@ impl<S: StreamActor> Supervised for Router<S> {
     /// Logout may have been the message that was lost).
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.stats.router_restarts.fetch_add(1, Relaxed);
-        self.table.retain(|_, streams| {
+        let interest = self.interest.clone();
+        self.table.retain(|id, streams| {
             streams.retain(|(_, stream)| stream.upgrade().is_some_and(|a| a.connected()));
-            !streams.is_empty()
+            let keep = !streams.is_empty();
+            if let (false, Some(interest)) = (keep, &interest) {
+                interest.do_send(Interest::Released(Arc::clone(id)));
+            }
+            keep
         });
         self.streams = self.table.values().map(SmallVec::len).sum();
         tracing::warn!(streams = self.streams, "router restarted; registrations kept");
@@ -202,6 +217,44 @@ pub(crate) struct CloseAll;
 #[rtype(result = "Option<()>")]
 pub(crate) struct Crash;
 
+/// What the Router tells the cluster bus: the first stream of an id logged
+/// in here, or its last one left.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) enum Interest {
+    /// `id` has a stream on this node now.
+    Held(Arc<str>),
+    /// `id` has no stream on this node any more.
+    Released(Arc<str>),
+}
+
+/// From now on, tell `0` about [`Interest`] changes. Sent once, before the
+/// first stream can log in.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Attach(pub(crate) Recipient<Interest>);
+
+/// Every id with a stream on this node (the bus resubscribes them).
+#[derive(Message)]
+#[rtype(result = "Vec<Arc<str>>")]
+pub(crate) struct HeldIds;
+
+impl<S: StreamActor> Handler<Attach> for Router<S> {
+    type Result = ();
+
+    fn handle(&mut self, Attach(interest): Attach, _: &mut Context<Self>) {
+        self.interest = Some(interest);
+    }
+}
+
+impl<S: StreamActor> Handler<HeldIds> for Router<S> {
+    type Result = actix::MessageResult<HeldIds>;
+
+    fn handle(&mut self, _: HeldIds, _: &mut Context<Self>) -> Self::Result {
+        actix::MessageResult(self.table.keys().cloned().collect())
+    }
+}
+
 impl<S: StreamActor> Handler<Login<S>> for Router<S> {
     type Result = ();
 
@@ -210,7 +263,11 @@ impl<S: StreamActor> Handler<Login<S>> for Router<S> {
             if r.closing {
                 tell(&m.addr, Close);
             }
-            r.table.entry(m.id).or_default().push((m.conn, m.addr));
+            let streams = r.table.entry(Arc::clone(&m.id)).or_default();
+            streams.push((m.conn, m.addr));
+            if streams.len() == 1 {
+                r.notify(|| Interest::Held(m.id));
+            }
             r.streams += 1;
         });
     }
@@ -227,6 +284,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
                 r.streams -= before - streams.len();
                 if streams.is_empty() {
                     r.table.remove(&*m.id);
+                    r.notify(|| Interest::Released(m.id));
                     r.maybe_shrink();
                 }
             }

@@ -3,12 +3,14 @@
 //! | route | |
 //! |---|---|
 //! | `GET /test/{id}` | fallback stream (streaming body) for what the lean path declines |
-//! | `POST /send/{id}` | message to every stream of `id` → `{"id":..,"delivered":n}` |
-//! | `POST /broadcast` | message to every stream → `{"delivered":n}` |
+//! | `POST /send/{id}` | message to every stream of `id` → `{"id":..,"delivered":n}` (+ `"nodes":m` in cluster mode) |
+//! | `POST /broadcast` | message to every stream → `{"delivered":n}` (+ `"nodes":m`) |
 //! | `GET /dispatcher` | the Counter's next value, as text |
-//! | `GET /stats` | counters, JSON |
-//! | `GET /healthz` | `ok` |
-//! | `POST /admin/crash/{router,counter}` | fault injection, only with `debug.fault_injection` |
+//! | `GET /stats` | counters, JSON (+ a `cluster` section in cluster mode) |
+//! | `GET /cluster` | every live node and the totals |
+//! | `GET /healthz` | `ok` (liveness) |
+//! | `GET /readyz` | `ok`, or 503 while shutting down or while the cluster bus is down |
+//! | `POST /admin/crash/{router,counter,bus}` | fault injection, only with `debug.fault_injection` |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use actix_web::{HttpRequest, HttpResponse, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
+use crate::cluster;
 use crate::counter::{self, Take};
 use crate::error::ApiError;
 use crate::id::{self, IdError};
@@ -37,7 +40,9 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
         .service(post("/broadcast", web::post().to(broadcast)))
         .service(get("/dispatcher", web::get().to(next_count)))
         .service(get("/stats", web::get().to(stats)))
-        .service(get("/healthz", web::get().to(healthz)));
+        .service(get("/cluster", web::get().to(cluster_view)))
+        .service(get("/healthz", web::get().to(healthz)))
+        .service(get("/readyz", web::get().to(readyz)));
     if fault_injection {
         cfg.service(post("/admin/crash/{actor}", web::post().to(crash)));
     }
@@ -136,12 +141,31 @@ async fn send(
     let msg = read_message(&req, body, &state).await?;
     let delivered = state
         .router()
-        .send(Publish { id: id.clone(), msg })
+        .send(Publish {
+            id: id.clone(),
+            msg: Arc::clone(&msg),
+        })
         .await
         .ok()
         .flatten()
         .ok_or(ApiError::Crashed("router"))?;
-    Ok(HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered })))
+    let Some(cluster) = &state.cluster else {
+        return Ok(HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered })));
+    };
+    // Delivered here already; now the other nodes. This node's own
+    // subscription is counted out when it holds the id.
+    let channel = cluster.names.id_channel(&id);
+    Ok(match cluster.publish(channel, &msg, delivered > 0).await {
+        Ok(nodes) => HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered, "nodes": nodes })),
+        Err(e) => partial(&e, json!({ "id": id, "delivered": delivered })),
+    })
+}
+
+/// A 503 that says what was delivered anyway (here), never a silent
+/// partial success.
+fn partial(e: &ApiError, mut body: serde_json::Value) -> HttpResponse {
+    body["error"] = e.to_string().into();
+    HttpResponse::build(actix_web::ResponseError::status_code(e)).json(body)
 }
 
 /// `POST /broadcast`
@@ -154,12 +178,23 @@ async fn broadcast(
     let msg = read_message(&req, body, &state).await?;
     let delivered = state
         .router()
-        .send(Broadcast { msg })
+        .send(Broadcast {
+            msg: Arc::clone(&msg),
+        })
         .await
         .ok()
         .flatten()
         .ok_or(ApiError::Crashed("router"))?;
-    Ok(HttpResponse::Ok().json(json!({ "delivered": delivered })))
+    let Some(cluster) = &state.cluster else {
+        return Ok(HttpResponse::Ok().json(json!({ "delivered": delivered })));
+    };
+    // Every node subscribes to the broadcast channel, this one included.
+    Ok(
+        match cluster.publish(cluster.names.broadcast(), &msg, true).await {
+            Ok(nodes) => HttpResponse::Ok().json(json!({ "delivered": delivered, "nodes": nodes })),
+            Err(e) => partial(&e, json!({ "delivered": delivered })),
+        },
+    )
 }
 
 /// `GET /dispatcher`
@@ -168,9 +203,7 @@ async fn next_count(state: Data<ServerState>) -> Result<HttpResponse, ApiError> 
         .counter
         .send(Take(1))
         .await
-        .ok()
-        .flatten()
-        .ok_or(ApiError::Crashed("counter"))?;
+        .unwrap_or(Err(ApiError::Crashed("counter")))?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
         .body(n.to_string()))
@@ -178,17 +211,45 @@ async fn next_count(state: Data<ServerState>) -> Result<HttpResponse, ApiError> 
 
 /// `GET /stats`
 async fn stats(state: Data<ServerState>) -> HttpResponse {
-    HttpResponse::Ok().json(state.stats.snapshot())
+    let mut snapshot = state.stats.snapshot();
+    if let Some(cluster) = &state.cluster {
+        snapshot["cluster"] = cluster.snapshot();
+    }
+    HttpResponse::Ok().json(snapshot)
 }
 
-/// `GET /healthz`
+/// `GET /cluster`: every live node (from their heartbeats in Redis) and the
+/// totals; without a bus, this node alone.
+async fn cluster_view(state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
+    let view = match &state.cluster {
+        Some(cluster) => cluster.view().await?,
+        None => cluster::single_view(&state.stats, &state.addr),
+    };
+    Ok(HttpResponse::Ok().json(view))
+}
+
+/// `GET /healthz`: the process serves (liveness).
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
         .body("ok")
 }
 
-/// `POST /admin/crash/{router|counter}`: makes that actor panic in a handler.
+/// `GET /readyz`: this node should get traffic: not shutting down and, in
+/// cluster mode, its bus link to Redis is up and subscribed.
+async fn readyz(state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
+    if state.shutdown.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
+    if let Some(cluster) = &state.cluster
+        && !cluster.stats.connected.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return Err(ApiError::BusUnavailable);
+    }
+    Ok(healthz().await)
+}
+
+/// `POST /admin/crash/{router|counter|bus}`: makes that actor panic in a handler.
 async fn crash(
     req: HttpRequest,
     actor: Path<String>,
@@ -200,6 +261,10 @@ async fn crash(
     match actor.as_str() {
         "router" => drop(state.router().send(router::Crash).await),
         "counter" => drop(state.counter.send(counter::Crash).await),
+        "bus" => match &state.bus {
+            Some(bus) => drop(bus.send(cluster::bus::Crash).await),
+            None => return Err(ApiError::NotFound),
+        },
         _ => return Err(ApiError::NotFound),
     }
     Ok(HttpResponse::Accepted().json(json!({ "crashed": actor.as_str() })))

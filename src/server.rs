@@ -37,11 +37,13 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{self, Class, HeadError};
+use crate::cluster::Cluster;
+use crate::cluster::bus::Bus;
 use crate::config::Settings;
 use crate::counter::Counter;
 use crate::dispatcher;
 use crate::error::ApiError;
-use crate::router::{CloseAll, Router};
+use crate::router::{Attach, CloseAll, Router};
 use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 use crate::stats::Stats;
@@ -122,10 +124,36 @@ impl Server {
             let stats = Arc::clone(&stats);
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Router::<Stream>::new(stats))
         };
-        let counter = {
-            let stats = Arc::clone(&stats);
-            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats))
+        let cluster = if settings.cluster.enabled() {
+            let cluster = Cluster::new(&settings.cluster, Arc::clone(&stats), main_addr.to_string())
+                .map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}"))
+                })?;
+            Some(Arc::new(cluster))
+        } else {
+            None
         };
+        let counter = {
+            let (stats, cluster) = (Arc::clone(&stats), cluster.clone());
+            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats, cluster))
+        };
+        // The Bus runs on this (the System's) thread, which otherwise only
+        // waits for shutdown: Redis I/O stays off the workers. It is
+        // attached to the Router before any stream can log in.
+        let bus = cluster.as_ref().map(|cluster| {
+            let (cluster, router) = (Arc::clone(cluster), router.clone());
+            Supervisor::start(move |_| {
+                Bus::new(
+                    cluster,
+                    router.clone().recipient(),
+                    router.clone().recipient(),
+                    router.recipient(),
+                )
+            })
+        });
+        if let Some(bus) = &bus {
+            router.do_send(Attach(bus.clone().recipient()));
+        }
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
@@ -136,6 +164,9 @@ impl Server {
             stats,
             streams,
             counter,
+            cluster,
+            bus,
+            addr: main_addr.to_string(),
             shutdown: CancellationToken::new(),
         });
 
@@ -168,6 +199,9 @@ impl Server {
 
         shutdown.await;
         shut_down(&state).await;
+        if let Some(cluster) = &state.cluster {
+            cluster.leave().await;
+        }
         for a in arbiters {
             a.stop();
         }

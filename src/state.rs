@@ -9,6 +9,8 @@ use actix_rt::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::HeadError;
+use crate::cluster::Cluster;
+use crate::cluster::bus::Bus;
 use crate::config::Settings;
 use crate::counter::Counter;
 use crate::error::ApiError;
@@ -27,6 +29,12 @@ pub(crate) struct ServerState {
     pub(crate) streams: Arc<stream::Shared>,
     /// The supervised Counter.
     pub(crate) counter: Addr<Counter>,
+    /// Cluster mode: this node's side of the Redis bus.
+    pub(crate) cluster: Option<Arc<Cluster>>,
+    /// Cluster mode: the supervised Bus actor.
+    pub(crate) bus: Option<Addr<Bus>>,
+    /// The main listening address, as `/cluster` shows it.
+    pub(crate) addr: String,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
     /// accept loops stop, actix-web connections drain, new streams are refused.
     pub(crate) shutdown: CancellationToken,

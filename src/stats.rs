@@ -130,6 +130,11 @@ impl Stats {
     }
 
     /// The `/stats` document.
+    /// Time since the server started.
+    pub(crate) fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
     pub(crate) fn snapshot(&self) -> Value {
         let active = self.streams_active.load(Relaxed);
         let rss = rss_bytes().unwrap_or(0);

@@ -1,6 +1,9 @@
 //! The switchboard server. `cargo run --release`; see README.md.
 
+mod fleet;
+
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Parser;
 use switchboard::{Server, Settings};
@@ -14,12 +17,24 @@ struct Cli {
     /// variables override both.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Run N server processes on the same ports (server.processes): a parent
+    /// starts them, restarts one that dies and forwards SIGINT/SIGTERM.
+    /// Needs cluster.redis_url.
+    #[arg(long, value_name = "N")]
+    processes: Option<usize>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    let settings = Settings::load(cli.config.as_deref())?;
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    if let Some(n) = cli.processes {
+        settings.server.processes = n;
+        settings.validate()?;
+    }
     switchboard::telemetry::init(&settings.log)?;
+    if settings.server.processes > 1 {
+        return fleet::run(&settings, cli.config.as_deref());
+    }
     // Streams are file descriptors: use the whole hard limit, not the soft one.
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(n) => tracing::info!(open_files = n, "open-file limit"),
@@ -27,7 +42,7 @@ fn main() -> anyhow::Result<()> {
     }
     let server = Server::bind(settings)?;
     actix::System::new().block_on(server.run(shutdown_signal()))?;
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Resolves on the first SIGINT or SIGTERM.

@@ -1,0 +1,473 @@
+//! Cluster mode: several switchboard processes, on one box or many, behave
+//! as one server through Redis pub/sub (the engine Centrifugo, Nchan and
+//! Socket.IO use for the same job).
+//!
+//! - Routing: a node SUBSCRIBEs to `<prefix>:id:<id>` while it holds a
+//!   stream of `id` (plus an unsubscribe linger), and every node to
+//!   `<prefix>:broadcast`. `/send` and `/broadcast` deliver to this node's
+//!   streams at once through the Router and PUBLISH for the others; a node
+//!   ignores its own publishes when they come back. The subscriptions live
+//!   on one connection owned by the supervised [`bus::Bus`] actor.
+//! - Commands (PUBLISH, INCRBY, heartbeats, `/cluster`) go over a second,
+//!   multiplexed connection that redis-rs's `ConnectionManager` reconnects
+//!   by itself ([`Cluster`]).
+//! - Every node keeps a heartbeat key with a TTL (`<prefix>:node:<name>`)
+//!   and its name in the `<prefix>:nodes` sorted set; `/cluster` reads them.
+//! - `/dispatcher` numbers come from `INCRBY <prefix>:dispatcher n`, one
+//!   command per batch of requests.
+//!
+//! A message on the bus is `"<instance> <text>"`: the publishing process's
+//! random instance id, a space, the message line.
+
+pub(crate) mod bus;
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::AsyncCommands;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::config::{ClusterSettings, redact_url};
+use crate::error::ApiError;
+use crate::stats::Stats;
+
+/// How far behind its expiry time a stale name is pruned from the node set;
+/// the heartbeat key's TTL, not the set, decides who is live, so clocks that
+/// differ between boxes do no harm.
+const PRUNE_AFTER_MS: u64 = 60_000;
+
+/// Channel and key names of one fleet.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    prefix: String,
+}
+
+impl Names {
+    fn new(prefix: &str) -> Self {
+        Names {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The channel of stream id `id`. One channel per id, so Redis Cluster's
+    /// sharded pub/sub (SSUBSCRIBE, a slot per channel) could spread them
+    /// without renaming anything.
+    pub(crate) fn id_channel(&self, id: &str) -> String {
+        format!("{}:id:{id}", self.prefix)
+    }
+
+    /// The id inside a channel name from [`Names::id_channel`].
+    pub(crate) fn id_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
+        channel.strip_prefix(self.prefix.as_str())?.strip_prefix(":id:")
+    }
+
+    /// The channel every node subscribes to.
+    pub(crate) fn broadcast(&self) -> String {
+        format!("{}:broadcast", self.prefix)
+    }
+
+    fn node_key(&self, name: &str) -> String {
+        format!("{}:node:{name}", self.prefix)
+    }
+
+    fn nodes_key(&self) -> String {
+        format!("{}:nodes", self.prefix)
+    }
+
+    fn counter_key(&self) -> String {
+        format!("{}:dispatcher", self.prefix)
+    }
+}
+
+/// What this node reports about its bus, in `/stats` under `cluster`.
+#[derive(Debug, Default)]
+pub(crate) struct ClusterStats {
+    /// The bus's pub/sub link is up and subscribed.
+    pub(crate) connected: AtomicBool,
+    /// Ids this node is subscribed to (held, or lingering).
+    pub(crate) subscriptions: AtomicU64,
+    /// SUBSCRIBE and UNSUBSCRIBE commands sent (each carries many ids).
+    pub(crate) subscribe_commands: AtomicU64,
+    /// PUBLISH commands that Redis answered.
+    pub(crate) publishes: AtomicU64,
+    /// PUBLISH commands that failed or timed out, or were not tried because
+    /// the bus was down.
+    pub(crate) publish_errors: AtomicU64,
+    /// Messages from other nodes handed to the Router.
+    pub(crate) received: AtomicU64,
+    /// This node's own publishes, back from Redis and ignored.
+    pub(crate) echoes: AtomicU64,
+    /// Bus messages that were not `"<instance> <one line>"`, dropped.
+    pub(crate) malformed: AtomicU64,
+    /// Times the pub/sub link was lost and made again.
+    pub(crate) reconnects: AtomicU64,
+    /// Ids subscribed again after reconnects.
+    pub(crate) resubscribed: AtomicU64,
+    /// Failed Redis operations of any kind (connects, commands, heartbeats).
+    pub(crate) errors: AtomicU64,
+    /// Heartbeats written.
+    pub(crate) heartbeats: AtomicU64,
+    /// Bus actor restarts after a panic.
+    pub(crate) restarts: AtomicU64,
+}
+
+/// One node's entry in Redis, as `/cluster` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct NodeInfo {
+    name: String,
+    instance: String,
+    host: String,
+    pid: u32,
+    streams: u64,
+    uptime_s: u64,
+    addr: String,
+}
+
+/// This node's side of the cluster: names, the command connection, its
+/// stats. Shared by `Arc` between the workers, the handlers, the Counter and
+/// the Bus.
+pub(crate) struct Cluster {
+    /// This node's name in `/cluster`.
+    pub(crate) node: String,
+    /// A random id of this process: the origin of its publishes.
+    pub(crate) instance: String,
+    /// Channel and key names.
+    pub(crate) names: Names,
+    /// The settings.
+    pub(crate) settings: ClusterSettings,
+    /// Counters for `/stats`.
+    pub(crate) stats: ClusterStats,
+    /// The server's own counters (streams for the heartbeat).
+    server_stats: Arc<Stats>,
+    /// Where this node listens, for `/cluster`.
+    addr: String,
+    host: String,
+    started: Instant,
+    /// The command connection.
+    conn: ConnectionManager,
+    /// The client the Bus opens its pub/sub connections with.
+    client: redis::Client,
+}
+
+impl Cluster {
+    /// Sets up the command connection (lazily: nothing is sent until the
+    /// first command, and a Redis that is down at start is survived). Must
+    /// run inside a tokio runtime, which drives the connection.
+    pub(crate) fn new(
+        settings: &ClusterSettings,
+        server_stats: Arc<Stats>,
+        addr: String,
+    ) -> Result<Self, redis::RedisError> {
+        let client = redis::Client::open(settings.redis_url.as_str())?;
+        let timeout = Duration::from_millis(settings.command_timeout_ms);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_min_delay(Duration::from_millis(settings.reconnect_min_ms))
+            .set_max_delay(Duration::from_millis(settings.reconnect_max_ms))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let host = hostname();
+        let pid = std::process::id();
+        let node = if settings.node_name.is_empty() {
+            format!("{host}-{pid}")
+        } else {
+            settings.node_name.clone()
+        };
+        tracing::info!(
+            node = %node,
+            redis = %redact_url(&settings.redis_url),
+            prefix = %settings.prefix,
+            "cluster mode"
+        );
+        Ok(Cluster {
+            node,
+            instance: instance_id(),
+            names: Names::new(&settings.prefix),
+            settings: settings.clone(),
+            stats: ClusterStats::default(),
+            server_stats,
+            addr,
+            host,
+            started: Instant::now(),
+            conn,
+            client,
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.command_timeout_ms)
+    }
+
+    /// Runs one command with the command timeout; a failure is counted and
+    /// becomes [`ApiError::BusUnavailable`].
+    async fn command<T>(
+        &self,
+        what: &'static str,
+        f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.timeout(), f(self.conn.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.stats.errors.fetch_add(1, Relaxed);
+                tracing::debug!(command = what, cause = %e, "redis command failed");
+                Err(ApiError::BusUnavailable)
+            }
+            Err(_) => {
+                self.stats.errors.fetch_add(1, Relaxed);
+                tracing::debug!(command = what, "redis command timed out");
+                Err(ApiError::BusUnavailable)
+            }
+        }
+    }
+
+    /// PUBLISHes `msg` on `channel` for the other nodes. Answers how many
+    /// other nodes received it: PUBLISH's count, less this node's own
+    /// subscription when `subscribed_here`. While the bus is down it does not
+    /// wait on Redis at all.
+    pub(crate) async fn publish(
+        &self,
+        channel: String,
+        msg: &str,
+        subscribed_here: bool,
+    ) -> Result<u64, ApiError> {
+        if !self.stats.connected.load(Relaxed) {
+            self.stats.publish_errors.fetch_add(1, Relaxed);
+            return Err(ApiError::BusUnavailable);
+        }
+        let payload = format!("{} {msg}", self.instance);
+        let r = self
+            .command("PUBLISH", async move |mut c| {
+                c.publish::<_, _, u64>(channel, payload).await
+            })
+            .await;
+        match r {
+            Ok(n) => {
+                self.stats.publishes.fetch_add(1, Relaxed);
+                Ok(n.saturating_sub(u64::from(subscribed_here)))
+            }
+            Err(e) => {
+                self.stats.publish_errors.fetch_add(1, Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
+    pub(crate) async fn take_numbers(&self, n: u64) -> Result<u64, ApiError> {
+        let key = self.names.counter_key();
+        let last: u64 = self
+            .command("INCRBY", async move |mut c| c.incr(key, n).await)
+            .await?;
+        self.server_stats.counter.store(last, Relaxed);
+        Ok(last + 1 - n)
+    }
+
+    /// This node as `/cluster` lists it.
+    fn info(&self) -> NodeInfo {
+        NodeInfo {
+            name: self.node.clone(),
+            instance: self.instance.clone(),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            streams: self.server_stats.streams_active() as u64,
+            uptime_s: self.started.elapsed().as_secs(),
+            addr: self.addr.clone(),
+        }
+    }
+
+    /// Writes this node's heartbeat: its key with the TTL, and its name in
+    /// the node set scored by when the key expires.
+    pub(crate) async fn heartbeat(&self) -> Result<(), ApiError> {
+        let ttl = self.settings.heartbeat_ttl_ms;
+        let info = serde_json::to_string(&self.info()).expect("NodeInfo serializes");
+        let (key, set, name) = (
+            self.names.node_key(&self.node),
+            self.names.nodes_key(),
+            self.node.clone(),
+        );
+        let expires = now_ms() + ttl;
+        self.command("heartbeat", async move |mut c| {
+            redis::pipe()
+                .atomic()
+                .cmd("SET")
+                .arg(&key)
+                .arg(info)
+                .arg("PX")
+                .arg(ttl)
+                .ignore()
+                .zadd(&set, name, expires)
+                .ignore()
+                .zrembyscore(&set, "-inf", expires.saturating_sub(ttl + PRUNE_AFTER_MS))
+                .ignore()
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await?;
+        self.stats.heartbeats.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Removes this node from `/cluster` (graceful shutdown).
+    pub(crate) async fn leave(&self) {
+        let (key, set, name) = (
+            self.names.node_key(&self.node),
+            self.names.nodes_key(),
+            self.node.clone(),
+        );
+        let left = self
+            .command("leave", async move |mut c| {
+                redis::pipe()
+                    .del(&key)
+                    .ignore()
+                    .zrem(&set, name)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await;
+        if left.is_err() {
+            tracing::warn!(
+                "could not remove this node from /cluster; it drops out when its heartbeat expires"
+            );
+        }
+    }
+
+    /// Every live node (its heartbeat key has not expired), by name, and
+    /// the totals.
+    pub(crate) async fn view(&self) -> Result<Value, ApiError> {
+        let set = self.names.nodes_key();
+        let names: Vec<String> = self
+            .command("ZRANGE", async move |mut c| c.zrange(set, 0, -1).await)
+            .await?;
+        let keys: Vec<String> = names.iter().map(|n| self.names.node_key(n)).collect();
+        let entries: Vec<Option<String>> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            self.command("MGET", async move |mut c| {
+                redis::cmd("MGET").arg(keys).query_async(&mut c).await
+            })
+            .await?
+        };
+        let mut nodes: Vec<NodeInfo> = entries
+            .into_iter()
+            .flatten()
+            .filter_map(|e| serde_json::from_str(&e).ok())
+            .collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(view_json("cluster", &self.node, &nodes))
+    }
+
+    /// The `cluster` section of `/stats`.
+    pub(crate) fn snapshot(&self) -> Value {
+        let s = &self.stats;
+        let get = |a: &AtomicU64| a.load(Relaxed);
+        json!({
+            "node": self.node,
+            "instance": self.instance,
+            "connected": s.connected.load(Relaxed),
+            "subscriptions": get(&s.subscriptions),
+            "subscribe_commands": get(&s.subscribe_commands),
+            "publishes": get(&s.publishes),
+            "publish_errors": get(&s.publish_errors),
+            "received": get(&s.received),
+            "echoes": get(&s.echoes),
+            "malformed": get(&s.malformed),
+            "reconnects": get(&s.reconnects),
+            "resubscribed": get(&s.resubscribed),
+            "errors": get(&s.errors),
+            "heartbeats": get(&s.heartbeats),
+            "restarts": get(&s.restarts),
+        })
+    }
+}
+
+/// `/cluster` of a server without a bus: just itself.
+pub(crate) fn single_view(stats: &Stats, addr: &str) -> Value {
+    let host = hostname();
+    let pid = std::process::id();
+    let me = NodeInfo {
+        name: format!("{host}-{pid}"),
+        instance: String::new(),
+        host,
+        pid,
+        streams: stats.streams_active() as u64,
+        uptime_s: stats.uptime().as_secs(),
+        addr: addr.to_owned(),
+    };
+    view_json("single", &me.name.clone(), &[me])
+}
+
+fn view_json(mode: &str, node: &str, nodes: &[NodeInfo]) -> Value {
+    let streams: u64 = nodes.iter().map(|n| n.streams).sum();
+    json!({
+        "mode": mode,
+        "node": node,
+        "nodes": nodes,
+        "totals": { "nodes": nodes.len(), "streams": streams },
+    })
+}
+
+/// A bus payload's origin and message, if it is `"<instance> <one line>"`.
+pub(crate) fn parse_payload(payload: &[u8]) -> Option<(&str, &str)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (origin, msg) = text.split_once(' ')?;
+    (!origin.is_empty() && !msg.is_empty() && !msg.contains(['\r', '\n'])).then_some((origin, msg))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The kernel's host name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// 16 hex digits, random per process (std's hasher keys are random).
+fn instance_id() -> String {
+    let seed = RandomState::new().hash_one((std::process::id(), now_ms()));
+    format!("{seed:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let n = Names::new("sb");
+        assert_eq!(n.id_channel("foo"), "sb:id:foo");
+        assert_eq!(n.id_of("sb:id:foo"), Some("foo"));
+        assert_eq!(n.id_of("sb:broadcast"), None);
+        assert_eq!(n.id_of("other:id:foo"), None);
+        assert_eq!(n.broadcast(), "sb:broadcast");
+    }
+
+    #[test]
+    fn payloads() {
+        assert_eq!(parse_payload(b"abc hello world"), Some(("abc", "hello world")));
+        assert_eq!(parse_payload(b"abc"), None);
+        assert_eq!(parse_payload(b" hello"), None);
+        assert_eq!(parse_payload(b"abc "), None);
+        assert_eq!(parse_payload(b"abc a\nb"), None);
+        assert_eq!(parse_payload(b"abc \xff"), None);
+    }
+
+    #[test]
+    fn instance_ids_differ() {
+        assert_ne!(instance_id(), instance_id());
+        assert_eq!(instance_id().len(), 16);
+    }
+}
