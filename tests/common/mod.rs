@@ -331,3 +331,261 @@ impl StreamClient {
         Ok(lines)
     }
 }
+
+/// A reply from Redis, as RESP2 encodes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// `+OK`
+    Simple(String),
+    /// `-ERR ...`
+    Error(String),
+    /// `:42`
+    Int(i64),
+    /// `$3\r\nfoo`, or `$-1` (nil).
+    Bulk(Option<Vec<u8>>),
+    /// `*2 ...`, or `*-1` (nil).
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// The reply as text: simple strings and bulk strings; `None` for nil.
+    pub fn text(&self) -> Option<String> {
+        match self {
+            Resp::Simple(s) => Some(s.clone()),
+            Resp::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Resp::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    pub fn items(&self) -> &[Resp] {
+        match self {
+            Resp::Array(Some(items)) => items,
+            _ => &[],
+        }
+    }
+}
+
+/// Writes one command as a RESP array of bulk strings.
+pub fn write_resp_command(w: &mut impl Write, args: &[&str]) -> io::Result<()> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    w.write_all(&out)
+}
+
+/// Reads one RESP2 reply.
+pub fn read_resp(r: &mut impl BufRead) -> io::Result<Resp> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("bad RESP {what}: {line:?}"));
+    let body = line.strip_suffix("\r\n").ok_or_else(|| bad("line end"))?;
+    let (kind, rest) = body.split_at(body.len().min(1));
+    let int = || rest.parse::<i64>().map_err(|_| bad("number"));
+    Ok(match kind {
+        "+" => Resp::Simple(rest.to_owned()),
+        "-" => Resp::Error(rest.to_owned()),
+        ":" => Resp::Int(int()?),
+        "$" => match int()? {
+            n if n < 0 => Resp::Bulk(None),
+            n => {
+                let mut data = vec![0; n as usize + 2];
+                r.read_exact(&mut data)?;
+                data.truncate(n as usize);
+                Resp::Bulk(Some(data))
+            }
+        },
+        "*" => match int()? {
+            n if n < 0 => Resp::Array(None),
+            n => Resp::Array(Some((0..n).map(|_| read_resp(r)).collect::<io::Result<_>>()?)),
+        },
+        _ => return Err(bad("type")),
+    })
+}
+
+/// One command to the Redis on 127.0.0.1:`port`, on a fresh connection.
+pub fn redis_command(port: u16, args: &[&str]) -> io::Result<Resp> {
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(READ_TIMEOUT))?;
+    let mut r = BufReader::new(s);
+    write_resp_command(r.get_mut(), args)?;
+    read_resp(&mut r)
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns; a race is possible).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real `redis-server` on 127.0.0.1, started for one test, without
+/// persistence, stopped (SIGKILL to the process this started) on drop.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl RedisServer {
+    /// On a free port; retries with another port if one was taken meanwhile.
+    pub fn start() -> Self {
+        let mut last = None;
+        for _ in 0..5 {
+            match Self::try_start_on(free_port()) {
+                Ok(r) => return r,
+                Err(e) => last = Some(e),
+            }
+        }
+        panic!("redis-server did not start: {}", last.unwrap());
+    }
+
+    /// On `port` (e.g. the port of a Redis killed before, to restart it).
+    pub fn start_on(port: u16) -> Self {
+        Self::try_start_on(port).unwrap_or_else(|e| panic!("redis-server on port {port}: {e}"))
+    }
+
+    fn try_start_on(port: u16) -> io::Result<Self> {
+        let port_arg = port.to_string();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port_arg, "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed; the cluster tests need a real one: \
+                 apt-get install -y redis-server"
+            ),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        let mut redis = RedisServer {
+            port,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if redis_command(port, &["PING"]).is_ok_and(|r| r == Resp::Simple("PONG".into())) {
+                return Ok(redis);
+            }
+            let child = redis.child.as_mut().unwrap();
+            if let Some(status) = child.try_wait()? {
+                redis.child = None;
+                return Err(io::Error::other(format!(
+                    "redis-server exited with {status} (port {port} taken?)"
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("redis-server on port {port} did not answer PING within 5 s"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id of the redis-server this started.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Sends one command and returns its reply; panics if Redis cannot be reached.
+    pub fn command(&self, args: &[&str]) -> Resp {
+        redis_command(self.port, args).unwrap_or_else(|e| panic!("redis {args:?}: {e}"))
+    }
+
+    /// `PUBSUB NUMSUB channel`: how many connections subscribe to it.
+    pub fn numsub(&self, channel: &str) -> i64 {
+        let r = self.command(&["PUBSUB", "NUMSUB", channel]);
+        r.items()
+            .get(1)
+            .and_then(Resp::int)
+            .unwrap_or_else(|| panic!("PUBSUB NUMSUB {channel}: {r:?}"))
+    }
+
+    /// Polls `PUBSUB NUMSUB channel` until it is `n` or `within` passes;
+    /// returns the last count.
+    pub fn wait_numsub(&self, channel: &str, n: i64, within: Duration) -> i64 {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.numsub(channel);
+            if got == n || Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A `MONITOR` connection: every command Redis runs from now on, one
+    /// line each, collected by a reader thread.
+    pub fn monitor(&self) -> RedisMonitor {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut r = BufReader::new(s);
+        write_resp_command(r.get_mut(), &["MONITOR"]).unwrap();
+        let mut first = String::new();
+        r.read_line(&mut first).unwrap();
+        assert_eq!(first, "+OK\r\n", "MONITOR");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&lines);
+        let shutdown = r.get_ref().try_clone().unwrap();
+        std::thread::spawn(move || {
+            for line in r.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        RedisMonitor { lines, shutdown }
+    }
+
+    /// SIGKILL to the redis-server this started, and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The lines a `MONITOR` connection has seen (`+<time> [0 addr] "CMD" "arg"`).
+pub struct RedisMonitor {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    shutdown: TcpStream,
+}
+
+impl RedisMonitor {
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RedisMonitor {
+    fn drop(&mut self) {
+        let _ = self.shutdown.shutdown(std::net::Shutdown::Both);
+    }
+}

@@ -1,0 +1,954 @@
+//! Cluster mode over a real `redis-server`: the fleet-wide dispatcher, sends
+//! and broadcasts across nodes, subscription lingering, Redis outages and
+//! restarts, dead nodes, and `--processes N` (children, restarts, SIGTERM).
+//!
+//! Every test starts its own redis-server on a free port and uses its own
+//! `cluster.prefix`, so the tests share nothing and run in parallel.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchboard::Settings;
+
+use common::{RedisServer, Response, StreamClient, TestServer, free_port, request, settings};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+
+/// The bound on every wait for something that should happen at once.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A `cluster.prefix` no other test (or earlier run) uses.
+fn prefix(test: &str) -> String {
+    format!("sbt-{test}-{}", std::process::id())
+}
+
+/// The Redis channel of one id.
+fn id_channel(prefix: &str, id: &str) -> String {
+    format!("{prefix}:id:{id}")
+}
+
+/// Polls `f` every 10 ms until it holds; panics naming `what` after `within`.
+fn wait_until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn get(addr: SocketAddr, path: &str) -> Response {
+    request(addr, "GET", path, &[], b"").unwrap_or_else(|e| panic!("GET {path} on {addr}: {e}"))
+}
+
+fn post(addr: SocketAddr, path: &str, body: &str) -> Response {
+    request(addr, "POST", path, &[], body.as_bytes()).unwrap_or_else(|e| panic!("POST {path} on {addr}: {e}"))
+}
+
+/// Waits until `/readyz` answers 200 (the node's bus is connected).
+fn wait_ready(addr: SocketAddr) {
+    wait_until(WAIT, &format!("{addr} /readyz 200"), || {
+        request(addr, "GET", "/readyz", &[], b"").is_ok_and(|r| r.status == 200)
+    });
+}
+
+/// `/cluster` once it answers 200 with `pred` holding; `Err` with the last
+/// answer (or null) when `within` passes first.
+fn try_wait_cluster(
+    addr: SocketAddr,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Result<Value, Value> {
+    let mut last = Value::Null;
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = request(addr, "GET", "/cluster", &[], b"")
+            && r.status == 200
+        {
+            last = r.json();
+            if pred(&last) {
+                return Ok(last);
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(last);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `/cluster` once `pred` holds; panics naming `what` after `within`.
+fn wait_cluster(addr: SocketAddr, within: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    try_wait_cluster(addr, within, pred)
+        .unwrap_or_else(|last| panic!("not within {within:?}: {what}; last /cluster: {last}"))
+}
+
+/// The `pid`s of the nodes in a `/cluster` answer.
+fn cluster_pids(cluster: &Value) -> BTreeSet<u64> {
+    cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["pid"].as_u64().unwrap())
+        .collect()
+}
+
+fn cluster_names(cluster: &Value) -> Vec<String> {
+    cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Settings for an in-process node `name` on `redis` under `prefix`.
+fn node_settings(redis: &RedisServer, prefix: &str, name: &str) -> Settings {
+    let mut s = settings();
+    s.cluster.redis_url = redis.url();
+    s.cluster.prefix = prefix.to_owned();
+    s.cluster.node_name = name.to_owned();
+    s
+}
+
+/// An in-process node, started and with its bus connected.
+fn start_node(s: Settings) -> TestServer {
+    let srv = TestServer::start(s);
+    wait_ready(srv.addr);
+    srv
+}
+
+/// Opens `id` on `addr` and reads its welcome line.
+fn open(addr: SocketAddr, id: &str) -> StreamClient {
+    let mut c = StreamClient::open(addr, id);
+    assert_eq!(c.status, 200, "GET /test/{id} on {addr}");
+    assert_eq!(c.line(), format!("Switchboard welcomes you! Your Id: {id}"));
+    c
+}
+
+/// A `switchboard` binary as a process, with its JSON log lines.
+struct Proc {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    /// Spawns `cmd` with JSON logs on a piped stderr collected line by line.
+    fn spawn(mut cmd: Command) -> Proc {
+        cmd.env("SWITCHBOARD__LOG__FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Proc { child, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The `fields` of every JSON log line whose message is `message`.
+    fn log_fields(&self, message: &str) -> Vec<Value> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["fields"]["message"] == message)
+            .map(|v| v["fields"].clone())
+            .collect()
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// The addresses of the first "switchboard listening" line.
+    fn wait_listening(&self) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(f) = self.log_fields("switchboard listening").first() {
+                let addrs = f["addrs"].as_str().unwrap();
+                return addrs
+                    .trim_matches(['[', ']'])
+                    .split(", ")
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no listening line; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "did not exit within {within:?}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// [`wait_cluster`], with this process's log if it fails.
+    fn wait_cluster(
+        &self,
+        addr: SocketAddr,
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        try_wait_cluster(addr, within, pred).unwrap_or_else(|last| {
+            panic!(
+                "not within {within:?}: {what}; last /cluster: {last}; log:\n{}",
+                self.log_text()
+            )
+        })
+    }
+
+    /// Sends `signal` ("TERM", "KILL") to this process (the one this started).
+    fn signal(&self, signal: &str) {
+        send_signal(self.pid(), signal);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGKILL to a `--processes` parent would orphan its children: ask
+        // with SIGTERM first, and SIGKILL only if it does not exit.
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.pid().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill -{signal} {pid}");
+}
+
+/// The parent pid of `pid`, from /proc/PID/stat (None once it is gone).
+fn parent_of(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The binary with a cluster configuration: JSON logs, one worker, no ticks.
+fn binary(redis: &RedisServer, prefix: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__SERVER__WORKERS", "1")
+        .env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000")
+        .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "600000")
+        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
+        .env("SWITCHBOARD__CLUSTER__PREFIX", prefix);
+    cmd
+}
+
+/// One single-process node as a binary named `name`; waits for its bus.
+fn binary_node(mut cmd: Command, name: &str) -> (Proc, SocketAddr) {
+    cmd.env("SWITCHBOARD__CLUSTER__NODE_NAME", name);
+    let p = Proc::spawn(cmd);
+    let addr = p.wait_listening();
+    wait_ready(addr);
+    (p, addr)
+}
+
+/// `/dispatcher` asked through two nodes at once hands out every number
+/// from 1 to 400 exactly once: the count lives in Redis, not in a node.
+#[test]
+fn dispatcher_through_two_nodes_is_unique_and_gap_free() {
+    let redis = RedisServer::start();
+    let p = prefix("dispatcher");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut numbers: Vec<u64> = std::thread::scope(|scope| {
+        let workers: Vec<_> = [a.addr, b.addr]
+            .into_iter()
+            .flat_map(|addr| std::iter::repeat_n(addr, 4))
+            .map(|addr| {
+                scope.spawn(move || {
+                    (0..50)
+                        .map(|_| {
+                            let r = get(addr, "/dispatcher");
+                            assert_eq!(r.status, 200, "{}", r.text());
+                            r.text().parse::<u64>().unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    numbers.sort_unstable();
+    assert_eq!(numbers, (1..=400).collect::<Vec<_>>());
+    let key = format!("{p}:dispatcher");
+    assert_eq!(redis.command(&["GET", &key]).text().as_deref(), Some("400"));
+}
+
+/// A send on one process reaches a stream held by another process: the
+/// answer counts no local stream and one node reached, the stream gets it.
+#[test]
+fn send_on_one_process_reaches_a_stream_on_another() {
+    let redis = RedisServer::start();
+    let p = prefix("across");
+    let (a, a_addr) = binary_node(binary(&redis, &p), "a");
+    let (b, b_addr) = binary_node(binary(&redis, &p), "b");
+    let mut far = open(b_addr, "far");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "far"), 1, WAIT), 1);
+
+    let r = post(a_addr, "/send/far", "across the bus");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"id": "far", "delivered": 0, "nodes": 1}));
+    assert_eq!(far.line(), "Recvd msg #1: 'across the bus'");
+
+    let r = post(a_addr, "/send/nobody", "x");
+    assert_eq!(r.json(), json!({"id": "nobody", "delivered": 0, "nodes": 0}));
+
+    // Both processes are in /cluster, by name and with their own pids.
+    let c = wait_cluster(a_addr, WAIT, "a and b listed", |c| c["totals"]["nodes"] == 2);
+    assert_eq!(c["mode"], "cluster");
+    assert_eq!(c["node"], "a");
+    assert_eq!(cluster_names(&c), ["a", "b"]);
+    let pids: BTreeSet<u64> = [a.pid(), b.pid()].into_iter().map(u64::from).collect();
+    assert_eq!(cluster_pids(&c), pids, "{c}");
+    drop(far);
+}
+
+/// A broadcast on one node reaches the streams of all three nodes once each;
+/// the answer counts the local stream and the two other nodes.
+#[test]
+fn broadcast_reaches_streams_on_three_nodes() {
+    let redis = RedisServer::start();
+    let p = prefix("broadcast");
+    let nodes: Vec<TestServer> = ["a", "b", "c"]
+        .into_iter()
+        .map(|n| start_node(node_settings(&redis, &p, n)))
+        .collect();
+    let mut streams: Vec<StreamClient> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| open(n.addr, &format!("b{i}")))
+        .collect();
+    let channel = format!("{p}:broadcast");
+    assert_eq!(redis.wait_numsub(&channel, 3, WAIT), 3);
+
+    let r = post(nodes[0].addr, "/broadcast", "to everyone");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"delivered": 1, "nodes": 2}));
+    for s in &mut streams {
+        assert_eq!(s.line(), "Recvd msg #1: 'to everyone'");
+    }
+    // Once each: a second broadcast, from another node, is the next line
+    // everywhere (node a's own echo of the first came before it).
+    let r = post(nodes[2].addr, "/broadcast", "again");
+    assert_eq!(r.json(), json!({"delivered": 1, "nodes": 2}));
+    for s in &mut streams {
+        assert_eq!(s.line(), "Recvd msg #2: 'again'");
+    }
+}
+
+/// One id open on two nodes: each stream gets every message exactly once,
+/// whichever node takes the send; that node answers delivered 1, nodes 1.
+#[test]
+fn one_id_on_two_nodes_gets_each_message_exactly_once() {
+    let redis = RedisServer::start();
+    let p = prefix("twice");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut on_a = open(a.addr, "both");
+    let mut on_b = open(b.addr, "both");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "both"), 2, WAIT), 2);
+
+    let expect = json!({"id": "both", "delivered": 1, "nodes": 1});
+    // Sends alternate between the nodes. Redis hands a node its own echo
+    // before any later publish, so a stream that did not ignore the echo
+    // of its node's send would see that message twice before the next one.
+    for (n, (via, msg)) in [(&a, "one"), (&b, "two"), (&a, "three"), (&b, "four")]
+        .into_iter()
+        .enumerate()
+    {
+        let r = post(via.addr, "/send/both", msg);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json(), expect, "sending {msg:?}");
+        let line = format!("Recvd msg #{}: '{msg}'", n + 1);
+        assert_eq!(on_a.line(), line, "the stream on a");
+        assert_eq!(on_b.line(), line, "the stream on b");
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa["cluster"]["received"], 2, "{sa}");
+    assert_eq!(sb["cluster"]["received"], 2, "{sb}");
+}
+
+/// When the last local stream of an id closes, its subscription stays for
+/// `unsubscribe_linger_ms` and then goes: PUBSUB NUMSUB 1 → 0, not before.
+#[test]
+fn a_closed_streams_subscription_goes_after_the_linger() {
+    let redis = RedisServer::start();
+    let p = prefix("linger");
+    let mut s = node_settings(&redis, &p, "a");
+    s.cluster.unsubscribe_linger_ms = 300;
+    let a = start_node(s);
+    let channel = id_channel(&p, "brief");
+    let stream = open(a.addr, "brief");
+    assert_eq!(redis.wait_numsub(&channel, 1, WAIT), 1);
+    assert_eq!(a.stats()["cluster"]["subscriptions"], 1);
+
+    let closed = Instant::now();
+    drop(stream);
+    assert_eq!(redis.wait_numsub(&channel, 0, WAIT), 0);
+    let gone = closed.elapsed();
+    assert!(
+        gone >= Duration::from_millis(300),
+        "unsubscribed {gone:?} after the close"
+    );
+    // The server notices a close within a second; the linger adds 300 ms.
+    assert!(
+        gone < Duration::from_millis(2000),
+        "unsubscribed only {gone:?} after the close"
+    );
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["subscriptions"] == 0);
+    assert_eq!(st["cluster"]["subscriptions"], 0, "{st}");
+}
+
+/// A stream of the same id reopened within the linger keeps the one
+/// subscription: no UNSUBSCRIBE reaches Redis, NUMSUB stays 1 past the
+/// linger, and a send from another node still reaches the new stream.
+#[test]
+fn reopening_within_the_linger_keeps_the_subscription() {
+    let redis = RedisServer::start();
+    let p = prefix("relinger");
+    let mut s = node_settings(&redis, &p, "a");
+    s.cluster.unsubscribe_linger_ms = 300;
+    let a = start_node(s);
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let channel = id_channel(&p, "back");
+    let first = open(a.addr, "back");
+    assert_eq!(redis.wait_numsub(&channel, 1, WAIT), 1);
+    let monitor = redis.monitor();
+
+    drop(first);
+    // The node has seen the close (the linger has begun); reopen at once.
+    a.wait_stats(WAIT, |s| s["connections"]["active"] == 0);
+    let mut again = open(a.addr, "back");
+    // Three lingers' worth: the subscription must hold throughout.
+    let until = Instant::now() + Duration::from_millis(900);
+    while Instant::now() < until {
+        assert_eq!(redis.numsub(&channel), 1, "the subscription was dropped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let seen = monitor.lines();
+    assert!(
+        seen.iter().any(|l| l.to_ascii_lowercase().contains("\"numsub\"")),
+        "the monitor sees commands: {seen:?}"
+    );
+    let unsubscribes: Vec<String> = seen
+        .into_iter()
+        .filter(|l| l.to_ascii_lowercase().contains("\"unsubscribe\""))
+        .collect();
+    assert!(unsubscribes.is_empty(), "{unsubscribes:?}");
+    assert_eq!(a.stats()["cluster"]["subscriptions"], 1);
+
+    let r = post(b.addr, "/send/back", "still subscribed");
+    assert_eq!(r.json(), json!({"id": "back", "delivered": 0, "nodes": 1}));
+    assert_eq!(again.line(), "Recvd msg #1: 'still subscribed'");
+}
+
+/// With Redis killed, a node still delivers to its own streams (503 "cluster
+/// bus unavailable" with delivered 1), remote sends and broadcasts answer
+/// 503, and /readyz, /dispatcher and /cluster answer 503.
+#[test]
+fn with_redis_down_local_delivery_continues_and_the_rest_answers_503() {
+    let mut redis = RedisServer::start();
+    let p = prefix("down");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut here = open(a.addr, "here");
+    let _there = open(b.addr, "there");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "here"), 1, WAIT), 1);
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "there"), 1, WAIT), 1);
+
+    redis.kill();
+    let down = json!({"error": "cluster bus unavailable"});
+    for n in [&a, &b] {
+        wait_until(WAIT, "/readyz 503 after Redis died", || {
+            n.get("/readyz").status == 503
+        });
+        let r = n.get("/readyz");
+        assert_eq!(r.json(), down);
+    }
+
+    let r = a.post("/send/here", "local only");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"error": "cluster bus unavailable", "id": "here", "delivered": 1})
+    );
+    assert_eq!(here.line(), "Recvd msg #1: 'local only'");
+
+    let r = a.post("/send/there", "lost");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"error": "cluster bus unavailable", "id": "there", "delivered": 0})
+    );
+
+    let r = a.post("/broadcast", "everyone");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"error": "cluster bus unavailable", "delivered": 1})
+    );
+    assert_eq!(here.line(), "Recvd msg #2: 'everyone'");
+
+    for path in ["/dispatcher", "/cluster"] {
+        let r = a.get(path);
+        assert_eq!((r.status, r.json()), (503, down.clone()), "{path}");
+    }
+    assert_eq!(a.get("/healthz").status, 200, "liveness is unaffected");
+    let st = a.stats();
+    assert_eq!(st["cluster"]["connected"], false, "{st}");
+    assert!(st["cluster"]["publish_errors"].as_u64().unwrap() >= 2, "{st}");
+}
+
+/// Redis restarted on the same port: cross-node delivery works again within
+/// 2 s of the restart (plus the time redis-server takes to start), with the
+/// far node's subscription restored.
+#[test]
+fn after_redis_restarts_cross_node_delivery_resumes_within_two_seconds() {
+    let mut redis = RedisServer::start();
+    let port = redis.port;
+    let p = prefix("restart");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut there = open(b.addr, "there");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "there"), 1, WAIT), 1);
+
+    redis.kill();
+    for n in [&a, &b] {
+        wait_until(WAIT, "/readyz 503 after Redis died", || {
+            n.get("/readyz").status == 503
+        });
+    }
+    // Down long enough for the reconnect backoff to reach its maximum (1 s).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(a.post("/send/there", "while down").status, 503);
+
+    let restarted = Instant::now();
+    let redis = RedisServer::start_on(port);
+    let startup = restarted.elapsed();
+    // Probe until a publish reaches b's subscription again.
+    let mut k = 0;
+    let probe = loop {
+        k += 1;
+        let body = format!("probe {k}");
+        let r = a.post("/send/there", &body);
+        if r.status == 200 && r.json()["nodes"] == 1 {
+            break body;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(10),
+            "no cross-node delivery 10 s after the restart; last answer {} {}",
+            r.status,
+            r.text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut first = None;
+    loop {
+        let line = there.message();
+        if line.contains("'probe ") && first.is_none() {
+            first = Some(restarted.elapsed());
+        }
+        if line.ends_with(&format!("'{probe}'")) {
+            break;
+        }
+    }
+    let took = first.unwrap();
+    assert!(
+        took <= Duration::from_secs(2) + startup,
+        "first cross-node message {took:?} after the restart (redis-server took {startup:?})"
+    );
+    assert_eq!(redis.numsub(&id_channel(&p, "there")), 1);
+    let st = b.wait_stats(WAIT, |s| s["cluster"]["connected"] == true);
+    assert!(st["cluster"]["reconnects"].as_u64().unwrap() >= 1, "{st}");
+    assert!(st["cluster"]["resubscribed"].as_u64().unwrap() >= 1, "{st}");
+    wait_ready(a.addr);
+    wait_ready(b.addr);
+}
+
+/// A node killed with SIGKILL does not disturb the others (a send between
+/// the survivors still works) and leaves /cluster after its heartbeat TTL.
+#[test]
+fn a_killed_node_leaves_the_cluster_after_its_ttl() {
+    let redis = RedisServer::start();
+    let p = prefix("killed");
+    let fast = |redis: &RedisServer| {
+        let mut cmd = binary(redis, &p);
+        cmd.env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "300")
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
+        cmd
+    };
+    let (_a, a_addr) = binary_node(fast(&redis), "a");
+    let (_b, b_addr) = binary_node(fast(&redis), "b");
+    let (mut c, _) = binary_node(fast(&redis), "c");
+    wait_cluster(a_addr, WAIT, "three nodes", |c| c["totals"]["nodes"] == 3);
+    let mut on_b = open(b_addr, "survivor");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "survivor"), 1, WAIT), 1);
+
+    c.child.kill().unwrap();
+    let killed = Instant::now();
+    c.child.wait().unwrap();
+
+    let r = post(a_addr, "/send/survivor", "still here");
+    assert_eq!(r.json(), json!({"id": "survivor", "delivered": 0, "nodes": 1}));
+    assert_eq!(on_b.line(), "Recvd msg #1: 'still here'");
+
+    let cl = wait_cluster(a_addr, Duration::from_secs(6), "c leaves /cluster", |cl| {
+        !cluster_names(cl).contains(&"c".to_owned())
+    });
+    let gone = killed.elapsed();
+    assert_eq!(cluster_names(&cl), ["a", "b"], "{cl}");
+    assert_eq!(cl["totals"]["nodes"], 2, "{cl}");
+    // Its last heartbeat was at most one interval (300 ms) before the kill.
+    assert!(gone >= Duration::from_millis(1200), "c left after only {gone:?}");
+    assert!(gone <= Duration::from_millis(3500), "c left only after {gone:?}");
+}
+
+/// `--processes 3` on one port with a shared id.
+fn processes(redis: &RedisServer, prefix: &str, n: usize) -> (Proc, SocketAddr) {
+    let port = free_port();
+    let mut cmd = binary(redis, prefix);
+    cmd.args(["--processes", &n.to_string()])
+        .env("SWITCHBOARD__SERVER__PORT", port.to_string())
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
+    let parent = Proc::spawn(cmd);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    parent.wait_cluster(
+        addr,
+        Duration::from_secs(20),
+        &format!("{n} children in /cluster"),
+        |c| c["totals"]["nodes"] == n,
+    );
+    // Every child listens before streams are opened, so the kernel spreads
+    // them over all.
+    wait_until(WAIT, &format!("{n} listening lines"), || {
+        parent.log_fields("switchboard listening").len() >= n
+    });
+    (parent, addr)
+}
+
+/// `--processes 3`: 300 streams of one id spread over three child processes
+/// (as /cluster shows them), the parent's log names those pids, and one send
+/// to the id reaches each of the 300 exactly once.
+#[test]
+fn three_processes_share_300_streams_and_one_send_reaches_all() {
+    let redis = RedisServer::start();
+    let p = prefix("procs3");
+    let (parent, addr) = processes(&redis, &p, 3);
+    let mut streams: Vec<StreamClient> = (0..300).map(|_| open(addr, "shared")).collect();
+    let cl = parent.wait_cluster(addr, WAIT, "300 streams over three nodes", |c| {
+        c["totals"]["streams"] == 300
+    });
+    let per_node: Vec<u64> = cl["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["streams"].as_u64().unwrap())
+        .collect();
+    assert_eq!(per_node.len(), 3, "{cl}");
+    assert!(per_node.iter().all(|&s| s > 0), "{cl}");
+    assert_eq!(per_node.iter().sum::<u64>(), 300, "{cl}");
+    let pids = cluster_pids(&cl);
+    assert_eq!(pids.len(), 3, "{cl}");
+    for &pid in &pids {
+        assert_eq!(parent_of(pid), Some(u64::from(parent.pid())), "{pid} is a child");
+    }
+    let logged: BTreeSet<u64> = parent
+        .log_fields("started server process")
+        .iter()
+        .map(|f| f["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(logged, pids, "the pids logged at start are the nodes");
+
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "shared"), 3, WAIT), 3);
+    let r = post(addr, "/send/shared", "to all 300");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    assert_eq!(answer["nodes"], 2, "{answer}");
+    assert!(
+        per_node.contains(&answer["delivered"].as_u64().unwrap()),
+        "{answer} {cl}"
+    );
+    for s in &mut streams {
+        assert_eq!(s.line(), "Recvd msg #1: 'to all 300'");
+    }
+    let r = post(addr, "/send/shared", "and again");
+    assert_eq!(r.json()["nodes"], 2);
+    for s in &mut streams {
+        assert_eq!(s.line(), "Recvd msg #2: 'and again'");
+    }
+}
+
+/// A child killed with SIGKILL is restarted by the parent: a new child pid
+/// appears in /cluster, the dead one leaves, and the parent lives on.
+#[test]
+fn a_killed_child_process_is_restarted() {
+    let redis = RedisServer::start();
+    let p = prefix("respawn");
+    let (mut parent, addr) = processes(&redis, &p, 2);
+    let before = cluster_pids(&parent.wait_cluster(addr, WAIT, "two nodes", |c| c["totals"]["nodes"] == 2));
+    let victim = *before.iter().next().unwrap();
+    assert_eq!(
+        parent_of(victim),
+        Some(u64::from(parent.pid())),
+        "{victim} is a child of the parent this test started"
+    );
+    send_signal(victim as u32, "KILL");
+
+    let cl = parent.wait_cluster(addr, Duration::from_secs(10), "a new child pid", |c| {
+        cluster_pids(c).iter().any(|pid| !before.contains(pid))
+    });
+    let fresh: Vec<u64> = cluster_pids(&cl).difference(&before).copied().collect();
+    assert_eq!(fresh.len(), 1, "{cl}");
+    assert_eq!(parent_of(fresh[0]), Some(u64::from(parent.pid())));
+    parent.wait_cluster(addr, Duration::from_secs(4), "the killed pid leaves", |c| {
+        !cluster_pids(c).contains(&victim) && c["totals"]["nodes"] == 2
+    });
+    assert!(
+        parent.child.try_wait().unwrap().is_none(),
+        "the parent is still running"
+    );
+    let restarts = parent.log_fields("server process exited; restarting");
+    assert_eq!(restarts.len(), 1, "{}", parent.log_text());
+    assert_eq!(restarts[0]["restarts"], 1, "{}", parent.log_text());
+    // The restarted child serves: streams spread over both again.
+    let _streams: Vec<StreamClient> = (0..20).map(|i| open(addr, &format!("r{i}"))).collect();
+    parent.wait_cluster(addr, WAIT, "both children hold streams", |c| {
+        c["totals"]["streams"] == 20
+            && c["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["streams"].as_u64() > Some(0))
+    });
+}
+
+/// SIGTERM to the parent of `--processes 2`: every stream, on either child,
+/// ends with the final zero-length chunk, the children are gone and the
+/// parent exits 0.
+#[test]
+fn sigterm_to_the_parent_ends_every_stream_and_exits_zero() {
+    let redis = RedisServer::start();
+    let p = prefix("term");
+    let (mut parent, addr) = processes(&redis, &p, 2);
+    let mut streams: Vec<StreamClient> = (0..20).map(|i| open(addr, &format!("t{i}"))).collect();
+    let cl = parent.wait_cluster(addr, WAIT, "both children hold streams", |c| {
+        c["totals"]["streams"] == 20
+            && c["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["streams"].as_u64() > Some(0))
+    });
+    let children = cluster_pids(&cl);
+
+    parent.signal("TERM");
+    for s in &mut streams {
+        assert_eq!(
+            s.read_to_end().unwrap(),
+            Vec::<String>::new(),
+            "final zero-length chunk"
+        );
+    }
+    let status = parent.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status:?}; log:\n{}", parent.log_text());
+    for pid in children {
+        wait_until(WAIT, &format!("child {pid} gone"), || parent_of(pid).is_none());
+    }
+}
+
+/// `--processes 2` needs `cluster.redis_url`: without it the binary exits
+/// non-zero at once and says so; with port 0 it is refused too.
+#[test]
+fn processes_without_redis_url_or_with_port_zero_are_refused() {
+    let port = free_port().to_string();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--processes", "2"])
+        .env("SWITCHBOARD__SERVER__PORT", &port);
+    let mut p = Proc::spawn(cmd);
+    let started = Instant::now();
+    let status = p.wait_exit(Duration::from_secs(3));
+    assert!(!status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    wait_until(WAIT, "stderr read", || p.log_text().contains("cluster.redis_url"));
+
+    let redis = RedisServer::start();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--processes", "2"])
+        .env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url());
+    let mut p = Proc::spawn(cmd);
+    let status = p.wait_exit(Duration::from_secs(3));
+    assert!(!status.success(), "port 0 with --processes 2 was accepted");
+}
+
+/// /stats has a cluster section: connected, the ids subscribed (one per id,
+/// however many streams hold it), publishes and the echoes of its own
+/// publishes, which are counted and not delivered twice.
+#[test]
+fn stats_have_a_cluster_section() {
+    let redis = RedisServer::start();
+    let p = prefix("stats");
+    let mut s = node_settings(&redis, &p, "solo");
+    s.cluster.unsubscribe_linger_ms = 300;
+    let a = start_node(s);
+    let mut x1 = open(a.addr, "x");
+    let mut x2 = open(a.addr, "x");
+    let y = open(a.addr, "y");
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["subscriptions"] == 2);
+    let c = &st["cluster"];
+    assert_eq!(c["subscriptions"], 2, "{st}");
+    assert_eq!(c["connected"], true, "{st}");
+    assert_eq!(c["node"], "solo", "{st}");
+    assert!(c["instance"].is_string(), "{st}");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "x"), 1, WAIT), 1);
+
+    let r = a.post("/send/x", "m1");
+    assert_eq!(r.json(), json!({"id": "x", "delivered": 2, "nodes": 0}));
+    // The echo of its own publish comes back and is counted, not delivered.
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["echoes"] == 1);
+    assert_eq!(st["cluster"]["echoes"], 1, "{st}");
+    let r = a.post("/send/x", "m2");
+    assert_eq!(r.json()["delivered"], 2);
+    for s in [&mut x1, &mut x2] {
+        assert_eq!(s.line(), "Recvd msg #1: 'm1'");
+        assert_eq!(s.line(), "Recvd msg #2: 'm2'");
+    }
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["echoes"] == 2);
+    let c = &st["cluster"];
+    assert_eq!(c["echoes"], 2, "{st}");
+    assert_eq!(c["publishes"], 2, "{st}");
+    assert_eq!(c["publish_errors"], 0, "{st}");
+    assert_eq!(c["received"], 0, "{st}");
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["heartbeats"].as_u64() > Some(0));
+    assert!(st["cluster"]["heartbeats"].as_u64() > Some(0), "{st}");
+
+    drop(y);
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["subscriptions"] == 1);
+    assert_eq!(st["cluster"]["subscriptions"], 1, "{st}");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "y"), 0, WAIT), 0);
+}
+
+/// Without `cluster.redis_url` nothing changes: /readyz is ok, /cluster
+/// describes this one process, /stats has no cluster section, and /send
+/// answers without `nodes`.
+#[test]
+fn single_mode_answers_are_unchanged() {
+    let srv = TestServer::start(settings());
+    let r = srv.get("/readyz");
+    assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
+    let c = srv.get("/cluster").json();
+    assert_eq!(c["mode"], "single", "{c}");
+    assert_eq!(c["nodes"].as_array().unwrap().len(), 1, "{c}");
+    assert_eq!(c["totals"]["nodes"], 1, "{c}");
+    assert_eq!(c["nodes"][0]["pid"], std::process::id(), "{c}");
+    assert!(srv.stats().get("cluster").is_none());
+    assert_eq!(
+        srv.post("/send/x", "m").json(),
+        json!({"id": "x", "delivered": 0})
+    );
+    let _s = srv.open("one");
+    srv.wait_stats(WAIT, |s| s["connections"]["active"] == 1);
+    assert_eq!(srv.get("/cluster").json()["totals"]["streams"], 1);
+}
+
+/// A panic inside the Bus actor restarts it under its Supervisor: the node
+/// reconnects, subscribes again to the ids it holds, and a send from another
+/// node reaches a stream that was open before the crash.
+#[test]
+fn a_crashed_bus_restarts_and_resubscribes() {
+    let redis = RedisServer::start();
+    let p = prefix("crash");
+    let mut s = node_settings(&redis, &p, "a");
+    s.debug.fault_injection = true;
+    let a = start_node(s);
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut held = open(a.addr, "kept");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "kept"), 1, WAIT), 1);
+
+    let r = a.post("/admin/crash/bus", "");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let st = a.wait_stats(WAIT, |s| {
+        s["cluster"]["restarts"] == 1 && s["cluster"]["connected"] == true && s["cluster"]["reconnects"] == 1
+    });
+    assert_eq!(st["cluster"]["resubscribed"], 1, "{st}");
+    assert_eq!(st["cluster"]["subscriptions"], 1, "{st}");
+    // Redis counts one subscriber: the old link was closed, not leaked.
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "kept"), 1, WAIT), 1);
+    let r = b.post("/send/kept", "after the crash");
+    assert_eq!(r.json(), json!({"id": "kept", "delivered": 0, "nodes": 1}));
+    assert_eq!(held.line(), "Recvd msg #1: 'after the crash'");
+}
+
+/// Many streams opening at once are subscribed in a few batched SUBSCRIBE
+/// commands, not one per id, and every one of them is subscribed.
+#[test]
+fn a_burst_of_new_ids_is_a_few_subscribe_commands() {
+    let redis = RedisServer::start();
+    let p = prefix("burst");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let before = a.stats()["cluster"]["subscribe_commands"].as_u64().unwrap();
+    let streams: Vec<StreamClient> = (0..1000).map(|i| open(a.addr, &format!("b{i}"))).collect();
+    let st = a.wait_stats(WAIT, |s| s["cluster"]["subscriptions"] == 1000);
+    assert_eq!(st["cluster"]["subscriptions"], 1000, "{st}");
+    let commands = st["cluster"]["subscribe_commands"].as_u64().unwrap() - before;
+    // Opening 1,000 streams one after another takes a few hundred ms here;
+    // with the 10 ms gathering window that is some tens of commands.
+    assert!(
+        commands <= 100,
+        "{commands} SUBSCRIBE commands for 1,000 ids: {st}"
+    );
+    for i in [0, 499, 999] {
+        assert_eq!(redis.wait_numsub(&id_channel(&p, &format!("b{i}")), 1, WAIT), 1);
+    }
+    drop(streams);
+}
