@@ -567,7 +567,7 @@ fn after_redis_restarts_cross_node_delivery_resumes_within_two_seconds() {
             n.get("/readyz").status == 503
         });
     }
-    // Down long enough for the reconnect backoff to reach its maximum (1 s).
+    // Down long enough for the reconnect backoff to reach its maximum (0.5 s).
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(a.post("/send/there", "while down").status, 503);
 

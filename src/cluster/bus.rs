@@ -13,7 +13,9 @@
 //! out), the Bus marks the node not ready, reconnects with jittered
 //! exponential backoff and, once connected, subscribes again to the
 //! broadcast channel and to every id the Router holds plus the lingering
-//! ones, in batches. It runs under a `Supervisor`: a panic in a handler
+//! ones, in batches. It is ready again `reconnect_max_ms` + 100 ms later,
+//! when every other node that lost Redis too has had its next attempt:
+//! before that a publish could miss their streams yet answer 200. It runs under a `Supervisor`: a panic in a handler
 //! restarts it (see [`crate::supervision`]), which drops the link and makes
 //! it again, resubscribing the same way.
 //!
@@ -46,6 +48,9 @@ pub(crate) const MAX_BATCH: usize = 1000;
 /// command 50 at a time (measured without the window: 13), and a stream can
 /// get messages from other nodes at most this much later.
 const GATHER: Duration = Duration::from_millis(10);
+
+/// Added to `reconnect_max_ms` for [`Bus::settle`].
+const SETTLE_MARGIN: Duration = Duration::from_millis(100);
 
 /// How often lingering ids are checked for expiry, at most.
 const SWEEP_MAX: Duration = Duration::from_millis(250);
@@ -122,6 +127,12 @@ impl Bus {
             subscriptions: 0,
             was_up: false,
         }
+    }
+
+    /// How long after a reconnect the node waits before it is ready: the
+    /// longest backoff of another node, and a connect's round trip.
+    fn settle(&self) -> Duration {
+        Duration::from_millis(self.cluster.settings.reconnect_max_ms) + SETTLE_MARGIN
     }
 
     fn linger(&self) -> Duration {
@@ -241,7 +252,7 @@ impl Bus {
         self.held
             .send(HeldIds)
             .into_actor(self)
-            .map(move |held, bus, _| {
+            .map(move |held, bus, ctx| {
                 if generation != bus.generation {
                     return;
                 }
@@ -256,14 +267,31 @@ impl Bus {
                     bus.send(Op::Subscribe(bus.cluster.names.id_channel(id)));
                 }
                 bus.set_subscriptions(ids.len() as u64);
-                if reconnect {
-                    bus.cluster
-                        .stats
-                        .resubscribed
-                        .fetch_add(ids.len() as u64, Relaxed);
+                if !reconnect {
+                    bus.cluster.stats.connected.store(true, Relaxed);
+                    tracing::info!(ids = ids.len(), reconnect, "cluster bus connected and subscribed");
+                    return;
                 }
-                bus.cluster.stats.connected.store(true, Relaxed);
-                tracing::info!(ids = ids.len(), reconnect, "cluster bus connected and subscribed");
+                bus.cluster
+                    .stats
+                    .resubscribed
+                    .fetch_add(ids.len() as u64, Relaxed);
+                // After an outage the other nodes come back within their own
+                // backoff, up to reconnect_max_ms later than this one. Until
+                // then a PUBLISH would miss their streams and still answer
+                // 200: keep answering 503 (and /readyz 503) that long.
+                let settle = bus.settle();
+                tracing::info!(
+                    ids = ids.len(),
+                    reconnect,
+                    settle_ms = settle.as_millis() as u64,
+                    "cluster bus connected and subscribed again; ready once the other nodes can be back"
+                );
+                ctx.run_later(settle, move |bus, _| {
+                    if generation == bus.generation && bus.link.is_some() {
+                        bus.cluster.stats.connected.store(true, Relaxed);
+                    }
+                });
             })
             .wait(ctx);
     }
