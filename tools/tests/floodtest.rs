@@ -130,6 +130,71 @@ fn churns_streams_without_losing_messages() {
 }
 
 #[test]
+fn reports_the_fleet_from_the_cluster_endpoint() {
+    // A single-process server answers /cluster too: one node (this test
+    // process, where the server runs) holding every stream.
+    let srv = TestServer::start(settings());
+    let url = format!("http://{}/test/k{{n}}", srv.addr);
+    let stats_url = format!("http://{}/cluster", srv.addr);
+    let args = [
+        "--url",
+        &url,
+        "--count",
+        "30",
+        "--rate",
+        "1000",
+        "--duration",
+        "2s",
+        "--interval",
+        "500ms",
+        "--stats-url",
+        &stats_url,
+    ];
+    let (out, summary) = flood(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = std::process::id();
+    // Every interval and the closing lines name the fleet.
+    assert!(stdout.contains("  cluster (single, from "), "{stdout}");
+    assert!(stdout.contains(": 1 node, 30 streams; per node: "), "{stdout}");
+    assert!(stdout.contains(&format!(" (pid {pid}) 30")), "{stdout}");
+    let j = summary.unwrap();
+    assert_eq!(j["active"], 30, "{j}");
+    let c = &j["cluster"];
+    assert_eq!(c["mode"], "single", "{j}");
+    assert_eq!(c["totals"]["nodes"], 1, "{j}");
+    assert_eq!(c["totals"]["streams"], 30, "{j}");
+    assert_eq!(c["nodes"].as_array().map(Vec::len), Some(1), "{j}");
+    assert_eq!(c["nodes"][0]["pid"], pid, "{j}");
+    assert_eq!(c["nodes"][0]["streams"], 30, "{j}");
+    assert_eq!(c["nodes"][0]["name"], c["node"], "{j}");
+    assert_eq!(j["server_error"], Value::Null, "{j}");
+    // /cluster has no memory figures.
+    assert_eq!(j["server_bytes_per_connection"], Value::Null, "{j}");
+
+    // Split over child processes, the parent still reads the fleet (once
+    // the first run's streams are gone, so it counts only its own).
+    let idle = |s: &Value| s["connections"]["active"] == 0;
+    assert!(idle(&srv.wait_stats(Duration::from_secs(5), idle)));
+    let (out, summary) = flood(&[&args[..], &["--max-per-process", "10"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("30 streams over 3 processes"), "{stdout}");
+    let j = summary.unwrap();
+    assert_eq!(j["cluster"]["totals"]["streams"], 30, "{j}");
+    // The default stays /stats: bytes per connection, no fleet.
+    assert!(idle(&srv.wait_stats(Duration::from_secs(5), idle)));
+    let (_, summary) = flood(&args[..10]);
+    let j = summary.unwrap();
+    assert_eq!(j["cluster"], Value::Null, "{j}");
+    assert!(j["server_bytes_per_connection"].as_u64().is_some(), "{j}");
+}
+
+#[test]
 fn splits_over_processes_past_the_per_process_cap() {
     let srv = TestServer::start(settings());
     let url = format!("http://{}/test/m{{n}}", srv.addr);

@@ -19,6 +19,11 @@ use crate::target::Target;
 /// Extra time a child gets past `--duration` before the parent kills it.
 const CHILD_GRACE: Duration = Duration::from_secs(30);
 
+/// The parent reads the server's statistics a last time this long before
+/// the run ends (at most half of it), while the children still hold their
+/// streams: once they have exited, the server counts none.
+const FINAL_READ_LEAD: Duration = Duration::from_millis(500);
+
 /// What the parent knows of one child.
 #[derive(Default)]
 struct Seen {
@@ -91,6 +96,8 @@ pub(super) fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
         total
     };
     let kill_at = started + args.duration + CHILD_GRACE;
+    let final_read_at = started + args.duration - FINAL_READ_LEAD.min(args.duration / 2);
+    let mut final_read = false;
     let mut next = started + args.interval;
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.0.len()];
     while statuses.iter().any(Option::is_none) {
@@ -106,6 +113,10 @@ pub(super) fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
         } else if reporter.is_live() {
             reporter.show(&sum(false));
         }
+        if !final_read && Instant::now() >= final_read_at && statuses.iter().all(Option::is_none) {
+            rt.block_on(reporter.fetch_server());
+            final_read = true;
+        }
         if Instant::now() > kill_at {
             children.kill();
         }
@@ -115,7 +126,7 @@ pub(super) fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
         let _ = r.join();
     }
     let total = sum(true);
-    let summary = rt.block_on(reporter.summarize(total, started.elapsed(), k));
+    let summary = rt.block_on(reporter.summarize(total, started.elapsed(), k, !final_read));
     summary.print();
     if let Some(path) = &args.json {
         summary.write_json(path)?;

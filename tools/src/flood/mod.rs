@@ -16,7 +16,7 @@ pub(crate) mod report;
 mod sender;
 
 pub use conn::now_micros;
-pub use report::Summary;
+pub use report::{ClusterNode, ClusterView, Summary};
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -91,7 +91,9 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     pub send_url: Option<String>,
     /// Server statistics to read each interval (`none` to skip). Default:
-    /// `/stats` on the first stream URL's host and port.
+    /// `/stats` on the first stream URL's host and port (server bytes per
+    /// connection). A URL whose path is `/cluster` reports the fleet instead:
+    /// its totals (nodes, streams) and each node's streams.
     #[arg(long, value_name = "URL")]
     pub stats_url: Option<String>,
     /// Write the final summary as JSON to this file.

@@ -95,6 +95,9 @@ pub(crate) struct Counters {
     pub(crate) msgs_sent: Cell<u64>,
     /// Messages that failed to send.
     pub(crate) send_errors: Cell<u64>,
+    /// Streams that failed sends were delivered to anyway (a cluster node
+    /// answering 503 still delivers to its own streams).
+    pub(crate) partial: Cell<u64>,
     msgs_received: Cell<u64>,
     latency: RefCell<Latency>,
     /// RSS when the flood started, for client bytes per connection.
@@ -115,6 +118,7 @@ impl Counters {
             open: RefCell::new(vec![false; streams]),
             msgs_sent: Cell::new(0),
             send_errors: Cell::new(0),
+            partial: Cell::new(0),
             msgs_received: Cell::new(0),
             latency: RefCell::new(Latency::default()),
             baseline_rss: crate::sys::rss_bytes().unwrap_or(0),
@@ -184,6 +188,7 @@ impl Counters {
             errors: self.errors.borrow().iter().map(|(k, v)| (k.name(), *v)).collect(),
             msgs_sent: self.msgs_sent.get(),
             send_errors: self.send_errors.get(),
+            partial: self.partial.get(),
             msgs_received: self.msgs_received.get(),
             rss_delta,
             ramp_s: self
@@ -214,6 +219,9 @@ pub struct Snapshot {
     pub msgs_sent: u64,
     /// Messages that could not be sent.
     pub send_errors: u64,
+    /// Of those, the deliveries the failed answers still reported (503
+    /// `"delivered": n` from a cluster node whose bus is down): they arrive.
+    pub partial: u64,
     /// Messages that arrived on a stream.
     pub msgs_received: u64,
     /// Client RSS growth since the start.
@@ -225,6 +233,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Messages that should arrive: every accepted one, and the local
+    /// deliveries that failed answers reported.
+    pub fn expected(&self) -> u64 {
+        self.msgs_sent + self.partial
+    }
+
     /// Adds another process's snapshot.
     pub fn add(&mut self, o: &Snapshot) {
         self.active += o.active;
@@ -237,6 +251,7 @@ impl Snapshot {
         }
         self.msgs_sent += o.msgs_sent;
         self.send_errors += o.send_errors;
+        self.partial += o.partial;
         self.msgs_received += o.msgs_received;
         self.rss_delta += o.rss_delta;
         self.ramp_s = self.ramp_s.max(o.ramp_s);
@@ -248,7 +263,7 @@ impl Snapshot {
         json!({
             "active": self.active, "closed": self.closed, "churned": self.churned, "chunks": self.chunks,
             "established": self.established, "errors": self.errors,
-            "msgs_sent": self.msgs_sent, "send_errors": self.send_errors,
+            "msgs_sent": self.msgs_sent, "send_errors": self.send_errors, "partial": self.partial,
             "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
             "ramp_s": self.ramp_s,
             "latency": self.latency.to_pairs(),
@@ -274,6 +289,7 @@ impl Snapshot {
                 .unwrap_or_default(),
             msgs_sent: n("msgs_sent"),
             send_errors: n("send_errors"),
+            partial: n("partial"),
             msgs_received: n("msgs_received"),
             rss_delta: n("rss_delta"),
             ramp_s: v["ramp_s"].as_f64().unwrap_or(0.0),
@@ -293,6 +309,131 @@ impl Snapshot {
     }
 }
 
+/// What the statistics URL is, by its path: `/cluster` (the fleet) or
+/// anything else (`/stats`, one server's memory figures).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatsKind {
+    /// `/stats`: `memory.bytes_per_connection`.
+    Stats,
+    /// `/cluster`: `totals` and each node's `streams`.
+    Cluster,
+}
+
+impl StatsKind {
+    /// The kind of `target`: `Cluster` when its path (without a query) ends
+    /// in `/cluster`.
+    pub(crate) fn of(target: &Target) -> Self {
+        let path = target.path.split('?').next().unwrap_or(&target.path);
+        if path.trim_end_matches('/').ends_with("/cluster") {
+            StatsKind::Cluster
+        } else {
+            StatsKind::Stats
+        }
+    }
+}
+
+/// One node of a `/cluster` answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// Its name.
+    pub name: String,
+    /// Its process id, when given.
+    pub pid: Option<u64>,
+    /// Streams it holds.
+    pub streams: u64,
+}
+
+/// A `/cluster` answer: the fleet as one of its nodes sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    /// `single` or `cluster`.
+    pub mode: String,
+    /// The node that answered.
+    pub node: String,
+    /// Every node, as listed (sorted by name).
+    pub nodes: Vec<ClusterNode>,
+    /// `totals.nodes`.
+    pub total_nodes: u64,
+    /// `totals.streams`.
+    pub total_streams: u64,
+}
+
+impl ClusterView {
+    /// Reads a `/cluster` document; `None` when it has no `totals`.
+    pub fn from_json(v: &Value) -> Option<Self> {
+        let totals = v.get("totals")?.as_object()?;
+        let nodes = v["nodes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| ClusterNode {
+                        name: n["name"].as_str().unwrap_or("?").to_owned(),
+                        pid: n["pid"].as_u64(),
+                        streams: n["streams"].as_u64().unwrap_or(0),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(ClusterView {
+            mode: v["mode"].as_str().unwrap_or("?").to_owned(),
+            node: v["node"].as_str().unwrap_or("?").to_owned(),
+            nodes,
+            total_nodes: totals.get("nodes")?.as_u64()?,
+            total_streams: totals.get("streams")?.as_u64()?,
+        })
+    }
+
+    /// The summary's `cluster` object.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "mode": self.mode,
+            "node": self.node,
+            "nodes": self.nodes.iter().map(|n| json!({
+                "name": n.name, "pid": n.pid, "streams": n.streams,
+            })).collect::<Vec<_>>(),
+            "totals": {"nodes": self.total_nodes, "streams": self.total_streams},
+        })
+    }
+
+    /// `cluster (cluster, from a-1): 4 nodes, 10000 streams; per node: a-0 (pid 7) 2510, ...`
+    pub fn text(&self) -> String {
+        let per_node = self
+            .nodes
+            .iter()
+            .map(|n| match n.pid {
+                Some(pid) => format!("{} (pid {pid}) {}", n.name, n.streams),
+                None => format!("{} {}", n.name, n.streams),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "cluster ({}, from {}): {} node{}, {} streams; per node: {}",
+            self.mode,
+            self.node,
+            self.total_nodes,
+            if self.total_nodes == 1 { "" } else { "s" },
+            self.total_streams,
+            if per_node.is_empty() {
+                "none listed"
+            } else {
+                &per_node
+            }
+        )
+    }
+}
+
+/// What the last statistics read gave.
+#[derive(Debug, Clone, Default)]
+struct ServerView {
+    /// Server bytes per connection (`/stats`).
+    bpc: Option<u64>,
+    /// The fleet (`/cluster`).
+    cluster: Option<ClusterView>,
+    /// The `error` of the last answer, when it had one (503 "cluster bus
+    /// unavailable"); cleared by the next good answer.
+    error: Option<String>,
+}
+
 /// Prints each interval's report, for one process or for the parent of several.
 pub(crate) struct Reporter {
     /// Child mode: JSON lines on stdout, nothing else.
@@ -301,8 +442,8 @@ pub(crate) struct Reporter {
     bar: Option<ProgressBar>,
     last: Snapshot,
     last_at: Instant,
-    /// Last server bytes per connection read from `/stats`.
-    server_bpc: Option<u64>,
+    /// Last figures read from the statistics URL.
+    server: ServerView,
     target: u64,
 }
 
@@ -327,7 +468,7 @@ impl Reporter {
             bar,
             last: Snapshot::default(),
             last_at: Instant::now(),
-            server_bpc: None,
+            server: ServerView::default(),
             target: args.count,
         }
     }
@@ -344,7 +485,7 @@ impl Reporter {
 
     /// Prints a report for `snap` (already aggregated over processes).
     pub(crate) async fn report(&mut self, snap: Snapshot) {
-        self.server_bpc = self.fetch_server_bpc().await.or(self.server_bpc);
+        self.fetch_server().await;
         let secs = self.last_at.elapsed().as_secs_f64().max(1e-9);
         let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs;
         let mut text = format!("Stats: {{{}, {}, {}}}\n", snap.active, snap.closed, snap.chunks);
@@ -354,14 +495,18 @@ impl Reporter {
             rate(snap.chunks, self.last.chunks),
             snap.errors_text(),
             per_conn(snap.rss_delta, snap.active).map_or("-".into(), |b| b.to_string()),
-            self.server_bpc.map_or("-".into(), |b| b.to_string()),
+            self.server.bpc.map_or("-".into(), |b| b.to_string()),
         );
+        if let Some(line) = self.server.cluster_line() {
+            text += &format!("\n  {line}");
+        }
         if snap.msgs_sent + snap.send_errors > 0 {
             text += &format!(
-                "\n  messages: sent {} received {} send-errors {}  latency p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+                "\n  messages: sent {} received {} send-errors {} (delivered anyway {})  latency p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
                 snap.msgs_sent,
                 snap.msgs_received,
                 snap.send_errors,
+                snap.partial,
                 snap.latency.ms(0.5),
                 snap.latency.ms(0.99),
                 snap.latency.max_ms(),
@@ -402,32 +547,82 @@ impl Reporter {
             println!("{}", json!({ "final": snap.to_json() }));
             let _ = io::stdout().flush();
         }
-        self.summarize(snap, started.elapsed(), 1).await
+        // The streams are still held: the server's last figures count them.
+        let read_server = !self.child;
+        self.summarize(snap, started.elapsed(), 1, read_server).await
     }
 
-    /// The summary of an aggregated final snapshot.
-    pub(crate) async fn summarize(&mut self, snap: Snapshot, elapsed: Duration, processes: u64) -> Summary {
+    /// The summary of an aggregated final snapshot; `read_server`: read the
+    /// statistics URL once more first (while the streams are still held).
+    pub(crate) async fn summarize(
+        &mut self,
+        snap: Snapshot,
+        elapsed: Duration,
+        processes: u64,
+        read_server: bool,
+    ) -> Summary {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        if !self.child {
-            self.server_bpc = self.fetch_server_bpc().await.or(self.server_bpc);
+        if read_server {
+            self.fetch_server().await;
         }
         Summary {
             target: self.target,
             processes,
             duration_s: elapsed.as_secs_f64(),
-            server_bytes_per_connection: self.server_bpc,
+            server_bytes_per_connection: self.server.bpc,
+            cluster: self.server.cluster.clone(),
+            server_error: self.server.error.clone(),
             snap,
         }
     }
 
-    async fn fetch_server_bpc(&self) -> Option<u64> {
-        let t = self.stats_url.clone()?;
-        let v = tokio::task::spawn_blocking(move || fetch_json(t.addr, &t.path))
-            .await
-            .ok()??;
-        v["memory"]["bytes_per_connection"].as_u64()
+    /// Reads the statistics URL (if any) into `self.server`; a failed read
+    /// keeps the figures from before.
+    pub(crate) async fn fetch_server(&mut self) {
+        let Some(t) = self.stats_url.clone() else {
+            return;
+        };
+        let kind = StatsKind::of(&t);
+        let Ok(Some(v)) = tokio::task::spawn_blocking(move || fetch_json(t.addr, &t.path)).await else {
+            return;
+        };
+        self.server.update(kind, &v);
+    }
+}
+
+impl ServerView {
+    /// Takes in one answer of the statistics URL.
+    fn update(&mut self, kind: StatsKind, v: &Value) {
+        if let Some(e) = v.get("error").and_then(Value::as_str) {
+            self.error = Some(e.to_owned());
+            return;
+        }
+        match kind {
+            StatsKind::Stats => {
+                if let Some(b) = v["memory"]["bytes_per_connection"].as_u64() {
+                    self.bpc = Some(b);
+                    self.error = None;
+                }
+            }
+            StatsKind::Cluster => {
+                if let Some(c) = ClusterView::from_json(v) {
+                    self.cluster = Some(c);
+                    self.error = None;
+                }
+            }
+        }
+    }
+
+    /// The report line for `/cluster` (None when it was never read).
+    fn cluster_line(&self) -> Option<String> {
+        match (&self.cluster, &self.error) {
+            (Some(c), None) => Some(c.text()),
+            (Some(c), Some(e)) => Some(format!("{} (last answer: {e})", c.text())),
+            (None, Some(e)) => Some(format!("server: {e}")),
+            (None, None) => None,
+        }
     }
 }
 
@@ -472,6 +667,11 @@ pub struct Summary {
     pub duration_s: f64,
     /// From the server's `/stats`, if it has one.
     pub server_bytes_per_connection: Option<u64>,
+    /// From the server's `/cluster`, when `--stats-url` named it.
+    pub cluster: Option<ClusterView>,
+    /// The `error` of the statistics URL's last answer, if it had one
+    /// (`/cluster` answers 503 "cluster bus unavailable" while Redis is down).
+    pub server_error: Option<String>,
     /// Final counts, summed over processes.
     pub snap: Snapshot,
 }
@@ -496,10 +696,13 @@ impl Summary {
             "messages": {
                 "sent": s.msgs_sent,
                 "received": s.msgs_received,
-                "lost": s.msgs_sent.saturating_sub(s.msgs_received),
+                "lost": s.expected().saturating_sub(s.msgs_received),
                 "send_errors": s.send_errors,
+                "send_errors_delivered": s.partial,
             },
             "latency_ms": s.latency.summary(),
+            "cluster": self.cluster.as_ref().map(ClusterView::to_json),
+            "server_error": self.server_error,
         })
     }
 
@@ -520,6 +723,12 @@ impl Summary {
             "  client {} B/conn, server {} B/conn",
             j["client_bytes_per_connection"], j["server_bytes_per_connection"]
         );
+        if let Some(c) = &self.cluster {
+            println!("  {}", c.text());
+        }
+        if let Some(e) = &self.server_error {
+            println!("  server's last statistics answer: {e}");
+        }
         if s.msgs_sent + s.send_errors > 0 {
             println!(
                 "  messages sent {} received {} lost {}  latency ms: {}",
@@ -532,5 +741,68 @@ impl Summary {
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&self.to_json())? + "\n")?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(path: &str) -> Target {
+        Target::parse(&format!("http://127.0.0.1:1{path}"), false).unwrap()
+    }
+
+    #[test]
+    fn stats_kind_by_path() {
+        assert_eq!(StatsKind::of(&target("/stats")), StatsKind::Stats);
+        assert_eq!(StatsKind::of(&target("/cluster")), StatsKind::Cluster);
+        assert_eq!(StatsKind::of(&target("/cluster?x=1")), StatsKind::Cluster);
+        assert_eq!(StatsKind::of(&target("/sb/cluster/")), StatsKind::Cluster);
+        assert_eq!(StatsKind::of(&target("/clusters")), StatsKind::Stats);
+    }
+
+    #[test]
+    fn reads_and_prints_the_fleet() {
+        let v = json!({
+            "mode": "cluster", "node": "h-1",
+            "nodes": [
+                {"name": "h-0", "instance": "x", "host": "h", "pid": 10, "streams": 2500, "uptime_s": 3, "addr": "a"},
+                {"name": "h-1", "pid": 11, "streams": 2490},
+            ],
+            "totals": {"nodes": 2, "streams": 4990},
+        });
+        let c = ClusterView::from_json(&v).unwrap();
+        assert_eq!((c.total_nodes, c.total_streams, c.nodes.len()), (2, 4990, 2));
+        assert_eq!(c.nodes[0].pid, Some(10));
+        assert_eq!(
+            c.text(),
+            "cluster (cluster, from h-1): 2 nodes, 4990 streams; per node: h-0 (pid 10) 2500, h-1 (pid 11) 2490"
+        );
+        assert_eq!(ClusterView::from_json(&c.to_json()), Some(c.clone()));
+        assert_eq!(
+            ClusterView::from_json(&json!({"error": "cluster bus unavailable"})),
+            None
+        );
+
+        let mut view = ServerView::default();
+        assert_eq!(view.cluster_line(), None);
+        view.update(StatsKind::Cluster, &v);
+        assert_eq!(view.cluster_line(), Some(c.text()));
+        // A 503 keeps the last fleet and says why it is stale.
+        view.update(StatsKind::Cluster, &json!({"error": "cluster bus unavailable"}));
+        assert!(
+            view.cluster_line()
+                .unwrap()
+                .ends_with("(last answer: cluster bus unavailable)")
+        );
+        view.update(StatsKind::Cluster, &v);
+        assert_eq!(view.error, None);
+        // /stats fills the bytes per connection, not the fleet.
+        let mut stats = ServerView::default();
+        stats.update(
+            StatsKind::Stats,
+            &json!({"memory": {"bytes_per_connection": 1500}}),
+        );
+        assert_eq!((stats.bpc, stats.cluster_line()), (Some(1500), None));
     }
 }

@@ -72,12 +72,20 @@ pub(super) async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instan
     }
 }
 
+/// The `"delivered": n` of a JSON answer, 0 without one.
+fn delivered_count(body: &[u8]) -> u64 {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["delivered"].as_u64())
+        .unwrap_or(0)
+}
+
 /// One keep-alive connection sending what it is given, reconnecting once on failure.
 async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, counters: Rc<Counters>) {
     let mut conn: Option<TcpStream> = None;
     let mut buf = Vec::new();
     while let Some(path) = rx.recv().await {
-        let mut ok = false;
+        let (mut ok, mut partial) = (false, 0);
         for _ in 0..2 {
             if conn.is_none() {
                 conn = TcpStream::connect(addr).await.ok();
@@ -85,8 +93,9 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
             }
             let Some(c) = conn.as_mut() else { break };
             match post(c, &mut buf, addr, &path).await {
-                Ok(status) => {
+                Ok((status, delivered)) => {
                     ok = (200..300).contains(&status);
+                    partial = if ok { 0 } else { delivered };
                     break;
                 }
                 Err(_) => conn = None,
@@ -98,11 +107,15 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
             &counters.send_errors
         };
         cell.set(cell.get() + 1);
+        counters.partial.set(counters.partial.get() + partial);
     }
 }
 
-/// Sends one stamped message and reads the answer; returns its status.
-async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<u16> {
+/// Sends one stamped message and reads the answer; returns its status and
+/// the answer's `"delivered"` count (0 if it has none). A switchboard node
+/// whose cluster bus is down answers 503 with the streams it delivered to
+/// itself: those messages arrive, and are expected.
+async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<(u16, u64)> {
     let body = format!("@{}", now_micros());
     let req = format!(
         "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
@@ -112,8 +125,9 @@ async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str
     loop {
         match http::parse_response(buf) {
             Ok(Some(r)) => {
+                let delivered = delivered_count(r.body(buf));
                 buf.drain(..r.len);
-                return Ok(r.status);
+                return Ok((r.status, delivered));
             }
             Ok(None) => {}
             Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
@@ -121,5 +135,20 @@ async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str
         if c.read_buf(buf).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::delivered_count;
+
+    #[test]
+    fn partial_deliveries_are_read_from_the_answer() {
+        assert_eq!(
+            delivered_count(br#"{"error":"cluster bus unavailable","delivered":3}"#),
+            3
+        );
+        assert_eq!(delivered_count(br#"{"error":"stream limit"}"#), 0);
+        assert_eq!(delivered_count(b"not json"), 0);
     }
 }
