@@ -166,6 +166,7 @@ fn measure(
         msg_rate: 0.0,
         send_url: None,
         lifetime: None,
+        stats_url: None,
     };
     let label = format!(
         "broadcast-{}-{}",

@@ -114,6 +114,7 @@ fn measure(
         msg_rate: 0.0,
         send_url: None,
         lifetime: None,
+        stats_url: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("connect-{}", kind.label()))?;
     rec.tool(&flood.command);

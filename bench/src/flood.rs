@@ -37,6 +37,8 @@ pub(crate) struct FloodSpec {
     pub send_url: Option<String>,
     /// Churn: floodtest's `--lifetime` (None: streams are held).
     pub lifetime: Option<Duration>,
+    /// floodtest's `--stats-url` (None: `none`, no server statistics).
+    pub stats_url: Option<String>,
 }
 
 impl FloodSpec {
@@ -56,7 +58,7 @@ impl FloodSpec {
             "--source-ips".into(),
             SOURCE_IPS.into(),
             "--stats-url".into(),
-            "none".into(),
+            self.stats_url.clone().unwrap_or_else(|| "none".into()),
         ];
         if self.msg_rate > 0.0 {
             a.extend(["--msg-rate".into(), self.msg_rate.to_string()]);
@@ -228,6 +230,7 @@ mod tests {
             msg_rate: 1000.0,
             send_url: Some("http://127.0.0.1:9000/send/{id}".into()),
             lifetime: None,
+            stats_url: None,
         };
         let a = spec.args(Path::new("/tmp/f.json")).join(" ");
         assert!(!a.contains("--lifetime"));
@@ -252,6 +255,16 @@ mod tests {
                 .args(Path::new("x"))
                 .join(" ")
                 .contains("--lifetime 60000ms")
+        );
+        let fleet = FloodSpec {
+            stats_url: Some("http://127.0.0.1:9000/cluster".into()),
+            ..churning
+        };
+        assert!(
+            fleet
+                .args(Path::new("x"))
+                .join(" ")
+                .contains("--stats-url http://127.0.0.1:9000/cluster")
         );
     }
 

@@ -236,6 +236,7 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
         msg_rate: 0.0,
         send_url: None,
         lifetime: None,
+        stats_url: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("idle-{}-{n}", kind.label()))?;
     rec.tool(&flood.command);

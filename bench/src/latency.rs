@@ -134,6 +134,7 @@ fn measure(
         msg_rate,
         send_url: Some(server.url("/send/{id}")),
         lifetime: None,
+        stats_url: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("latency-{}", kind.label()))?;
     rec.tool(&flood.command);

@@ -23,7 +23,7 @@ pub(crate) struct Machine {
 }
 
 /// Debian packages the benchmarks run against.
-pub(crate) const PEER_PACKAGES: [&str; 3] = ["nginx", "libnginx-mod-nchan", "wrk"];
+pub(crate) const PEER_PACKAGES: [&str; 4] = ["nginx", "libnginx-mod-nchan", "wrk", "redis-server"];
 
 /// Reads the machine's description now.
 pub(crate) fn describe() -> Machine {

@@ -5,9 +5,11 @@
 //! result; `report` turns the JSON results into `BENCHMARKS.md` and a chart.
 //!
 //! - [`Cli`], [`run`]: the command line and dispatch.
-//! - `idle`, `dispatcher`, `latency`, `broadcast`, `connect`: one benchmark each.
+//! - `idle`, `dispatcher`, `latency`, `broadcast`, `connect`, `soak`,
+//!   `cluster`: one benchmark each.
 //! - `report`: `BENCHMARKS.md`, the targets, `docs/bytes-per-stream.svg` (`chart`).
 //! - `servers`: starting and stopping switchboard and nginx + Nchan.
+//! - `redis`: the `redis-server` that `cluster` joins switchboard processes with.
 //! - `flood`, `wrk`: running the load tools and reading what they report.
 //! - `procfs`: RSS, CPU time, slab memory, established sockets from `/proc`.
 //! - `process`: child processes, temporary directories, interruption.
@@ -19,6 +21,7 @@
 mod broadcast;
 mod chart;
 mod client;
+mod cluster;
 mod connect;
 mod dispatcher;
 mod flood;
@@ -28,6 +31,7 @@ mod machine;
 mod outcome;
 mod process;
 mod procfs;
+mod redis;
 mod report;
 mod servers;
 mod soak;
@@ -58,14 +62,14 @@ fn max_streams() -> u64 {
     name = "bench",
     version,
     about = "The switchboard benchmarks: idle memory/CPU, /dispatcher throughput, routed latency, \
-             broadcast, connect rate; switchboard against nginx + Nchan on loopback.",
+             broadcast, connect rate, soak, cluster; switchboard against nginx + Nchan on loopback.",
     after_help = "\
 Each benchmark starts its own servers on free loopback ports, runs bounded in time, stops only what it \
 started, prints a markdown table and writes OUT/<benchmark>.json. `bench report` turns those files into \
 BENCHMARKS.md and docs/bytes-per-stream.svg.
 
 Needs the release binaries beside this one (cargo build --release --bins), and nginx, \
-libnginx-mod-nchan and wrk (scripts/bench/peers.sh installs them).
+libnginx-mod-nchan, wrk and redis-server (scripts/bench/peers.sh installs them).
 
   bench idle --counts 1000,10000        memory and CPU per idle stream
   bench dispatcher --duration 5s        GET /dispatcher req/s, switchboard vs nginx (wrk)
@@ -73,8 +77,9 @@ libnginx-mod-nchan and wrk (scripts/bench/peers.sh installs them).
   bench broadcast                       one message to 19,000 streams
   bench connect                         streams established per second up to 19,000
   bench soak --duration 30m             churning streams, slowloris, never-readers: RSS flat, nothing lost
+  bench cluster                         routed latency across 4 processes joined by Redis, beside 1 process
   bench report                          regenerate BENCHMARKS.md from bench/results
-  scripts/bench/all.sh [--smoke]        all of the above (about 7 minutes; --smoke: under 2)"
+  scripts/bench/all.sh [--smoke]        all of the above (about 8 minutes, then the 30-minute soak; --smoke: about 5)"
 )]
 pub struct Cli {
     /// The benchmark to run.
@@ -97,6 +102,9 @@ pub enum Command {
     Connect(connect::Args),
     /// A long mixed, hostile load: memory flat, nothing lost, back to baseline.
     Soak(soak::Args),
+    /// Routed-message latency across several processes joined by Redis,
+    /// beside one process on its own; Redis's CPU and RSS.
+    Cluster(cluster::Args),
     /// Regenerates BENCHMARKS.md and the chart from the JSON results.
     Report(report::Args),
 }
@@ -127,6 +135,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Broadcast(a) => broadcast::run(&a),
         Command::Connect(a) => connect::run(&a),
         Command::Soak(a) => soak::run(&a),
+        Command::Cluster(a) => cluster::run(&a),
         Command::Report(a) => report::run(&a),
     }
 }

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 
 use super::broadcast::{self, BroadcastData};
 use super::chart::{Chart, Series, svg};
+use super::cluster::{self, ClusterData};
 use super::connect::{self, ConnectData};
 use super::dispatcher::{self, DispatcherData, cpu_by_connections, ratios_by_connections};
 use super::idle::{self, IdleData};
@@ -68,6 +69,8 @@ pub(crate) struct Results {
     pub connect: Option<Outcome<ConnectData>>,
     /// `soak.json`.
     pub soak: Option<Outcome<SoakData>>,
+    /// `cluster.json`.
+    pub cluster: Option<Outcome<ClusterData>>,
 }
 
 impl Results {
@@ -80,6 +83,7 @@ impl Results {
             broadcast: Outcome::read(dir, "broadcast")?,
             connect: Outcome::read(dir, "connect")?,
             soak: Outcome::read(dir, "soak")?,
+            cluster: Outcome::read(dir, "cluster")?,
         })
     }
 
@@ -92,6 +96,7 @@ impl Results {
             self.broadcast.as_ref().map(|o| o.smoke),
             self.connect.as_ref().map(|o| o.smoke),
             self.soak.as_ref().map(|o| o.smoke),
+            self.cluster.as_ref().map(|o| o.smoke),
         ]
         .contains(&Some(true))
     }
@@ -104,7 +109,7 @@ impl Results {
                 if let Some(o) = &self.$f { v.push((stringify!($f), o.commit.as_str())); }
             )*};
         }
-        push!(idle, dispatcher, latency, broadcast, connect, soak);
+        push!(idle, dispatcher, latency, broadcast, connect, soak, cluster);
         v
     }
 }
@@ -508,6 +513,14 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
         },
         results_dir,
     );
+    s += &section(
+        "Cluster: routed latency across processes joined by Redis",
+        "cluster",
+        cluster::HOW,
+        r.cluster.as_ref(),
+        cluster::render,
+        results_dir,
+    );
 
     s += "## Peer configuration\n\n";
     s += &format!(
@@ -521,6 +534,10 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
          other setting at its default: ticks every 10 s), stopped with SIGTERM.\n",
         servers::WORKERS
     );
+    s += "\n`bench cluster` also runs `redis-server --port PORT --save '' --appendonly no --bind 127.0.0.1 \
+          --dir DIR` (Debian's package), and the cluster as the same switchboard command with \
+          `SWITCHBOARD__CLUSTER__REDIS_URL=redis://127.0.0.1:PORT`, `SWITCHBOARD__SERVER__WORKERS=W` and \
+          `--processes N`; both are stopped with SIGTERM.\n";
     s
 }
 
@@ -643,6 +660,7 @@ mod tests {
                 },
                 ..SoakData::default()
             })),
+            cluster: Some(Recorder::new("cluster", false).finish(cluster::tests::data())),
         }
     }
 
@@ -732,10 +750,13 @@ mod tests {
             "## Broadcast",
             "## Connect rate",
             "## Soak",
+            "## Cluster: routed latency",
         ] {
             assert!(md.contains(h), "missing {h}");
         }
         assert!(md.contains("](docs/soak-rss.svg)"));
+        assert!(md.contains("p99: 4 processes ÷ 1 process = 1.50×."));
+        assert!(md.contains("commit measured by `cluster`"));
         assert!(md.contains("Not measured yet: there is no `bench/results/connect.json`."));
         assert!(md.contains("](docs/bytes-per-stream.svg)"));
         assert!(md.contains("**not met**"));

@@ -65,12 +65,27 @@ impl ServerKind {
     }
 }
 
+/// How a switchboard is started beyond the defaults every benchmark uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Launch {
+    /// `switchboard --processes N`: a parent starting N servers on the same
+    /// port (None: the flag is not passed; one process).
+    pub processes: Option<u32>,
+    /// Worker threads per server process (None: [`WORKERS`]).
+    pub workers: Option<u32>,
+    /// `SWITCHBOARD__CLUSTER__REDIS_URL` (None: not set; no Redis).
+    pub redis_url: Option<String>,
+}
+
 /// A running server this harness started.
 pub(crate) struct Server {
     /// Which server.
     pub kind: ServerKind,
     /// Its loopback port.
     pub port: u16,
+    /// switchboard's parent of several server processes (`--processes`):
+    /// the servers are its children.
+    fleet: bool,
     /// The process (nginx: the master; workers are its children).
     proc: Spawned,
     /// Its configuration and logs; removed when the server is dropped.
@@ -84,15 +99,26 @@ pub(crate) struct Server {
 impl Server {
     /// Starts a fresh server and waits until it answers.
     pub(crate) fn start(kind: ServerKind) -> anyhow::Result<Self> {
+        Self::start_with(kind, &Launch::default())
+    }
+
+    /// Starts a fresh switchboard as `launch` says and waits until it
+    /// answers (with several processes: until one of them does).
+    pub(crate) fn start_switchboard(launch: &Launch) -> anyhow::Result<Self> {
+        Self::start_with(ServerKind::Switchboard, launch)
+    }
+
+    fn start_with(kind: ServerKind, launch: &Launch) -> anyhow::Result<Self> {
         let dir = TempDir::new(kind.label())?;
         let port = process::free_port()?;
         let (proc, log, command) = match kind {
-            ServerKind::Switchboard => start_switchboard(dir.path(), port)?,
+            ServerKind::Switchboard => start_switchboard(dir.path(), port, launch)?,
             ServerKind::Nchan => start_nginx(dir.path(), port)?,
         };
         let mut server = Server {
             kind,
             port,
+            fleet: kind == ServerKind::Switchboard && launch.processes.is_some_and(|n| n > 1),
             proc,
             _dir: dir,
             log,
@@ -117,15 +143,31 @@ impl Server {
         format!("http://{}{path}", self.addr())
     }
 
-    /// Every process of the server: switchboard's one, or nginx's master and
-    /// its workers (children found through `/proc/*/stat`).
+    /// Every process of the server: switchboard's one (or its parent and
+    /// the server processes it started), or nginx's master and its workers
+    /// (children found through `/proc/*/stat`).
     pub(crate) fn pids(&self) -> Vec<u32> {
         let master = self.proc.pid();
         let mut pids = vec![master];
-        if self.kind == ServerKind::Nchan {
+        if self.kind == ServerKind::Nchan || self.fleet {
             pids.extend(procfs::children_of(master));
         }
         pids
+    }
+
+    /// The PID the harness started (switchboard's parent, nginx's master).
+    pub(crate) fn main_pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// The end of its log, for error messages.
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
+        process::tail(&self.log, lines)
+    }
+
+    /// Its exit status, if it has exited.
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.exited()
     }
 
     fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -232,23 +274,40 @@ pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn start_switchboard(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, String)> {
+fn start_switchboard(dir: &Path, port: u16, launch: &Launch) -> anyhow::Result<(Spawned, PathBuf, String)> {
     let exe = sibling("switchboard")?;
     let log = dir.join("switchboard.log");
-    let env = [
-        ("SWITCHBOARD__SERVER__HOST", "127.0.0.1".to_owned()),
-        ("SWITCHBOARD__SERVER__PORT", port.to_string()),
-        ("SWITCHBOARD__SERVER__WORKERS", WORKERS.to_string()),
-        ("SWITCHBOARD__LOG__LEVEL", "warn".to_owned()),
-    ];
+    let (env, args) = switchboard_env_args(port, launch);
     let mut cmd = Command::new(&exe);
     // Only these settings: none leaks in from the harness's environment.
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SWITCHBOARD__")) {
         cmd.env_remove(k);
     }
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let command = env.iter().map(|(k, v)| format!("{k}={v} ")).collect::<String>() + &display_path(&exe);
+    cmd.envs(env.iter().map(|(k, v)| (k, v))).args(&args);
+    let command = env.iter().map(|(k, v)| format!("{k}={v} ")).collect::<String>()
+        + &shell_line(&display_path(&exe), &args);
     Ok((Spawned::logged("switchboard", &mut cmd, &log)?, log, command))
+}
+
+/// switchboard's environment and arguments for `launch` on `port`.
+pub(crate) fn switchboard_env_args(port: u16, launch: &Launch) -> (Vec<(&'static str, String)>, Vec<String>) {
+    let mut env = vec![
+        ("SWITCHBOARD__SERVER__HOST", "127.0.0.1".to_owned()),
+        ("SWITCHBOARD__SERVER__PORT", port.to_string()),
+        (
+            "SWITCHBOARD__SERVER__WORKERS",
+            launch.workers.unwrap_or(WORKERS).to_string(),
+        ),
+        ("SWITCHBOARD__LOG__LEVEL", "warn".to_owned()),
+    ];
+    if let Some(url) = &launch.redis_url {
+        env.push(("SWITCHBOARD__CLUSTER__REDIS_URL", url.clone()));
+    }
+    let args = match launch.processes {
+        Some(n) => vec!["--processes".to_owned(), n.to_string()],
+        None => Vec::new(),
+    };
+    (env, args)
 }
 
 fn start_nginx(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, String)> {
@@ -329,6 +388,24 @@ mod tests {
         );
         assert!(c.contains("return 200 \"1\";"));
         assert_eq!(c.matches('{').count(), c.matches('}').count());
+    }
+
+    #[test]
+    fn switchboard_launches() {
+        let (env, args) = switchboard_env_args(8123, &Launch::default());
+        assert!(args.is_empty());
+        assert!(env.contains(&("SWITCHBOARD__SERVER__WORKERS", "2".into())));
+        assert!(!env.iter().any(|(k, _)| k.contains("CLUSTER")));
+        let fleet = Launch {
+            processes: Some(4),
+            workers: Some(1),
+            redis_url: Some("redis://127.0.0.1:6390".into()),
+        };
+        let (env, args) = switchboard_env_args(8123, &fleet);
+        assert_eq!(args, ["--processes", "4"]);
+        assert!(env.contains(&("SWITCHBOARD__SERVER__PORT", "8123".into())));
+        assert!(env.contains(&("SWITCHBOARD__SERVER__WORKERS", "1".into())));
+        assert!(env.contains(&("SWITCHBOARD__CLUSTER__REDIS_URL", "redis://127.0.0.1:6390".into())));
     }
 
     #[test]

@@ -231,6 +231,7 @@ fn measure(
         msg_rate: args.msg_rate,
         send_url: None,
         lifetime: Some(lifetime),
+        stats_url: None,
     };
     let mut flood = Flood::start(&spec, dir, "soak")?;
     rec.tool(&flood.command);

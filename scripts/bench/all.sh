@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Runs every switchboard benchmark, then regenerates BENCHMARKS.md and the
-# charts in docs/ from the results. About 7 minutes on a 2-core machine for
-# the five short ones (plus up to a minute waiting for old TIME_WAIT sockets
+# charts in docs/ from the results. About 8 minutes on a 2-core machine for
+# the six short ones (plus up to a minute waiting for old TIME_WAIT sockets
 # to expire), then the 30-minute soak. Each benchmark starts its own servers
 # on free loopback ports, is bounded in time, and stops only the processes it
 # started.
 #
 #   scripts/bench/all.sh            results in bench/results/, report in BENCHMARKS.md
-#   scripts/bench/all.sh --smoke    tiny counts and a 2-minute soak, about 4 minutes; results AND
+#   scripts/bench/all.sh --smoke    tiny counts and a 2-minute soak, about 5 minutes; results AND
 #                                   report go to a temporary directory (BENCHMARKS.md is not touched)
 #
-# One benchmark alone: target/release/bench <idle|dispatcher|latency|broadcast|connect|soak> [--help].
+# One benchmark alone: target/release/bench <idle|dispatcher|latency|broadcast|connect|cluster|soak> [--help].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,7 +35,7 @@ else
 fi
 
 started=$SECONDS
-for b in idle dispatcher latency broadcast connect soak; do
+for b in idle dispatcher latency broadcast connect cluster soak; do
   echo "== bench $b ${smoke[*]}"
   "$bench" "$b" --out "$results" "${smoke[@]}"
 done
