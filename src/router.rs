@@ -27,13 +27,16 @@ use crate::supervision::guarded;
 /// Below this many slots the table is never shrunk (shrinking costs a rehash).
 const SHRINK_MIN_CAPACITY: usize = 1024;
 
-/// What the Router needs of a stream: an actor that takes its two messages.
+/// What the Router needs of a stream: an actor that takes its messages.
 pub(crate) trait StreamActor:
-    Actor<Context = Context<Self>> + Handler<Deliver> + Handler<Close>
+    Actor<Context = Context<Self>> + Handler<Deliver> + Handler<Close> + Handler<Welcome>
 {
 }
 
-impl<S> StreamActor for S where S: Actor<Context = Context<S>> + Handler<Deliver> + Handler<Close> {}
+impl<S> StreamActor for S where
+    S: Actor<Context = Context<S>> + Handler<Deliver> + Handler<Close> + Handler<Welcome>
+{
+}
 
 /// The streams of one id. Nearly every id has one connection, kept inline.
 type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
@@ -76,6 +79,12 @@ impl Drop for Deliver {
     }
 }
 
+/// Cluster mode: the stream's id is subscribed on the bus (or the bus is
+/// down, and waiting would gain nothing); it writes its welcome line.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Welcome;
+
 /// The server is shutting down: the stream sends its final chunk and stops.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -111,6 +120,10 @@ pub(crate) struct Router<S: StreamActor> {
     /// Told when an id gets its first stream and loses its last one (the
     /// cluster bus subscribes to what this node holds); `None` without one.
     interest: Option<Recipient<Interest>>,
+    /// Cluster mode: streams of ids whose SUBSCRIBE is on its way. They are
+    /// not in `table` (no message reaches them) until [`Subscribed`] says
+    /// so; then they get their [`Welcome`]. Empty at rest.
+    awaiting: HashMap<Arc<str>, Streams<S>>,
 }
 
 impl<S: StreamActor> Router<S> {
@@ -122,6 +135,18 @@ impl<S: StreamActor> Router<S> {
             closing: false,
             stats,
             interest: None,
+            awaiting: HashMap::new(),
+        }
+    }
+
+    /// Moves the awaiting streams of `id` into the table and welcomes them.
+    fn admit(&mut self, id: &Arc<str>) {
+        if let Some(waiting) = self.awaiting.remove(id) {
+            self.streams += waiting.len();
+            for (_, stream) in &waiting {
+                tell(stream, Welcome);
+            }
+            self.table.entry(Arc::clone(id)).or_default().extend(waiting);
         }
     }
 
@@ -160,6 +185,11 @@ impl<S: StreamActor> Supervised for Router<S> {
             keep
         });
         self.streams = self.table.values().map(SmallVec::len).sum();
+        // A Subscribed lost with the crash must not leave streams waiting.
+        let waiting: Vec<Arc<str>> = self.awaiting.keys().cloned().collect();
+        for id in &waiting {
+            self.admit(id);
+        }
         tracing::warn!(streams = self.streams, "router restarted; registrations kept");
     }
 }
@@ -234,6 +264,39 @@ pub(crate) enum Interest {
 #[rtype(result = "()")]
 pub(crate) struct Attach(pub(crate) Recipient<Interest>);
 
+/// From the cluster bus: these ids are subscribed now (or, `All`, the bus
+/// cannot subscribe anything for the moment: its link is down).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) enum Subscribed {
+    /// SUBSCRIBE confirmed for these ids.
+    Ids(Vec<Arc<str>>),
+    /// Welcome every stream still waiting.
+    All,
+}
+
+impl<S: StreamActor> Handler<Subscribed> for Router<S> {
+    type Result = ();
+
+    fn handle(&mut self, m: Subscribed, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |r, _| match m {
+            Subscribed::Ids(ids) => {
+                if !r.awaiting.is_empty() {
+                    for id in &ids {
+                        r.admit(id);
+                    }
+                }
+            }
+            Subscribed::All => {
+                let ids: Vec<Arc<str>> = r.awaiting.keys().cloned().collect();
+                for id in &ids {
+                    r.admit(id);
+                }
+            }
+        });
+    }
+}
+
 /// Every id with a stream on this node (the bus resubscribes them).
 #[derive(Message)]
 #[rtype(result = "Vec<Arc<str>>")]
@@ -251,7 +314,7 @@ impl<S: StreamActor> Handler<HeldIds> for Router<S> {
     type Result = actix::MessageResult<HeldIds>;
 
     fn handle(&mut self, _: HeldIds, _: &mut Context<Self>) -> Self::Result {
-        actix::MessageResult(self.table.keys().cloned().collect())
+        actix::MessageResult(self.table.keys().chain(self.awaiting.keys()).cloned().collect())
     }
 }
 
@@ -263,11 +326,22 @@ impl<S: StreamActor> Handler<Login<S>> for Router<S> {
             if r.closing {
                 tell(&m.addr, Close);
             }
-            let streams = r.table.entry(Arc::clone(&m.id)).or_default();
-            streams.push((m.conn, m.addr));
-            if streams.len() == 1 {
-                r.notify(|| Interest::Held(m.id));
+            if r.interest.is_some() {
+                // Cluster mode: a new id waits for its SUBSCRIBE.
+                if let Some(streams) = r.table.get_mut(&m.id) {
+                    tell(&m.addr, Welcome);
+                    streams.push((m.conn, m.addr));
+                    r.streams += 1;
+                } else {
+                    let waiting = r.awaiting.entry(Arc::clone(&m.id)).or_default();
+                    waiting.push((m.conn, m.addr));
+                    if waiting.len() == 1 {
+                        r.notify(|| Interest::Held(m.id));
+                    }
+                }
+                return;
             }
+            r.table.entry(m.id).or_default().push((m.conn, m.addr));
             r.streams += 1;
         });
     }
@@ -286,6 +360,12 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
                     r.table.remove(&*m.id);
                     r.notify(|| Interest::Released(m.id));
                     r.maybe_shrink();
+                }
+            } else if let Some(waiting) = r.awaiting.get_mut(&*m.id) {
+                waiting.retain(|(conn, _)| *conn != m.conn);
+                if waiting.is_empty() {
+                    r.awaiting.remove(&*m.id);
+                    r.notify(|| Interest::Released(m.id));
                 }
             }
         });
@@ -333,10 +413,10 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
     fn handle(&mut self, _: CloseAll, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             r.closing = true;
-            for (_, stream) in r.table.values().flatten() {
+            for (_, stream) in r.table.values().chain(r.awaiting.values()).flatten() {
                 tell(stream, Close);
             }
-            r.streams
+            r.streams + r.awaiting.values().map(SmallVec::len).sum::<usize>()
         })
     }
 }

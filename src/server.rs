@@ -124,11 +124,20 @@ impl Server {
             let stats = Arc::clone(&stats);
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Router::<Stream>::new(stats))
         };
+        // Cluster mode: the command connection, and below the Bus, live on
+        // the first worker's thread beside the Router (see above): a
+        // message from Redis then reaches the Router without a wake-up of
+        // another thread, and so does a publish its connection.
         let cluster = if settings.cluster.enabled() {
-            let cluster = Cluster::new(&settings.cluster, Arc::clone(&stats), main_addr.to_string())
-                .map_err(|e| {
-                    io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}"))
-                })?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (c, s, addr) = (settings.cluster.clone(), Arc::clone(&stats), main_addr.to_string());
+            arbiters[0].spawn(async move {
+                let _ = tx.send(Cluster::new(&c, s, addr));
+            });
+            let cluster = rx
+                .await
+                .map_err(|_| io::Error::other("the first worker stopped"))?
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}")))?;
             Some(Arc::new(cluster))
         } else {
             None
@@ -137,14 +146,13 @@ impl Server {
             let (stats, cluster) = (Arc::clone(&stats), cluster.clone());
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats, cluster))
         };
-        // The Bus runs on this (the System's) thread, which otherwise only
-        // waits for shutdown: Redis I/O stays off the workers. It is
-        // attached to the Router before any stream can log in.
+        // The Bus is attached to the Router before any stream can log in.
         let bus = cluster.as_ref().map(|cluster| {
             let (cluster, router) = (Arc::clone(cluster), router.clone());
-            Supervisor::start(move |_| {
+            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| {
                 Bus::new(
                     cluster,
+                    router.clone().recipient(),
                     router.clone().recipient(),
                     router.clone().recipient(),
                     router.recipient(),
@@ -158,6 +166,7 @@ impl Server {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
             router,
+            await_welcome: bus.is_some(),
         });
         let state = Arc::new(ServerState {
             settings,

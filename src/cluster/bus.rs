@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{Cluster, parse_payload};
-use crate::router::{Broadcast, HeldIds, Interest, Publish};
+use crate::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
 use crate::supervision::guarded;
 
 /// Most channels in one SUBSCRIBE or UNSUBSCRIBE.
@@ -59,7 +59,9 @@ const SWEEP_MAX: Duration = Duration::from_millis(250);
 /// Redis.
 #[derive(Debug)]
 enum Op {
-    Subscribe(String),
+    /// An id (the writer names its channel, and tells the Router once
+    /// Redis confirmed it).
+    Subscribe(Arc<str>),
     Unsubscribe(String),
     Ping,
 }
@@ -94,6 +96,7 @@ pub(crate) struct Bus {
     publish: Recipient<Publish>,
     broadcast: Recipient<Broadcast>,
     held: Recipient<HeldIds>,
+    subscribed: Recipient<Subscribed>,
     /// Bumped for every link attempt: events of an older link are ignored.
     generation: u64,
     link: Option<Link>,
@@ -114,12 +117,14 @@ impl Bus {
         publish: Recipient<Publish>,
         broadcast: Recipient<Broadcast>,
         held: Recipient<HeldIds>,
+        subscribed: Recipient<Subscribed>,
     ) -> Self {
         Bus {
             cluster,
             publish,
             broadcast,
             held,
+            subscribed,
             generation: 0,
             link: None,
             attempts: 0,
@@ -142,8 +147,13 @@ impl Bus {
     /// Queues `op` on the link; without one, the next link's resubscription
     /// covers it.
     fn send(&self, op: Op) {
-        if let Some(link) = &self.link {
-            let _ = link.ops.send(op);
+        match (&self.link, op) {
+            (Some(link), op) => {
+                let _ = link.ops.send(op);
+            }
+            // No link: streams waiting for this id need not wait for one.
+            (None, Op::Subscribe(id)) => self.subscribed.do_send(Subscribed::Ids(vec![id])),
+            (None, _) => {}
         }
     }
 
@@ -159,6 +169,8 @@ impl Bus {
         }
         if let Some(link) = self.link.take() {
             ctx.cancel_future(link.stream);
+            // SUBSCRIBEs in flight are lost with the link.
+            self.subscribed.do_send(Subscribed::All);
             tracing::warn!(
                 cause = why,
                 "cluster bus lost its Redis link; local delivery goes on, publishing answers 503"
@@ -233,6 +245,7 @@ impl Bus {
             rx,
             Arc::clone(&self.cluster),
             ctx.address(),
+            self.subscribed.clone(),
             generation,
         ));
         let incoming = stream
@@ -264,7 +277,7 @@ impl Bus {
                     .chain(lingering)
                     .collect();
                 for id in &ids {
-                    bus.send(Op::Subscribe(bus.cluster.names.id_channel(id)));
+                    bus.send(Op::Subscribe(Arc::clone(id)));
                 }
                 bus.set_subscriptions(ids.len() as u64);
                 if !reconnect {
@@ -342,6 +355,7 @@ async fn writer(
     mut rx: mpsc::UnboundedReceiver<Op>,
     cluster: Arc<Cluster>,
     bus: Addr<Bus>,
+    router: Recipient<Subscribed>,
     generation: u64,
 ) {
     // Many channels in one command take longer than one command.
@@ -365,14 +379,19 @@ async fn writer(
                     .await
                     .map(|r| r.map(drop)),
                 Op::Subscribe(first) => {
-                    let mut channels = vec![first];
+                    let mut ids = vec![first];
                     while let Some(Op::Subscribe(_)) = ops.peek() {
-                        if let Some(Op::Subscribe(c)) = ops.next() {
-                            channels.push(c);
+                        if let Some(Op::Subscribe(id)) = ops.next() {
+                            ids.push(id);
                         }
                     }
+                    let channels: Vec<String> = ids.iter().map(|id| cluster.names.id_channel(id)).collect();
                     cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
-                    tokio::time::timeout(timeout, sink.subscribe(channels)).await
+                    let sent = tokio::time::timeout(timeout, sink.subscribe(channels)).await;
+                    if matches!(sent, Ok(Ok(()))) {
+                        router.do_send(Subscribed::Ids(ids));
+                    }
+                    sent
                 }
                 Op::Unsubscribe(first) => {
                     let mut channels = vec![first];
@@ -419,6 +438,7 @@ impl Supervised for Bus {
         self.link = None;
         self.generation += 1;
         self.attempts = 0;
+        self.subscribed.do_send(Subscribed::All);
         tracing::warn!("cluster bus restarted; reconnecting and resubscribing");
     }
 }
@@ -429,9 +449,11 @@ impl Handler<Interest> for Bus {
     fn handle(&mut self, m: Interest, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, _| match m {
             Interest::Held(id) => {
-                // Back within the linger: still subscribed.
-                if bus.lingering.remove(&id).is_none() {
-                    bus.send(Op::Subscribe(bus.cluster.names.id_channel(&id)));
+                if bus.lingering.remove(&id).is_some() {
+                    // Back within the linger: still subscribed.
+                    bus.subscribed.do_send(Subscribed::Ids(vec![id]));
+                } else {
+                    bus.send(Op::Subscribe(id));
                     bus.set_subscriptions(bus.subscriptions + 1);
                 }
             }

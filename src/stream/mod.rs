@@ -34,7 +34,7 @@ use ticker::Tick;
 
 use crate::config::StreamSettings;
 use crate::id::{ConnId, next_conn_id};
-use crate::router::{Close, Deliver, Login, Logout, Router};
+use crate::router::{Close, Deliver, Login, Logout, Router, Welcome};
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
 
@@ -48,6 +48,11 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<Stats>,
     /// The supervised Router (its address survives restarts).
     pub(crate) router: Addr<Router<Stream>>,
+    /// Cluster mode: a stream waits for the Router's [`Welcome`], sent once
+    /// this node is subscribed to its id in Redis, before it writes its
+    /// welcome line; so a client that has read it gets every message
+    /// published after, from any node.
+    pub(crate) await_welcome: bool,
 }
 
 /// One streaming connection.
@@ -194,11 +199,10 @@ impl Actor for Stream {
         // Nothing keeps a strong address of a stream: the Router and the
         // ticker hold weak ones (see `router::tell`), and the Watch future
         // keeps the actor running until the client goes.
-        let me = ctx.address().downgrade();
         self.f.shared.router.do_send(Login {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
-            addr: me.clone(),
+            addr: ctx.address().downgrade(),
         });
         let max = self.f.shared.settings.max_pending_bytes;
         match self.sink.open(self.framing, max, &self.f.shared.stats) {
@@ -209,14 +213,10 @@ impl Actor for Stream {
             Ok(Written::Done) => {}
             Err(_) => return ctx.stop(),
         }
-        let line = format_args!("Switchboard welcomes you! Your Id: {}", self.f.id);
-        let stats = &self.f.shared.stats;
-        let welcome = push_line(&mut self.sink, self.framing, Event::Other, max, stats, line);
-        if !self.after_write(ctx, welcome) {
-            return;
-        }
         ctx.spawn(Watch);
-        ticker::register(me, self.f.shared.settings.tick_interval());
+        if !self.f.shared.await_welcome {
+            self.welcome(ctx);
+        }
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -230,6 +230,27 @@ impl Actor for Stream {
             .messages_dropped
             .fetch_add(self.sink.pending_messages() as u64, Relaxed);
         stats.stream_closed();
+    }
+}
+
+impl Stream {
+    /// Writes the welcome line and starts the ticks.
+    fn welcome(&mut self, ctx: &mut Context<Self>) {
+        let max = self.f.shared.settings.max_pending_bytes;
+        let line = format_args!("Switchboard welcomes you! Your Id: {}", self.f.id);
+        let stats = &self.f.shared.stats;
+        let welcome = push_line(&mut self.sink, self.framing, Event::Other, max, stats, line);
+        if self.after_write(ctx, welcome) {
+            ticker::register(ctx.address().downgrade(), self.f.shared.settings.tick_interval());
+        }
+    }
+}
+
+impl Handler<Welcome> for Stream {
+    type Result = ();
+
+    fn handle(&mut self, _: Welcome, ctx: &mut Context<Self>) {
+        self.welcome(ctx);
     }
 }
 
