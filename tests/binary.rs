@@ -3,89 +3,45 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::process::Proc;
 use common::{StreamClient, request};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
-/// A running binary, its listening addresses and its log lines.
-struct Proc {
-    child: Child,
+/// A running binary and its listening addresses.
+struct Running {
+    p: Proc,
     addrs: Vec<SocketAddr>,
-    log: Arc<Mutex<Vec<String>>>,
 }
 
-impl Proc {
-    /// Starts `cmd` (JSON logs, port 0 unless set) and waits for "listening".
-    fn start(mut cmd: Command) -> Proc {
-        cmd.env("SWITCHBOARD__LOG__FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
-                    && v["fields"]["message"] == "switchboard listening"
-                {
-                    let addrs = v["fields"]["addrs"].as_str().unwrap().to_owned();
-                    let _ = tx.send(addrs);
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let addrs = rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("no listening line; log: {:?}", log.lock().unwrap()));
-        let addrs = addrs
-            .trim_matches(['[', ']'])
-            .split(", ")
-            .map(|a| a.parse().unwrap())
-            .collect();
-        Proc { child, addrs, log }
-    }
-
-    fn sigterm(&self) {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "did not exit within {within:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+impl Running {
+    /// Starts `cmd` (JSON logs) and waits for "listening".
+    fn start(cmd: Command) -> Running {
+        let (p, addrs) = Proc::start(cmd);
+        Running { p, addrs }
     }
 
     fn stats(&self) -> serde_json::Value {
         request(self.addrs[0], "GET", "/stats", &[], b"").unwrap().json()
     }
+}
 
-    fn log_contains(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+impl std::ops::Deref for Running {
+    type Target = Proc;
+
+    fn deref(&self) -> &Proc {
+        &self.p
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.p
     }
 }
 
@@ -99,11 +55,11 @@ fn server() -> Command {
 fn sigterm_ends_streams_with_a_final_chunk_and_exits_zero() {
     let mut cmd = server();
     cmd.env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000");
-    let mut p = Proc::start(cmd);
+    let mut p = Running::start(cmd);
     let mut a = StreamClient::open(p.addrs[0], "term");
     a.line();
     let started = Instant::now();
-    p.sigterm();
+    p.signal("TERM");
     assert_eq!(
         a.read_to_end().unwrap(),
         Vec::<String>::new(),
@@ -118,12 +74,8 @@ fn sigterm_ends_streams_with_a_final_chunk_and_exits_zero() {
 
 #[test]
 fn sigint_with_nothing_open_exits_zero() {
-    let mut p = Proc::start(server());
-    let ok = Command::new("kill")
-        .args(["-INT", &p.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let mut p = Running::start(server());
+    p.signal("INT");
     assert!(p.wait_exit(Duration::from_secs(5)).success());
 }
 
@@ -137,7 +89,7 @@ fn environment_overrides_the_config_file_which_overrides_defaults() {
     cmd.arg("--config").arg(&file);
     cmd.env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "100");
     cmd.env("SWITCHBOARD__AUTH__PUBLISH_TOKEN", "0071e3");
-    let p = Proc::start(cmd);
+    let p = Running::start(cmd);
     // From the file: ids of at most 4 characters.
     let r = request(p.addrs[0], "GET", "/test/abcde", &[], b"").unwrap();
     assert_eq!(r.status, 400);
@@ -205,14 +157,14 @@ fn reuse_port_lets_two_processes_share_a_port() {
         cmd.env("SWITCHBOARD__SERVER__PORT", shared.to_string())
             .env("SWITCHBOARD__SERVER__EXTRA_PORTS", private.to_string())
             .env("SWITCHBOARD__SERVER__REUSE_PORT", "true");
-        Proc::start(cmd)
+        Running::start(cmd)
     };
     let (a, b) = (start(free()), start(free()));
     let streams: Vec<StreamClient> = (0..40)
         .map(|i| StreamClient::open(a.addrs[0], &format!("rp{i}")))
         .collect();
     assert!(streams.iter().all(|s| s.status == 200));
-    let active = |p: &Proc| {
+    let active = |p: &Running| {
         request(p.addrs[1], "GET", "/stats", &[], b"").unwrap().json()["connections"]["active"]
             .as_u64()
             .unwrap()
@@ -250,7 +202,7 @@ fn extra_ports_serve_the_same_server() {
         "SWITCHBOARD__SERVER__EXTRA_PORTS",
         format!("{},{}", free[0], free[1]),
     );
-    let p = Proc::start(cmd);
+    let p = Running::start(cmd);
     assert_eq!(p.addrs.len(), 3);
     let mut c = StreamClient::open(p.addrs[2], "port");
     c.line();
@@ -266,7 +218,7 @@ fn at_the_open_file_limit_streams_survive_and_accepting_resumes() {
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
         .env("SWITCHBOARD__SERVER__WORKERS", "1")
         .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "200");
-    let p = Proc::start(cmd);
+    let p = Running::start(cmd);
     let addr = p.addrs[0];
 
     // Open more streams than the server has descriptors for.

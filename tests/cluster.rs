@@ -8,15 +8,14 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use switchboard::Settings;
 
+use common::process::{Proc, send_signal};
 use common::{RedisServer, Response, StreamClient, TestServer, free_port, request, settings};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -132,135 +131,20 @@ fn open(addr: SocketAddr, id: &str) -> StreamClient {
     c
 }
 
-/// A `switchboard` binary as a process, with its JSON log lines.
-struct Proc {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    /// Spawns `cmd` with JSON logs on a piped stderr collected line by line.
-    fn spawn(mut cmd: Command) -> Proc {
-        cmd.env("SWITCHBOARD__LOG__FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Proc { child, log }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The `fields` of every JSON log line whose message is `message`.
-    fn log_fields(&self, message: &str) -> Vec<Value> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["fields"]["message"] == message)
-            .map(|v| v["fields"].clone())
-            .collect()
-    }
-
-    fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-
-    /// The addresses of the first "switchboard listening" line.
-    fn wait_listening(&self) -> SocketAddr {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(f) = self.log_fields("switchboard listening").first() {
-                let addrs = f["addrs"].as_str().unwrap();
-                return addrs
-                    .trim_matches(['[', ']'])
-                    .split(", ")
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no listening line; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "did not exit within {within:?}; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// [`wait_cluster`], with this process's log if it fails.
-    fn wait_cluster(
-        &self,
-        addr: SocketAddr,
-        within: Duration,
-        what: &str,
-        pred: impl Fn(&Value) -> bool,
-    ) -> Value {
-        try_wait_cluster(addr, within, pred).unwrap_or_else(|last| {
-            panic!(
-                "not within {within:?}: {what}; last /cluster: {last}; log:\n{}",
-                self.log_text()
-            )
-        })
-    }
-
-    /// Sends `signal` ("TERM", "KILL") to this process (the one this started).
-    fn signal(&self, signal: &str) {
-        send_signal(self.pid(), signal);
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGKILL to a `--processes` parent would orphan its children: ask
-        // with SIGTERM first, and SIGKILL only if it does not exit.
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.pid().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn send_signal(pid: u32, signal: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success(), "kill -{signal} {pid}");
+/// [`wait_cluster`], with `p`'s log if it fails.
+fn wait_cluster_of(
+    p: &Proc,
+    addr: SocketAddr,
+    within: Duration,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    try_wait_cluster(addr, within, pred).unwrap_or_else(|last| {
+        panic!(
+            "not within {within:?}: {what}; last /cluster: {last}; log:\n{}",
+            p.log_text()
+        )
+    })
 }
 
 /// The parent pid of `pid`, from /proc/PID/stat (None once it is gone).
@@ -286,7 +170,7 @@ fn binary(redis: &RedisServer, prefix: &str) -> Command {
 fn binary_node(mut cmd: Command, name: &str) -> (Proc, SocketAddr) {
     cmd.env("SWITCHBOARD__CLUSTER__NODE_NAME", name);
     let p = Proc::spawn(cmd);
-    let addr = p.wait_listening();
+    let addr = p.wait_listening()[0];
     wait_ready(addr);
     (p, addr)
 }
@@ -662,7 +546,8 @@ fn processes(redis: &RedisServer, prefix: &str, n: usize) -> (Proc, SocketAddr) 
         .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
     let parent = Proc::spawn(cmd);
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    parent.wait_cluster(
+    wait_cluster_of(
+        &parent,
         addr,
         Duration::from_secs(20),
         &format!("{n} children in /cluster"),
@@ -685,7 +570,7 @@ fn three_processes_share_300_streams_and_one_send_reaches_all() {
     let p = prefix("procs3");
     let (parent, addr) = processes(&redis, &p, 3);
     let mut streams: Vec<StreamClient> = (0..300).map(|_| open(addr, "shared")).collect();
-    let cl = parent.wait_cluster(addr, WAIT, "300 streams over three nodes", |c| {
+    let cl = wait_cluster_of(&parent, addr, WAIT, "300 streams over three nodes", |c| {
         c["totals"]["streams"] == 300
     });
     let per_node: Vec<u64> = cl["nodes"]
@@ -735,7 +620,9 @@ fn a_killed_child_process_is_restarted() {
     let redis = RedisServer::start();
     let p = prefix("respawn");
     let (mut parent, addr) = processes(&redis, &p, 2);
-    let before = cluster_pids(&parent.wait_cluster(addr, WAIT, "two nodes", |c| c["totals"]["nodes"] == 2));
+    let before = cluster_pids(&wait_cluster_of(&parent, addr, WAIT, "two nodes", |c| {
+        c["totals"]["nodes"] == 2
+    }));
     let victim = *before.iter().next().unwrap();
     assert_eq!(
         parent_of(victim),
@@ -744,15 +631,19 @@ fn a_killed_child_process_is_restarted() {
     );
     send_signal(victim as u32, "KILL");
 
-    let cl = parent.wait_cluster(addr, Duration::from_secs(10), "a new child pid", |c| {
+    let cl = wait_cluster_of(&parent, addr, Duration::from_secs(10), "a new child pid", |c| {
         cluster_pids(c).iter().any(|pid| !before.contains(pid))
     });
     let fresh: Vec<u64> = cluster_pids(&cl).difference(&before).copied().collect();
     assert_eq!(fresh.len(), 1, "{cl}");
     assert_eq!(parent_of(fresh[0]), Some(u64::from(parent.pid())));
-    parent.wait_cluster(addr, Duration::from_secs(4), "the killed pid leaves", |c| {
-        !cluster_pids(c).contains(&victim) && c["totals"]["nodes"] == 2
-    });
+    wait_cluster_of(
+        &parent,
+        addr,
+        Duration::from_secs(4),
+        "the killed pid leaves",
+        |c| !cluster_pids(c).contains(&victim) && c["totals"]["nodes"] == 2,
+    );
     assert!(
         parent.child.try_wait().unwrap().is_none(),
         "the parent is still running"
@@ -762,7 +653,7 @@ fn a_killed_child_process_is_restarted() {
     assert_eq!(restarts[0]["restarts"], 1, "{}", parent.log_text());
     // The restarted child serves: streams spread over both again.
     let _streams: Vec<StreamClient> = (0..20).map(|i| open(addr, &format!("r{i}"))).collect();
-    parent.wait_cluster(addr, WAIT, "both children hold streams", |c| {
+    wait_cluster_of(&parent, addr, WAIT, "both children hold streams", |c| {
         c["totals"]["streams"] == 20
             && c["nodes"]
                 .as_array()
@@ -781,7 +672,7 @@ fn sigterm_to_the_parent_ends_every_stream_and_exits_zero() {
     let p = prefix("term");
     let (mut parent, addr) = processes(&redis, &p, 2);
     let mut streams: Vec<StreamClient> = (0..20).map(|i| open(addr, &format!("t{i}"))).collect();
-    let cl = parent.wait_cluster(addr, WAIT, "both children hold streams", |c| {
+    let cl = wait_cluster_of(&parent, addr, WAIT, "both children hold streams", |c| {
         c["totals"]["streams"] == 20
             && c["nodes"]
                 .as_array()

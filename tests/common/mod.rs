@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use switchboard::{Server, Settings};
 
+pub mod process;
+
 /// How long any single read in a test may wait.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
