@@ -130,14 +130,20 @@ impl Server {
         // another thread, and so does a publish its connection.
         let cluster = if settings.cluster.enabled() {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let (c, s, addr) = (settings.cluster.clone(), Arc::clone(&stats), main_addr.to_string());
+            let (c, s, addr) = (
+                settings.cluster.clone(),
+                Arc::clone(&stats),
+                main_addr.to_string(),
+            );
             arbiters[0].spawn(async move {
                 let _ = tx.send(Cluster::new(&c, s, addr));
             });
             let cluster = rx
                 .await
                 .map_err(|_| io::Error::other("the first worker stopped"))?
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}")))?;
+                .map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}"))
+                })?;
             Some(Arc::new(cluster))
         } else {
             None

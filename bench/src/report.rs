@@ -727,7 +727,11 @@ mod tests {
         // Over 4 processes 3.00 ms > 2 ms.
         assert_eq!(t[3].met, Some(false), "{}", t[3].measured);
         assert!(t[3].measured.starts_with("3.00 ms (lost "), "{}", t[3].measured);
-        assert!(t[3].measured.ends_with("one process in the same run 2.00 ms"), "{}", t[3].measured);
+        assert!(
+            t[3].measured.ends_with("one process in the same run 2.00 ms"),
+            "{}",
+            t[3].measured
+        );
         assert_eq!(t[4].met, Some(true));
         assert!(t[4].measured.contains("150.0 ms, received by 19,000 of 19,000"));
         assert_eq!((t[5].measured.as_str(), t[5].met), ("2.63 µs", Some(true)));
