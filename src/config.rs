@@ -225,15 +225,25 @@ impl Settings {
     /// The compiled-in defaults only: no file, no environment. Tests start here.
     pub fn defaults() -> Self {
         // unwrap: default.toml is part of the build and covered by tests.
-        Self::build(None, false).expect("config/default.toml is valid")
+        Self::build(None, false, |_| {}).expect("config/default.toml is valid")
     }
 
     /// Defaults, then `file` if given, then `SWITCHBOARD__*` variables.
     pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
-        Self::build(file, true)
+        Self::build(file, true, |_| {})
     }
 
-    fn build(file: Option<&Path>, env: bool) -> Result<Self, SettingsError> {
+    /// [`Settings::load`], then `flags` (command-line options) on top, and
+    /// only then the validation.
+    pub fn load_then(file: Option<&Path>, flags: impl FnOnce(&mut Settings)) -> Result<Self, SettingsError> {
+        Self::build(file, true, flags)
+    }
+
+    fn build(
+        file: Option<&Path>,
+        env: bool,
+        flags: impl FnOnce(&mut Settings),
+    ) -> Result<Self, SettingsError> {
         let mut builder = Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
         if let Some(path) = file {
             builder = builder.add_source(File::from(path).required(true));
@@ -248,7 +258,8 @@ impl Settings {
                 // written instead of becoming the number 7.
             );
         }
-        let settings: Settings = builder.build()?.try_deserialize()?;
+        let mut settings: Settings = builder.build()?.try_deserialize()?;
+        flags(&mut settings);
         settings.validate()?;
         Ok(settings)
     }
@@ -360,16 +371,22 @@ impl Settings {
         if c.command_timeout_ms < 10 {
             return invalid("cluster.command_timeout_ms", "must be at least 10".into());
         }
-        if c.reconnect_min_ms == 0 || c.reconnect_max_ms < c.reconnect_min_ms {
+        if c.reconnect_min_ms == 0 {
+            return invalid("cluster.reconnect_min_ms", "must be at least 1".into());
+        }
+        if c.reconnect_max_ms < c.reconnect_min_ms {
             return invalid(
                 "cluster.reconnect_max_ms",
-                "reconnect_min_ms must be at least 1 and reconnect_max_ms at least reconnect_min_ms".into(),
+                "must be at least cluster.reconnect_min_ms".into(),
             );
         }
-        if c.heartbeat_interval_ms < 10 || c.heartbeat_ttl_ms <= c.heartbeat_interval_ms {
+        if c.heartbeat_interval_ms < 10 {
+            return invalid("cluster.heartbeat_interval_ms", "must be at least 10".into());
+        }
+        if c.heartbeat_ttl_ms <= c.heartbeat_interval_ms {
             return invalid(
                 "cluster.heartbeat_ttl_ms",
-                "heartbeat_interval_ms must be at least 10 and heartbeat_ttl_ms above it".into(),
+                "must be above cluster.heartbeat_interval_ms".into(),
             );
         }
         Ok(())
@@ -503,6 +520,44 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("cluster.redis_url")
+        );
+    }
+
+    #[test]
+    fn cluster_errors_name_their_key() {
+        let key_of = |f: fn(&mut Settings)| {
+            let mut s = Settings::defaults();
+            s.cluster.redis_url = "redis://127.0.0.1:6379".into();
+            f(&mut s);
+            match s.validate() {
+                Err(SettingsError::Invalid { key, .. }) => key,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            key_of(|s| s.cluster.reconnect_min_ms = 0),
+            "cluster.reconnect_min_ms"
+        );
+        assert_eq!(
+            key_of(|s| s.cluster.reconnect_max_ms = 50),
+            "cluster.reconnect_max_ms"
+        );
+        assert_eq!(
+            key_of(|s| s.cluster.heartbeat_interval_ms = 5),
+            "cluster.heartbeat_interval_ms"
+        );
+        assert_eq!(
+            key_of(|s| s.cluster.heartbeat_ttl_ms = 1000),
+            "cluster.heartbeat_ttl_ms"
+        );
+        assert_eq!(key_of(|s| s.cluster.prefix = "a b".into()), "cluster.prefix");
+        assert_eq!(
+            key_of(|s| s.cluster.node_name = "n\u{e9}".into()),
+            "cluster.node_name"
+        );
+        assert_eq!(
+            key_of(|s| s.cluster.command_timeout_ms = 1),
+            "cluster.command_timeout_ms"
         );
     }
 

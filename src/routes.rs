@@ -153,9 +153,10 @@ async fn send(
         return Ok(HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered })));
     };
     // Delivered here already; now the other nodes. This node's own
-    // subscription is counted out when it holds the id.
+    // subscription is counted out when it holds the id or lingers on it.
     let channel = cluster.names.id_channel(&id);
-    Ok(match cluster.publish(channel, &msg, delivered > 0).await {
+    let subscribed_here = delivered > 0 || cluster.is_lingering(&id);
+    Ok(match cluster.publish(channel, &msg, subscribed_here).await {
         Ok(nodes) => HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered, "nodes": nodes })),
         Err(e) => partial(&e, json!({ "id": id, "delivered": delivered })),
     })

@@ -133,7 +133,7 @@ impl Server {
             let (c, s, addr) = (
                 settings.cluster.clone(),
                 Arc::clone(&stats),
-                main_addr.to_string(),
+                crate::cluster::advertised(main_addr),
             );
             arbiters[0].spawn(async move {
                 let _ = tx.send(Cluster::new(&c, s, addr));
@@ -181,7 +181,7 @@ impl Server {
             counter,
             cluster,
             bus,
-            addr: main_addr.to_string(),
+            addr: crate::cluster::advertised(main_addr),
             shutdown: CancellationToken::new(),
         });
 

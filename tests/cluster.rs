@@ -888,3 +888,134 @@ fn a_welcomed_stream_gets_a_message_sent_at_once_from_another_node() {
         assert_eq!(s.line(), "Recvd msg #1: 'right away'");
     }
 }
+
+/// Nodes started while Redis is down come up when it appears, and wait
+/// out the settle time before they publish: the first send answered 200
+/// reaches a stream opened on the other node before Redis was there.
+#[test]
+fn nodes_started_before_redis_lose_no_message_answered_200() {
+    let port = free_port();
+    let p = prefix("late");
+    let late = |name: &str| {
+        let mut s = settings();
+        s.cluster.redis_url = format!("redis://127.0.0.1:{port}");
+        s.cluster.prefix = p.clone();
+        s.cluster.node_name = name.to_owned();
+        TestServer::start(s)
+    };
+    let (a, b) = (late("a"), late("b"));
+    // The bus is down: the welcome does not wait for it.
+    let mut stream = open(a.addr, "early");
+    assert_eq!(get(a.addr, "/readyz").status, 503);
+    let _redis = RedisServer::start_on(port);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answer = loop {
+        let r = post(b.addr, "/send/early", "first");
+        if r.status == 200 {
+            break r.json();
+        }
+        assert_eq!(r.json()["error"], "cluster bus unavailable");
+        assert!(Instant::now() < deadline, "b never published");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(answer, json!({"id": "early", "delivered": 0, "nodes": 1}));
+    assert_eq!(stream.line(), "Recvd msg #1: 'first'");
+}
+
+/// While a node lingers on an id it no longer holds, its own subscription
+/// is not counted among the other nodes a send reached.
+#[test]
+fn nodes_counts_other_nodes_only_during_the_linger() {
+    let redis = RedisServer::start();
+    let p = prefix("lingercount");
+    let mut s = node_settings(&redis, &p, "a");
+    s.cluster.unsubscribe_linger_ms = 3000;
+    let a = start_node(s);
+    let stream = open(a.addr, "gone");
+    drop(stream);
+    a.wait_stats(WAIT, |s| s["connections"]["active"] == 0);
+    assert_eq!(redis.numsub(&id_channel(&p, "gone")), 1, "still lingering");
+    let r = a.post("/send/gone", "to nobody");
+    assert_eq!(r.json(), json!({"id": "gone", "delivered": 0, "nodes": 0}));
+}
+
+/// A second fleet on a port a fleet already holds is refused at start: it
+/// would share the first one's connections and route none of its messages.
+#[test]
+fn a_second_fleet_on_the_same_port_is_refused() {
+    let redis = RedisServer::start();
+    let p = prefix("twofleets");
+    let (_first, addr) = processes(&redis, &p, 2);
+    let mut cmd = binary(&redis, &prefix("twofleets-other"));
+    cmd.args(["--processes", "2"])
+        .env("SWITCHBOARD__SERVER__PORT", addr.port().to_string());
+    let mut second = Proc::spawn(cmd);
+    let status = second.wait_exit(Duration::from_secs(5));
+    assert!(!status.success(), "{status:?}");
+    wait_until(WAIT, "the reason in the log", || {
+        second
+            .log_text()
+            .contains("another switchboard, or another fleet")
+    });
+}
+
+/// A fleet parent killed with SIGKILL takes its children with it (they get
+/// SIGTERM from the kernel and drain): no orphan keeps serving the port.
+#[test]
+fn children_end_when_the_parent_is_killed() {
+    let redis = RedisServer::start();
+    let p = prefix("orphans");
+    let (parent, addr) = processes(&redis, &p, 2);
+    let children = cluster_pids(&get(addr, "/cluster").json());
+    assert_eq!(children.len(), 2);
+    parent.signal("KILL");
+    let running = |pid: &u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+    };
+    wait_until(WAIT, "both children gone", || !children.iter().any(running));
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "something still listens on {addr}"
+    );
+}
+
+/// `--processes 1` wins over a configuration file that asks for 4 (and has
+/// no Redis): the flag is applied before the settings are checked.
+#[test]
+fn the_processes_flag_overrides_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("sb-flag-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("four.toml");
+    std::fs::write(&file, "[server]\nprocesses = 4\nport = 0\n").unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config").arg(&file).args(["--processes", "1"]);
+    let p = Proc::spawn(cmd);
+    let addr = p.wait_listening()[0];
+    assert_eq!(get(addr, "/healthz").status, 200);
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config").arg(&file);
+    let mut refused = Proc::spawn(cmd);
+    assert!(!refused.wait_exit(Duration::from_secs(3)).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two live nodes under one name are noticed: their heartbeats find each
+/// other's entry, and each counts it in `cluster.name_conflicts`.
+#[test]
+fn a_node_name_used_twice_is_noticed() {
+    let redis = RedisServer::start();
+    let p = prefix("dupname");
+    let beat = |mut s: Settings| {
+        s.cluster.heartbeat_interval_ms = 100;
+        s
+    };
+    let a = start_node(beat(node_settings(&redis, &p, "dup")));
+    let b = start_node(beat(node_settings(&redis, &p, "dup")));
+    for n in [&a, &b] {
+        let st = n.wait_stats(WAIT, |s| s["cluster"]["name_conflicts"].as_u64() > Some(0));
+        assert!(st["cluster"]["name_conflicts"].as_u64() > Some(0), "{st}");
+    }
+}

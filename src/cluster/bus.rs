@@ -24,7 +24,6 @@
 //! reconnect. redis-rs's pub/sub connection keeps its own set of subscribed
 //! channel names (to count confirmations), the other per-id cost.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -102,8 +101,6 @@ pub(crate) struct Bus {
     link: Option<Link>,
     /// Failed connection attempts since the last link.
     attempts: u32,
-    /// Ids whose last local stream left, and when to unsubscribe.
-    lingering: HashMap<Arc<str>, Instant>,
     /// Ids held or lingering.
     subscriptions: u64,
     /// Whether a link was ever up (the next one is a reconnect).
@@ -128,7 +125,6 @@ impl Bus {
             generation: 0,
             link: None,
             attempts: 0,
-            lingering: HashMap::new(),
             subscriptions: 0,
             was_up: false,
         }
@@ -255,7 +251,7 @@ impl Bus {
             ));
         let stream = ctx.add_stream(incoming);
         self.link = Some(Link { ops, stream });
-        self.attempts = 0;
+        let after_failures = std::mem::take(&mut self.attempts) > 0;
         let reconnect = std::mem::replace(&mut self.was_up, true);
         if reconnect {
             self.cluster.stats.reconnects.fetch_add(1, Relaxed);
@@ -270,17 +266,18 @@ impl Bus {
                     return;
                 }
                 let held = held.unwrap_or_default();
-                let lingering: Vec<Arc<str>> = bus.lingering.keys().cloned().collect();
-                let ids: Vec<Arc<str>> = held
-                    .into_iter()
-                    .filter(|id| !bus.lingering.contains_key(id))
-                    .chain(lingering)
-                    .collect();
+                let ids: Vec<Arc<str>> = {
+                    let lingering = bus.cluster.lingering();
+                    held.into_iter()
+                        .filter(|id| !lingering.contains_key(id))
+                        .chain(lingering.keys().cloned())
+                        .collect()
+                };
                 for id in &ids {
                     bus.send(Op::Subscribe(Arc::clone(id)));
                 }
                 bus.set_subscriptions(ids.len() as u64);
-                if !reconnect {
+                if !reconnect && !after_failures {
                     bus.cluster.stats.connected.store(true, Relaxed);
                     tracing::info!(ids = ids.len(), reconnect, "cluster bus connected and subscribed");
                     return;
@@ -289,10 +286,11 @@ impl Bus {
                     .stats
                     .resubscribed
                     .fetch_add(ids.len() as u64, Relaxed);
-                // After an outage the other nodes come back within their own
-                // backoff, up to reconnect_max_ms later than this one. Until
-                // then a PUBLISH would miss their streams and still answer
-                // 200: keep answering 503 (and /readyz 503) that long.
+                // After an outage (or a start while Redis was down) the other
+                // nodes come back within their own backoff, up to
+                // reconnect_max_ms later than this one. Until then a PUBLISH
+                // would miss their streams and still answer 200: keep
+                // answering 503 (and /readyz 503) that long.
                 let settle = bus.settle();
                 tracing::info!(
                     ids = ids.len(),
@@ -310,26 +308,31 @@ impl Bus {
     }
 
     /// Unsubscribes the lingering ids whose time is up.
-    fn sweep(&mut self, ctx: &mut Context<Self>) {
+    fn sweep(&mut self, _ctx: &mut Context<Self>) {
         let now = Instant::now();
         let mut expired = Vec::new();
-        self.lingering.retain(|id, until| {
-            let keep = *until > now;
-            if !keep {
-                expired.push(Arc::clone(id));
+        {
+            let mut lingering = self.cluster.lingering();
+            lingering.retain(|id, until| {
+                let keep = *until > now;
+                if !keep {
+                    expired.push(Arc::clone(id));
+                }
+                keep
+            });
+            if !expired.is_empty()
+                && lingering.capacity() > 1024
+                && lingering.len() < lingering.capacity() / 4
+            {
+                lingering.shrink_to_fit();
             }
-            keep
-        });
+        }
         for id in &expired {
             self.send(Op::Unsubscribe(self.cluster.names.id_channel(id)));
         }
         if !expired.is_empty() {
             self.set_subscriptions(self.subscriptions.saturating_sub(expired.len() as u64));
-            if self.lingering.capacity() > 1024 && self.lingering.len() < self.lingering.capacity() / 4 {
-                self.lingering.shrink_to_fit();
-            }
         }
-        let _ = ctx;
     }
 
     /// Heartbeat, and a PING through the link so a Redis that stops
@@ -375,7 +378,7 @@ async fn writer(
         let mut ops = batch.drain(..).peekable();
         while let Some(op) = ops.next() {
             let sent = match op {
-                Op::Ping => tokio::time::timeout(timeout, sink.ping::<redis::Value>())
+                Op::Ping => tokio::time::timeout(cluster.timeout(), sink.ping::<redis::Value>())
                     .await
                     .map(|r| r.map(drop)),
                 Op::Subscribe(first) => {
@@ -449,7 +452,8 @@ impl Handler<Interest> for Bus {
     fn handle(&mut self, m: Interest, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, _| match m {
             Interest::Held(id) => {
-                if bus.lingering.remove(&id).is_some() {
+                let back = bus.cluster.lingering().remove(&id).is_some();
+                if back {
                     // Back within the linger: still subscribed.
                     bus.subscribed.do_send(Subscribed::Ids(vec![id]));
                 } else {
@@ -459,7 +463,7 @@ impl Handler<Interest> for Bus {
             }
             Interest::Released(id) => {
                 let until = Instant::now() + bus.linger();
-                bus.lingering.insert(id, until);
+                bus.cluster.lingering().insert(id, until);
             }
         });
     }

@@ -21,10 +21,11 @@
 
 pub(crate) mod bus;
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -41,6 +42,11 @@ use crate::stats::Stats;
 /// the heartbeat key's TTL, not the set, decides who is live, so clocks that
 /// differ between boxes do no harm.
 const PRUNE_AFTER_MS: u64 = 60_000;
+
+/// Deletes a node's key and set entry if the key holds this instance.
+const LEAVE_SCRIPT: &str = "local v = redis.call('GET', KEYS[1]) \
+    if v and string.find(v, ARGV[2], 1, true) then \
+    redis.call('DEL', KEYS[1]) redis.call('ZREM', KEYS[2], ARGV[1]) end return 0";
 
 /// Channel and key names of one fleet.
 #[derive(Debug, Clone)]
@@ -115,6 +121,8 @@ pub(crate) struct ClusterStats {
     pub(crate) heartbeats: AtomicU64,
     /// Bus actor restarts after a panic.
     pub(crate) restarts: AtomicU64,
+    /// Heartbeats that found another node's entry under this node's name.
+    pub(crate) name_conflicts: AtomicU64,
 }
 
 /// One node's entry in Redis, as `/cluster` lists it.
@@ -153,6 +161,10 @@ pub(crate) struct Cluster {
     conn: ConnectionManager,
     /// The client the Bus opens its pub/sub connections with.
     client: redis::Client,
+    /// Ids whose last local stream left, still subscribed until the time
+    /// given (the Bus keeps it; `/send` asks whether this node is among
+    /// PUBLISH's receivers).
+    lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
 }
 
 impl Cluster {
@@ -206,7 +218,29 @@ impl Cluster {
             started: Instant::now(),
             conn,
             client,
+            lingering: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The lingering table (a panic while it was held leaves it usable).
+    pub(crate) fn lingering(&self) -> MutexGuard<'_, HashMap<Arc<str>, tokio::time::Instant>> {
+        self.lingering
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether this node is subscribed to `id` though it holds no stream.
+    pub(crate) fn is_lingering(&self, id: &str) -> bool {
+        self.lingering().contains_key(id)
+    }
+
+    /// Answers at once, without Redis, while the bus is down.
+    fn fail_fast(&self) -> Result<(), ApiError> {
+        if self.stats.connected.load(Relaxed) {
+            Ok(())
+        } else {
+            Err(ApiError::BusUnavailable)
+        }
     }
 
     fn timeout(&self) -> Duration {
@@ -245,9 +279,9 @@ impl Cluster {
         msg: &str,
         subscribed_here: bool,
     ) -> Result<u64, ApiError> {
-        if !self.stats.connected.load(Relaxed) {
+        if let Err(e) = self.fail_fast() {
             self.stats.publish_errors.fetch_add(1, Relaxed);
-            return Err(ApiError::BusUnavailable);
+            return Err(e);
         }
         let payload = format!("{} {msg}", self.instance);
         let r = self
@@ -269,6 +303,7 @@ impl Cluster {
 
     /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
     pub(crate) async fn take_numbers(&self, n: u64) -> Result<u64, ApiError> {
+        self.fail_fast()?;
         let key = self.names.counter_key();
         let last: u64 = self
             .command("INCRBY", async move |mut c| c.incr(key, n).await)
@@ -301,24 +336,42 @@ impl Cluster {
             self.node.clone(),
         );
         let expires = now_ms() + ttl;
-        self.command("heartbeat", async move |mut c| {
-            redis::pipe()
-                .atomic()
-                .cmd("SET")
-                .arg(&key)
-                .arg(info)
-                .arg("PX")
-                .arg(ttl)
-                .ignore()
-                .zadd(&set, name, expires)
-                .ignore()
-                .zrembyscore(&set, "-inf", expires.saturating_sub(ttl + PRUNE_AFTER_MS))
-                .ignore()
-                .query_async::<()>(&mut c)
-                .await
-        })
-        .await?;
-        self.stats.heartbeats.fetch_add(1, Relaxed);
+        let (previous,): (Option<String>,) = self
+            .command("heartbeat", async move |mut c| {
+                redis::pipe()
+                    .atomic()
+                    .get(&key)
+                    .cmd("SET")
+                    .arg(&key)
+                    .arg(info)
+                    .arg("PX")
+                    .arg(ttl)
+                    .ignore()
+                    .zadd(&set, name, expires)
+                    .ignore()
+                    .zrembyscore(&set, "-inf", expires.saturating_sub(ttl + PRUNE_AFTER_MS))
+                    .ignore()
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        // Our own entry, unless another node uses this name. The first
+        // beat may find the entry of this name's previous process (a
+        // restarted fleet child), which is fine.
+        let first = self.stats.heartbeats.fetch_add(1, Relaxed) == 0;
+        let other = previous
+            .and_then(|p| serde_json::from_str::<NodeInfo>(&p).ok())
+            .filter(|p| p.instance != self.instance);
+        if let (false, Some(other)) = (first, other)
+            && self.stats.name_conflicts.fetch_add(1, Relaxed).is_multiple_of(60)
+        {
+            tracing::error!(
+                node = %self.node,
+                other_pid = other.pid,
+                other_host = %other.host,
+                "another node uses this node's cluster.node_name; /cluster shows only one of them (give each a name of its own)"
+            );
+        }
         Ok(())
     }
 
@@ -329,13 +382,18 @@ impl Cluster {
             self.names.nodes_key(),
             self.node.clone(),
         );
+        let instance = format!("\"instance\":\"{}\"", self.instance);
         let left = self
             .command("leave", async move |mut c| {
-                redis::pipe()
-                    .del(&key)
-                    .ignore()
-                    .zrem(&set, name)
-                    .ignore()
+                // Only this process's entry: another node of the same name
+                // keeps its own.
+                redis::cmd("EVAL")
+                    .arg(LEAVE_SCRIPT)
+                    .arg(2)
+                    .arg(&key)
+                    .arg(&set)
+                    .arg(&name)
+                    .arg(&instance)
                     .query_async::<()>(&mut c)
                     .await
             })
@@ -350,6 +408,7 @@ impl Cluster {
     /// Every live node (its heartbeat key has not expired), by name, and
     /// the totals.
     pub(crate) async fn view(&self) -> Result<Value, ApiError> {
+        self.fail_fast()?;
         let set = self.names.nodes_key();
         let names: Vec<String> = self
             .command("ZRANGE", async move |mut c| c.zrange(set, 0, -1).await)
@@ -392,6 +451,7 @@ impl Cluster {
             "errors": get(&s.errors),
             "heartbeats": get(&s.heartbeats),
             "restarts": get(&s.restarts),
+            "name_conflicts": get(&s.name_conflicts),
         })
     }
 }
@@ -433,6 +493,16 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where other machines reach `addr`, as `/cluster` lists it: the host
+/// name in place of an unspecified address (0.0.0.0, the Docker image's).
+pub(crate) fn advertised(addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("{}:{}", hostname(), addr.port())
+    } else {
+        addr.to_string()
+    }
 }
 
 /// The kernel's host name.

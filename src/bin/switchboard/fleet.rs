@@ -34,6 +34,33 @@ const FAILED_START: Duration = Duration::from_secs(2);
 /// SIGTERM before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(3);
 
+/// Set in a child's environment to the parent's pid: the child asks the
+/// kernel for SIGTERM when the parent dies ([`follow_parent`]).
+pub(crate) const PARENT_ENV: &str = "SWITCHBOARD_FLEET_PARENT";
+
+/// In a child of a fleet: SIGTERM (a graceful drain) when the parent dies,
+/// even by SIGKILL, so no orphan keeps serving the port. Exits at once if
+/// the parent is already gone.
+pub(crate) fn follow_parent() -> anyhow::Result<()> {
+    let Ok(parent) = std::env::var(PARENT_ENV) else {
+        return Ok(());
+    };
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+    if nix::unistd::getppid().as_raw().to_string() != parent {
+        anyhow::bail!("the fleet parent (pid {parent}) is gone");
+    }
+    Ok(())
+}
+
+/// The kernel's host name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
 /// What the parent hears about.
 enum Event {
     Exited {
@@ -55,11 +82,15 @@ struct Slot {
 
 /// Runs the fleet until a signal, then drains it. Blocks.
 pub(crate) fn run(settings: &Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
-    // The ports must be free for SO_REUSEPORT listeners before any child
-    // starts; a failure here names the address.
+    // The ports must be free before any child starts. The probe binds
+    // without SO_REUSEPORT, so it also fails where another fleet's (or any
+    // reuse_port server's) listeners are: this fleet would otherwise share
+    // their connections and route none of their messages.
     let mut probe = settings.clone();
-    probe.server.reuse_port = true;
-    drop(switchboard::Server::bind(probe)?);
+    probe.server.reuse_port = false;
+    if let Err(e) = switchboard::Server::bind(probe) {
+        anyhow::bail!("{e} (is another switchboard, or another fleet, on it?)");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -71,19 +102,23 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
     let exe = std::env::current_exe()?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+    // Child i is "<name>-<i>", by default "<hostname>-<parent pid>-<i>": a
+    // restarted child takes its slot's name, so /cluster lists it in place
+    // of the one that died instead of beside it until the TTL.
+    let base = if settings.cluster.node_name.is_empty() {
+        format!("{}-{}", hostname(), std::process::id())
+    } else {
+        settings.cluster.node_name.clone()
+    };
     let start = |index: usize| -> anyhow::Result<u32> {
         let mut cmd = Command::new(&exe);
         if let Some(config) = config {
             cmd.arg("--config").arg(config);
         }
         cmd.env("SWITCHBOARD__SERVER__PROCESSES", "1")
-            .env("SWITCHBOARD__SERVER__REUSE_PORT", "true");
-        if !settings.cluster.node_name.is_empty() {
-            cmd.env(
-                "SWITCHBOARD__CLUSTER__NODE_NAME",
-                format!("{}-{index}", settings.cluster.node_name),
-            );
-        }
+            .env("SWITCHBOARD__SERVER__REUSE_PORT", "true")
+            .env(PARENT_ENV, std::process::id().to_string())
+            .env("SWITCHBOARD__CLUSTER__NODE_NAME", format!("{base}-{index}"));
         let mut child = cmd.spawn()?;
         let pid = child.id().unwrap_or(0);
         let tx = tx.clone();

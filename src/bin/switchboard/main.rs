@@ -26,11 +26,14 @@ struct Cli {
 
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    let mut settings = Settings::load(cli.config.as_deref())?;
-    if let Some(n) = cli.processes {
-        settings.server.processes = n;
-        settings.validate()?;
-    }
+    fleet::follow_parent()?;
+    // The flag wins over the file and the environment, and is validated
+    // with them.
+    let settings = Settings::load_then(cli.config.as_deref(), |s| {
+        if let Some(n) = cli.processes {
+            s.server.processes = n;
+        }
+    })?;
     switchboard::telemetry::init(&settings.log)?;
     if settings.server.processes > 1 {
         return fleet::run(&settings, cli.config.as_deref());
