@@ -28,7 +28,7 @@ procs=$(( (N + per_proc - 1) / per_proc ))
 printf '%-34s %-26s %-26s %s\n' SETTING CURRENT RECOMMENDED NOTE
 row() { printf '%-34s %-26s %-26s %s\n' "$1" "$2" "$3" "$4"; }
 row "ulimit -n (soft/hard)" "$soft/$hard" ">= $((N + 1024)) per process" \
-  "hard limit caps one process at ~$per_proc sockets: N=$N needs $procs process(es) on each side (floodtest splits itself; one switchboard process is one Router, so past that you need more machines or a shared bus)"
+  "hard limit caps one process at ~$per_proc sockets: N=$N needs $procs process(es) on each side (floodtest splits itself; the server side is switchboard --processes $procs with cluster.redis_url set, one port for all)"
 
 failed=(); applied=()
 check() { # key recommended-value compare-mode(min|min3|exact) note
