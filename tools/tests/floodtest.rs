@@ -79,6 +79,45 @@ fn holds_streams_counts_chunks_and_measures_message_latency() {
     assert_eq!(stats["messages"]["delivered"].as_u64().unwrap(), sent);
 }
 
+/// `--tick-interval` measures how late each tick arrives against the
+/// stream's schedule (welcome + k × interval), across child processes too.
+#[test]
+fn measures_tick_lag_against_the_schedule() {
+    let mut s = settings();
+    s.stream.tick_interval_ms = 300;
+    let srv = TestServer::start(s);
+    let url = format!("http://{}/test/t{{n}}", srv.addr);
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "100",
+        "--rate",
+        "1000",
+        "--duration",
+        "2s",
+        "--interval",
+        "1s",
+        "--tick-interval",
+        "300ms",
+        "--max-per-process",
+        "50",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let j = summary.expect("summary");
+    // 100 streams, about 5 ticks each in 2 s (the first at ~300 ms).
+    let ticks = j["ticks"].as_u64().unwrap();
+    assert!((300..=700).contains(&ticks), "{ticks} ticks: {j}");
+    let p99 = j["tick_lag_ms"]["p99"].as_f64().unwrap();
+    // The server's wheel has ~10 ms slots: lag is tens of ms, not a period.
+    assert!(p99 < 150.0, "tick lag p99 {p99} ms: {j}");
+    assert!(stdout.contains(&format!("ticks {ticks} lag ms: ")), "{stdout}");
+    // Without the flag nothing is measured.
+    let (_, plain) = flood(&["--url", &url, "--count", "10", "--duration", "1s"]);
+    assert!(plain.unwrap()["tick_lag_ms"].is_null());
+}
+
 #[test]
 fn churns_streams_without_losing_messages() {
     let srv = TestServer::start(settings());

@@ -33,11 +33,12 @@ pub(super) async fn hold(i: u64, plan: Rc<Plan>, counters: Rc<Counters>) {
     // Boxed: the opening phase (connect, timers, request) is large and
     // short-lived; what stays for the stream's life is only the socket and
     // the parser.
-    let Some((stream, mut parser)) = Box::pin(open(i, plan, &counters)).await else {
+    let mut clock = TickClock::new(plan.tick_interval);
+    let Some((stream, mut parser)) = Box::pin(open(i, plan, &counters, &mut clock)).await else {
         return;
     };
     counters.established(i as usize);
-    while let Ok(Fed::More) = read_some(&stream, &mut parser, &counters).await {}
+    while let Ok(Fed::More) = read_some(&stream, &mut parser, &mut clock, &counters).await {}
     counters.closed(i as usize);
 }
 
@@ -57,20 +58,22 @@ const LEAVE_DRAIN: Duration = Duration::from_secs(1);
 pub(super) async fn churn(i: u64, plan: Rc<Plan>, counters: Rc<Counters>, lifetime: Duration) {
     let mut rng = SmallRng::seed_from_u64(i ^ now_micros());
     loop {
-        let Some((stream, mut parser)) = Box::pin(open(i, Rc::clone(&plan), &counters)).await else {
+        let mut clock = TickClock::new(plan.tick_interval);
+        let Some((stream, mut parser)) = Box::pin(open(i, Rc::clone(&plan), &counters, &mut clock)).await
+        else {
             tokio::time::sleep(REOPEN_PAUSE).await;
             continue;
         };
         counters.established(i as usize);
         let until = tokio::time::Instant::now() + lifetime.mul_f64(rng.random_range(0.5..1.5));
-        if !read_until(&stream, &mut parser, &counters, until).await {
+        if !read_until(&stream, &mut parser, &mut clock, &counters, until).await {
             counters.closed(i as usize);
             tokio::time::sleep(REOPEN_PAUSE).await;
             continue;
         }
         counters.leaving(i as usize);
         let drain = tokio::time::Instant::now() + LEAVE_DRAIN;
-        read_until(&stream, &mut parser, &counters, drain).await;
+        read_until(&stream, &mut parser, &mut clock, &counters, drain).await;
         drop(stream);
         counters.churned();
     }
@@ -80,12 +83,13 @@ pub(super) async fn churn(i: u64, plan: Rc<Plan>, counters: Rc<Counters>, lifeti
 async fn read_until(
     stream: &TcpStream,
     parser: &mut EventParser,
+    clock: &mut TickClock,
     counters: &Counters,
     until: tokio::time::Instant,
 ) -> bool {
     loop {
         tokio::select! {
-            r = read_some(stream, parser, counters) => if !matches!(r, Ok(Fed::More)) {
+            r = read_some(stream, parser, clock, counters) => if !matches!(r, Ok(Fed::More)) {
                 return false;
             },
             () = tokio::time::sleep_until(until) => return true,
@@ -95,7 +99,12 @@ async fn read_until(
 
 /// Connects, sends the request and reads the response head. `None` when it
 /// failed (counted by kind).
-async fn open(i: u64, plan: Rc<Plan>, counters: &Counters) -> Option<(TcpStream, EventParser)> {
+async fn open(
+    i: u64,
+    plan: Rc<Plan>,
+    counters: &Counters,
+    clock: &mut TickClock,
+) -> Option<(TcpStream, EventParser)> {
     let n = plan.first_n + i;
     let (addr, path, src) = plan.conn(n);
     let mut stream = match tokio::time::timeout(plan.connect_timeout, connect(addr, src)).await {
@@ -110,7 +119,7 @@ async fn open(i: u64, plan: Rc<Plan>, counters: &Counters) -> Option<(TcpStream,
     let mut parser = EventParser::default();
     let head = tokio::time::timeout(
         plan.connect_timeout,
-        read_until_body(&stream, &mut parser, counters),
+        read_until_body(&stream, &mut parser, clock, counters),
     )
     .await;
     match head {
@@ -144,10 +153,11 @@ async fn connect(addr: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStream>
 async fn read_until_body(
     stream: &TcpStream,
     parser: &mut EventParser,
+    clock: &mut TickClock,
     counters: &Counters,
 ) -> io::Result<bool> {
     while !parser.in_body() {
-        match read_some(stream, parser, counters).await {
+        match read_some(stream, parser, clock, counters).await {
             Ok(Fed::More) => {}
             Ok(Fed::Ended) => return Ok(parser.in_body()),
             Err(ReadError::Io(e)) => return Err(e),
@@ -175,6 +185,7 @@ enum ReadError {
 async fn read_some(
     stream: &TcpStream,
     parser: &mut EventParser,
+    clock: &mut TickClock,
     counters: &Counters,
 ) -> Result<Fed, ReadError> {
     std::future::poll_fn(|cx| {
@@ -192,6 +203,8 @@ async fn read_some(
                             counters.chunk();
                             if let Some(sent) = stamp_of(event) {
                                 counters.message_received(now_micros().saturating_sub(sent));
+                            } else if let Some(lag) = clock.event(event, now_micros()) {
+                                counters.tick_arrived(lag);
                             }
                         })
                         .map_err(ReadError::Parse),
@@ -205,6 +218,47 @@ async fn read_some(
         }
     })
     .await
+}
+
+/// One stream's tick schedule (`--tick-interval`): when its welcome
+/// arrived and how many ticks came since. 24 bytes per held stream.
+pub(super) struct TickClock {
+    /// The interval in µs; 0 when not measuring.
+    interval_us: u64,
+    /// Arrival of the welcome, µs since the epoch (0: not yet).
+    welcome_us: u64,
+    /// Ticks seen since the welcome (the line's own number also counts
+    /// messages, so the clock counts ticks itself).
+    ticks: u64,
+}
+
+impl TickClock {
+    pub(super) fn new(interval: Option<Duration>) -> Self {
+        TickClock {
+            interval_us: interval.map_or(0, |d| d.as_micros() as u64),
+            welcome_us: 0,
+            ticks: 0,
+        }
+    }
+
+    /// Takes one event arriving at `now_us`. For a tick ("Chunk N for id
+    /// X"), answers how late it is against welcome + k × interval, k being
+    /// this tick's number (0 when it came early).
+    pub(super) fn event(&mut self, event: &[u8], now_us: u64) -> Option<u64> {
+        if self.interval_us == 0 {
+            return None;
+        }
+        if event.starts_with(b"Switchboard welcomes you!") {
+            self.welcome_us = now_us;
+            return None;
+        }
+        if !event.starts_with(b"Chunk ") || self.welcome_us == 0 {
+            return None;
+        }
+        self.ticks += 1;
+        let due = self.welcome_us + self.ticks * self.interval_us;
+        Some(now_us.saturating_sub(due))
+    }
 }
 
 /// Microseconds since the Unix epoch: the clock message stamps use, so
@@ -237,10 +291,30 @@ mod tests {
             send: None,
             connect_timeout: std::time::Duration::from_secs(1),
             lifetime: None,
+            tick_interval: None,
         });
         let c = std::rc::Rc::new(super::Counters::new(1));
         let f = super::hold(0, plan, c);
         let size = std::mem::size_of_val(&f);
         assert!(size <= 256, "hold future grew to {size} bytes");
+    }
+
+    #[test]
+    fn ticks_are_late_against_welcome_plus_k_intervals() {
+        let mut c = super::TickClock::new(Some(std::time::Duration::from_secs(1)));
+        assert_eq!(
+            c.event(b"Chunk 1 for id x", 5_000_000),
+            None,
+            "before the welcome"
+        );
+        assert_eq!(c.event(b"Switchboard welcomes you! Your Id: x", 10_000_000), None);
+        assert_eq!(c.event(b"Chunk 1 for id x", 11_000_250), Some(250));
+        assert_eq!(c.event(b"Recvd msg #2: 'hi'", 11_500_000), None);
+        // The third event of the line's count is the second tick.
+        assert_eq!(c.event(b"Chunk 3 for id x", 12_004_000), Some(4000));
+        assert_eq!(c.event(b"Chunk 4 for id x", 12_990_000), Some(0), "early");
+        let mut off = super::TickClock::new(None);
+        assert_eq!(off.event(b"Switchboard welcomes you! Your Id: x", 1), None);
+        assert_eq!(off.event(b"Chunk 1 for id x", 2_000_000), None);
     }
 }

@@ -83,6 +83,12 @@ pub struct Args {
     /// gets no new messages for its last second, so none is lost to it.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub lifetime: Option<Duration>,
+    /// The server's tick period (switchboard: `stream.tick_interval_ms`).
+    /// Given, each stream measures how late every tick arrives against its
+    /// schedule, welcome + k × this, and the report gives the lag's
+    /// p50/p99/max.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub tick_interval: Option<Duration>,
     /// Messages per second POSTed to random held streams (0: no messages).
     #[arg(long, default_value_t = 0.0)]
     pub msg_rate: f64,
@@ -130,6 +136,8 @@ pub struct Plan {
     pub connect_timeout: Duration,
     /// `--lifetime`: churn streams.
     pub lifetime: Option<Duration>,
+    /// `--tick-interval`: measure tick lag.
+    pub tick_interval: Option<Duration>,
 }
 
 impl Plan {
@@ -285,6 +293,7 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
         send,
         connect_timeout: args.connect_timeout,
         lifetime: args.lifetime,
+        tick_interval: args.tick_interval,
     })
 }
 

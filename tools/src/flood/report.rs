@@ -100,6 +100,8 @@ pub(crate) struct Counters {
     pub(crate) partial: Cell<u64>,
     msgs_received: Cell<u64>,
     latency: RefCell<Latency>,
+    /// How late ticks arrived (`--tick-interval`).
+    tick_lag: RefCell<Latency>,
     /// RSS when the flood started, for client bytes per connection.
     baseline_rss: u64,
 }
@@ -121,6 +123,7 @@ impl Counters {
             partial: Cell::new(0),
             msgs_received: Cell::new(0),
             latency: RefCell::new(Latency::default()),
+            tick_lag: RefCell::new(Latency::default()),
             baseline_rss: crate::sys::rss_bytes().unwrap_or(0),
         }
     }
@@ -155,6 +158,10 @@ impl Counters {
 
     pub(crate) fn chunk(&self) {
         self.chunks.set(self.chunks.get() + 1);
+    }
+
+    pub(crate) fn tick_arrived(&self, lag_us: u64) {
+        self.tick_lag.borrow_mut().record_micros(lag_us);
     }
 
     pub(crate) fn message_received(&self, latency_us: u64) {
@@ -196,6 +203,7 @@ impl Counters {
                 .get()
                 .map_or(0.0, |t| t.duration_since(started).as_secs_f64()),
             latency: self.latency.borrow().clone(),
+            tick_lag: self.tick_lag.borrow().clone(),
         }
     }
 }
@@ -230,6 +238,8 @@ pub struct Snapshot {
     pub ramp_s: f64,
     /// Send → arrival latency.
     pub latency: Latency,
+    /// Tick arrival − schedule (`--tick-interval`; empty without).
+    pub tick_lag: Latency,
 }
 
 impl Snapshot {
@@ -256,6 +266,7 @@ impl Snapshot {
         self.rss_delta += o.rss_delta;
         self.ramp_s = self.ramp_s.max(o.ramp_s);
         self.latency.merge(&o.latency);
+        self.tick_lag.merge(&o.tick_lag);
     }
 
     /// The line a child process prints.
@@ -267,6 +278,7 @@ impl Snapshot {
             "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
             "ramp_s": self.ramp_s,
             "latency": self.latency.to_pairs(),
+            "tick_lag": self.tick_lag.to_pairs(),
         })
     }
 
@@ -294,6 +306,7 @@ impl Snapshot {
             rss_delta: n("rss_delta"),
             ramp_s: v["ramp_s"].as_f64().unwrap_or(0.0),
             latency: Latency::from_pairs(&v["latency"]),
+            tick_lag: Latency::from_pairs(&v["tick_lag"]),
         }
     }
 
@@ -512,6 +525,15 @@ impl Reporter {
                 snap.latency.max_ms(),
             );
         }
+        if !snap.tick_lag.is_empty() {
+            text += &format!(
+                "\n  ticks: {} arrived, lag p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+                snap.tick_lag.len(),
+                snap.tick_lag.ms(0.5),
+                snap.tick_lag.ms(0.99),
+                snap.tick_lag.max_ms(),
+            );
+        }
         match &self.bar {
             Some(bar) => {
                 self.show(&snap);
@@ -701,6 +723,8 @@ impl Summary {
                 "send_errors_delivered": s.partial,
             },
             "latency_ms": s.latency.summary(),
+            "ticks": s.tick_lag.len(),
+            "tick_lag_ms": (!s.tick_lag.is_empty()).then(|| s.tick_lag.summary()),
             "cluster": self.cluster.as_ref().map(ClusterView::to_json),
             "server_error": self.server_error,
         })
@@ -734,6 +758,9 @@ impl Summary {
                 "  messages sent {} received {} lost {}  latency ms: {}",
                 s.msgs_sent, s.msgs_received, j["messages"]["lost"], j["latency_ms"]
             );
+        }
+        if !s.tick_lag.is_empty() {
+            println!("  ticks {} lag ms: {}", s.tick_lag.len(), j["tick_lag_ms"]);
         }
     }
 
