@@ -118,6 +118,51 @@ fn measures_tick_lag_against_the_schedule() {
     assert!(plain.unwrap()["tick_lag_ms"].is_null());
 }
 
+/// A broadcast probe (`B@<send time>`) is counted on every stream as a
+/// broadcast with its arrival time, not as a routed message.
+#[test]
+fn times_a_broadcast_probe_on_every_stream() {
+    let srv = TestServer::start(settings());
+    let url = format!("http://{}/test/b{{n}}", srv.addr);
+    let json = std::env::temp_dir().join(format!("floodtest-bc-{}.json", std::process::id()));
+    let child = Command::new(BIN)
+        .args([
+            "--url",
+            &url,
+            "--count",
+            "50",
+            "--duration",
+            "2s",
+            "--interval",
+            "1s",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Sent while floodtest holds the streams (it opens them in ~50 ms).
+    let sender = std::thread::spawn({
+        let addr = srv.addr;
+        move || {
+            std::thread::sleep(Duration::from_millis(800));
+            let stamp = format!("B@{}", switchboard_tools::flood::now_micros());
+            common::request(addr, "POST", "/broadcast", &[], stamp.as_bytes())
+                .unwrap()
+                .json()
+        }
+    });
+    let answer = sender.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(answer["delivered"], 50, "{answer}");
+    let j: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert!(out.status.success());
+    assert_eq!(j["broadcast"]["received"], 50, "{j}");
+    assert!(j["broadcast"]["last_ms"].as_f64().unwrap() < 1000.0, "{j}");
+    assert_eq!(j["messages"]["received"], 0, "{j}");
+}
+
 #[test]
 fn churns_streams_without_losing_messages() {
     let srv = TestServer::start(settings());

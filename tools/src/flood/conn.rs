@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::Plan;
-use super::parse::{EventParser, Fed, ParseError, stamp_of};
+use super::parse::{EventParser, Fed, ParseError, broadcast_stamp_of, stamp_of};
 use super::report::{Counters, ErrorKind};
 use crate::sys;
 
@@ -201,7 +201,9 @@ async fn read_some(
                     parser
                         .feed(&buf[..n], |event| {
                             counters.chunk();
-                            if let Some(sent) = stamp_of(event) {
+                            if let Some(sent) = broadcast_stamp_of(event) {
+                                counters.broadcast_received(now_micros().saturating_sub(sent));
+                            } else if let Some(sent) = stamp_of(event) {
                                 counters.message_received(now_micros().saturating_sub(sent));
                             } else if let Some(lag) = clock.event(event, now_micros()) {
                                 counters.tick_arrived(lag);

@@ -196,6 +196,14 @@ impl EventParser {
 
 /// The send timestamp a message carries: the digits after `@`, microseconds
 /// since the Unix epoch.
+/// The send time of a broadcast probe, `Recvd msg #N: 'B@<µs>'`: what
+/// `/broadcast` carries in a run that times one (scripts/c1m.sh). Checked
+/// before [`stamp_of`], which would read it as a routed message.
+pub(super) fn broadcast_stamp_of(event: &[u8]) -> Option<u64> {
+    let at = event.windows(3).position(|w| w == b"'B@")?;
+    stamp_of(&event[at + 1..])
+}
+
 pub(super) fn stamp_of(event: &[u8]) -> Option<u64> {
     let at = event.iter().position(|&b| b == b'@')?;
     let digits = &event[at + 1..];
@@ -263,6 +271,11 @@ mod tests {
         p.feed(body.as_bytes(), |e| stamp = stamp_of(e)).unwrap();
         assert_eq!(stamp, Some(1_764_482_400_123_456));
         assert_eq!(stamp_of(b"Chunk 1 for id x"), None);
+        assert_eq!(
+            broadcast_stamp_of(b"Recvd msg #3: 'B@1764482400123456'"),
+            Some(1_764_482_400_123_456)
+        );
+        assert_eq!(broadcast_stamp_of(b"Recvd msg #3: '@1764482400123456'"), None);
     }
 
     /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test -p switchboard-tools --lib` for a longer run.

@@ -102,6 +102,8 @@ pub(crate) struct Counters {
     latency: RefCell<Latency>,
     /// How late ticks arrived (`--tick-interval`).
     tick_lag: RefCell<Latency>,
+    /// Send → arrival of broadcast probes (`B@<µs>`).
+    broadcast: RefCell<Latency>,
     /// RSS when the flood started, for client bytes per connection.
     baseline_rss: u64,
 }
@@ -124,6 +126,7 @@ impl Counters {
             msgs_received: Cell::new(0),
             latency: RefCell::new(Latency::default()),
             tick_lag: RefCell::new(Latency::default()),
+            broadcast: RefCell::new(Latency::default()),
             baseline_rss: crate::sys::rss_bytes().unwrap_or(0),
         }
     }
@@ -158,6 +161,10 @@ impl Counters {
 
     pub(crate) fn chunk(&self) {
         self.chunks.set(self.chunks.get() + 1);
+    }
+
+    pub(crate) fn broadcast_received(&self, latency_us: u64) {
+        self.broadcast.borrow_mut().record_micros(latency_us);
     }
 
     pub(crate) fn tick_arrived(&self, lag_us: u64) {
@@ -204,6 +211,7 @@ impl Counters {
                 .map_or(0.0, |t| t.duration_since(started).as_secs_f64()),
             latency: self.latency.borrow().clone(),
             tick_lag: self.tick_lag.borrow().clone(),
+            broadcast: self.broadcast.borrow().clone(),
         }
     }
 }
@@ -240,6 +248,8 @@ pub struct Snapshot {
     pub latency: Latency,
     /// Tick arrival − schedule (`--tick-interval`; empty without).
     pub tick_lag: Latency,
+    /// Broadcast probes: send → arrival on each stream.
+    pub broadcast: Latency,
 }
 
 impl Snapshot {
@@ -267,6 +277,7 @@ impl Snapshot {
         self.ramp_s = self.ramp_s.max(o.ramp_s);
         self.latency.merge(&o.latency);
         self.tick_lag.merge(&o.tick_lag);
+        self.broadcast.merge(&o.broadcast);
     }
 
     /// The line a child process prints.
@@ -279,6 +290,7 @@ impl Snapshot {
             "ramp_s": self.ramp_s,
             "latency": self.latency.to_pairs(),
             "tick_lag": self.tick_lag.to_pairs(),
+            "broadcast": self.broadcast.to_pairs(),
         })
     }
 
@@ -307,6 +319,7 @@ impl Snapshot {
             ramp_s: v["ramp_s"].as_f64().unwrap_or(0.0),
             latency: Latency::from_pairs(&v["latency"]),
             tick_lag: Latency::from_pairs(&v["tick_lag"]),
+            broadcast: Latency::from_pairs(&v["broadcast"]),
         }
     }
 
@@ -725,6 +738,11 @@ impl Summary {
             "latency_ms": s.latency.summary(),
             "ticks": s.tick_lag.len(),
             "tick_lag_ms": (!s.tick_lag.is_empty()).then(|| s.tick_lag.summary()),
+            "broadcast": (!s.broadcast.is_empty()).then(|| json!({
+                "received": s.broadcast.len(),
+                "last_ms": s.broadcast.max_ms(),
+                "latency_ms": s.broadcast.summary(),
+            })),
             "cluster": self.cluster.as_ref().map(ClusterView::to_json),
             "server_error": self.server_error,
         })
@@ -761,6 +779,13 @@ impl Summary {
         }
         if !s.tick_lag.is_empty() {
             println!("  ticks {} lag ms: {}", s.tick_lag.len(), j["tick_lag_ms"]);
+        }
+        if !s.broadcast.is_empty() {
+            println!(
+                "  broadcast received by {} streams, last after {:.1} ms",
+                s.broadcast.len(),
+                s.broadcast.max_ms()
+            );
         }
     }
 
