@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""A million concurrent streams on this box, routed through the cluster bus.
+
+Run through scripts/c1m.sh, which builds the binaries first. One run:
+  1. checks (and, as root, applies) what scripts/tune-kernel.sh recommends
+     for N streams, and lists what it changed;
+  2. starts its own redis-server and `switchboard --processes P` on one port,
+     P from the open-file limit;
+  3. runs floodtest (its own child processes, over enough source addresses)
+     to ramp to N streams, holds them while routing --msg-rate messages per
+     second through the shared port (so they land on random processes and
+     cross the bus) and measuring every tick's lag, and sends one broadcast
+     probe in the middle of the hold;
+  4. SIGTERMs the fleet with every stream held and checks the drain: every
+     stream ended by the server, every process exited 0.
+It samples memory and CPU every few seconds, aborts cleanly (stopping only
+what it started, by pid) when free memory falls under a margin, prints one
+table and writes JSON.
+"""
+
+import argparse
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release")
+# What one process keeps for itself besides streams (listeners, Redis, logs).
+FD_MARGIN = 1000
+# Source ports per source address to the one server port, with the port
+# range tune-kernel.sh recommends (1024-65535), less a margin.
+PORTS_PER_IP = 50_000
+# Abort when MemAvailable falls below this.
+MEMORY_MARGIN = 1_500_000_000
+SAMPLE_EVERY = 5.0
+
+
+def parse_duration(text):
+    units = {"ms": 0.001, "s": 1, "m": 60}
+    for suffix in ("ms", "s", "m"):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * units[suffix]
+    return float(text)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def meminfo():
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def rss(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_ticks(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except OSError:
+        return 0
+
+
+def children_of(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def get_json(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+def post(url, body, timeout=120):
+    req = urllib.request.Request(url, data=body.encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, json.load(r)
+
+
+def nofile_hard():
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
+def log(msg):
+    print(f"c1m: {msg}", flush=True)
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.procs = []  # (name, Popen) we started, stopped by pid
+        self.samples = []
+        self.notes = []
+
+    def start(self, name, cmd, env=None, **kw):
+        p = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, **kw)
+        self.procs.append((name, p))
+        return p
+
+    def stop_all(self):
+        for name, p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 15
+        for name, p in reversed(self.procs):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--streams", type=int, default=1_000_000)
+    ap.add_argument("--hold", type=parse_duration, default=180.0)
+    ap.add_argument("--msg-rate", type=float, default=1000.0)
+    ap.add_argument("--rate", type=float, default=10_000.0, help="streams opened per second")
+    ap.add_argument("--tick-interval", type=parse_duration, default=60.0)
+    ap.add_argument("--processes", type=int, help="default: from the open-file limit")
+    ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--max-minutes", type=float, default=15.0)
+    args = ap.parse_args()
+    n = args.streams
+    if n < 1 or args.hold <= 0:
+        ap.error("--streams and --hold must be positive")
+
+    per_proc = nofile_hard() - FD_MARGIN
+    processes = args.processes or max(1, math.ceil(n / (per_proc * 0.97)))
+    if processes > 64:
+        ap.error(f"{n} streams need {processes} processes at {per_proc} each; switchboard runs at most 64")
+    ips = max(2, math.ceil(n / PORTS_PER_IP) + 1)
+    source_ips = f"127.0.0.2-127.0.0.{1 + ips}"
+    # floodtest's own duration: a slow ramp, the hold, and the drain after
+    # it (floodtest must still hold every stream when the fleet is stopped).
+    ramp_s = n / args.rate
+    total_s = ramp_s * 1.5 + 20 + args.hold + 20
+    if total_s > args.max_minutes * 60:
+        ap.error(f"the run would take ~{total_s:.0f} s, over --max-minutes {args.max_minutes}")
+    log(f"{n} streams over {processes} server processes ({per_proc} fds each), "
+        f"clients from {source_ips}, ticks every {args.tick_interval:g} s")
+    if args.tick_interval < 60 and n >= 500_000:
+        log("note: at 10 s a million streams is 100,000 chunks/s; at ~30 µs per chunk on loopback two cores "
+            "cannot carry it, so this run ticks every 60 s (one event per stream per minute, as Mochiweb's test)")
+
+    kernel = tune_kernel(n)
+    run = Run(args)
+    result = {"streams_target": n, "processes": processes, "source_ips": source_ips,
+              "tick_interval_s": args.tick_interval, "kernel_changes": kernel}
+    try:
+        measure(run, result, n, processes, source_ips, total_s)
+    finally:
+        run.stop_all()
+    result["notes"] = run.notes
+    result["samples"] = run.samples
+    print_table(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        log(f"wrote {args.json}")
+    return 0 if result.get("ok") else 1
+
+
+def tune_kernel(n):
+    script = os.path.join(ROOT, "scripts", "tune-kernel.sh")
+    apply = ["--apply"] if os.geteuid() == 0 else []
+    out = subprocess.run([script, "--connections", str(n), *apply], capture_output=True, text=True)
+    changed = [l.strip() for l in (out.stdout + out.stderr).splitlines()
+               if l.strip().startswith(("applied:", "could not", "failed"))]
+    if not apply:
+        log("not root: kernel settings checked, not applied")
+    for line in changed:
+        log(f"kernel: {line}")
+    return changed
+
+
+def measure(run, result, n, processes, source_ips, total_s):
+    args = run.args
+    rport, port = free_port(), free_port()
+    redis = run.start("redis", ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    env = {
+        "SWITCHBOARD__SERVER__PORT": str(port),
+        "SWITCHBOARD__SERVER__WORKERS": "1",
+        "SWITCHBOARD__LOG__LEVEL": "warn",
+        "SWITCHBOARD__STREAM__TICK_INTERVAL_MS": str(int(args.tick_interval * 1000)),
+        "SWITCHBOARD__CLUSTER__REDIS_URL": f"redis://127.0.0.1:{rport}",
+        "SWITCHBOARD__CLUSTER__PREFIX": "c1m",
+    }
+    fleet = run.start("fleet", [os.path.join(BIN, "switchboard"), "--processes", str(processes)], env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            if get_json(f"{base}/cluster")["totals"]["nodes"] == processes:
+                break
+        except Exception:
+            pass
+        if time.time() > deadline or fleet.poll() is not None:
+            raise SystemExit("the fleet did not come up")
+        time.sleep(0.2)
+    mem0 = meminfo()
+    result["box_memory_before_bytes"] = mem0["MemTotal"] - mem0["MemAvailable"]
+    servers = children_of(fleet.pid)
+    idle_rss = sum(rss(p) for p in servers)
+    flood_json = (args.json or "/tmp/c1m") + ".flood.json"
+    flood = run.start("floodtest", [
+        os.path.join(BIN, "floodtest"), "--url", f"{base}/test/m{{n}}", "--count", str(n),
+        "--rate", str(args.rate), "--duration", f"{int(total_s)}s", "--interval", "10s",
+        "--source-ips", source_ips, "--msg-rate", str(args.msg_rate),
+        "--tick-interval", f"{int(args.tick_interval * 1000)}ms",
+        "--stats-url", f"{base}/cluster", "--connect-timeout", "30s", "--json", flood_json,
+    ])
+    started = time.time()
+    tck = os.sysconf("SC_CLK_TCK")
+    peak = {"streams": 0, "box": 0, "server_rss": 0, "redis_rss": 0, "slab": 0, "client_rss": 0}
+    held_at = None
+    broadcast = None
+    cpu0 = None
+    while flood.poll() is None:
+        time.sleep(SAMPLE_EVERY)
+        t = time.time() - started
+        m = meminfo()
+        servers = children_of(fleet.pid)
+        clients = [flood.pid, *children_of(flood.pid)]
+        try:
+            held = get_json(f"{base}/cluster", timeout=10)["totals"]["streams"]
+        except Exception:
+            held = None
+        s = {
+            "t": round(t, 1), "streams": held,
+            "box_used": m["MemTotal"] - m["MemAvailable"],
+            "server_rss": sum(rss(p) for p in servers), "redis_rss": rss(redis.pid),
+            "client_rss": sum(rss(p) for p in clients), "slab": m["Slab"],
+        }
+        run.samples.append(s)
+        for k, key in (("streams", "streams"), ("box", "box_used"), ("server_rss", "server_rss"),
+                       ("redis_rss", "redis_rss"), ("slab", "slab"), ("client_rss", "client_rss")):
+            if s[key] is not None and s[key] > peak[k]:
+                peak[k] = s[key]
+        log(f"t={t:.0f}s streams {held} box {s['box_used'] / 1e9:.2f} GB server {s['server_rss'] / 1e9:.2f} GB "
+            f"clients {s['client_rss'] / 1e9:.2f} GB slab {s['slab'] / 1e9:.2f} GB")
+        if m["MemAvailable"] < MEMORY_MARGIN:
+            run.notes.append(f"aborted at t={t:.0f}s: MemAvailable {m['MemAvailable']} under the margin")
+            log(run.notes[-1])
+            return
+        if held_at is None and held is not None and held >= n:
+            held_at = t
+            cpu0 = (time.time(), sum(cpu_ticks(p) for p in servers), cpu_ticks(redis.pid))
+            result["ramp_s"] = round(t, 1)
+            log(f"all {n} streams held after {t:.0f} s; holding {args.hold:.0f} s")
+        if held_at is not None and broadcast is None and t >= held_at + args.hold / 2:
+            stamp = f"B@{time.time_ns() // 1000}"
+            sent = time.time()
+            status, body = post(f"{base}/broadcast", stamp)
+            broadcast = {"status": status, "answer": body, "answer_ms": round((time.time() - sent) * 1000, 1)}
+            log(f"broadcast: {status} {body} in {broadcast['answer_ms']} ms")
+        if held_at is not None and t >= held_at + args.hold:
+            result["streams_held_end_cluster"] = held
+            cpu1 = (time.time(), sum(cpu_ticks(p) for p in servers), cpu_ticks(redis.pid))
+            window = cpu1[0] - cpu0[0]
+            result["server_cpu_pct"] = round(100 * (cpu1[1] - cpu0[1]) / tck / window, 1)
+            result["redis_cpu_pct"] = round(100 * (cpu1[2] - cpu0[2]) / tck / window, 1)
+            result["memory_at_hold_end"] = s
+            log("hold over: SIGTERM to the fleet with every stream held")
+            term = time.time()
+            fleet.send_signal(signal.SIGTERM)
+            code = fleet.wait(timeout=60)
+            result["drain_ms"] = round((time.time() - term) * 1000)
+            result["exit_code"] = code
+            log(f"fleet exited {code} after {result['drain_ms']} ms")
+            # floodtest sees every stream end, and stops at its duration.
+            break
+        if t > total_s + 30:
+            run.notes.append("floodtest ran past its duration")
+            break
+    try:
+        flood.wait(timeout=total_s + 60 - (time.time() - started))
+    except (subprocess.TimeoutExpired, ValueError):
+        flood.kill()
+        run.notes.append("floodtest did not stop by itself")
+    summary = {}
+    try:
+        with open(flood_json) as f:
+            summary = json.load(f)
+    except OSError:
+        run.notes.append("floodtest wrote no summary")
+    result["peak"] = peak
+    result["broadcast"] = broadcast
+    result["floodtest"] = summary
+    held_peak = peak["streams"]
+    result["streams_held_peak_cluster"] = held_peak
+    result["server_rss_bytes_per_stream"] = (
+        round((peak["server_rss"] - idle_rss) / held_peak) if held_peak else None)
+    result["kernel_slab_bytes_per_pair"] = (
+        round((peak["slab"] - mem0["Slab"]) / held_peak) if held_peak else None)
+    result["client_rss_bytes_per_stream"] = round(peak["client_rss"] / held_peak) if held_peak else None
+    result["box_memory_used_bytes"] = peak["box"]
+    result["redis_rss_bytes"] = peak["redis_rss"]
+    msgs = summary.get("messages", {})
+    bc = summary.get("broadcast") or {}
+    result["closed_during_hold"] = None  # from the timeline below
+    result["ok"] = bool(
+        held_peak >= n and result.get("streams_held_end_cluster") == n and msgs.get("lost") == 0
+        and bc.get("received") == n and result.get("exit_code") == 0
+        and summary.get("closed") == n and not summary.get("errors"))
+
+
+def print_table(r):
+    f = r.get("floodtest", {})
+    m = f.get("messages", {})
+    lat = f.get("latency_ms") or {}
+    tick = f.get("tick_lag_ms") or {}
+    bc = f.get("broadcast") or {}
+    gb = lambda b: f"{b / 1e9:.2f} GB" if b else "-"
+    rows = [
+        ("streams target", f"{r['streams_target']:,} over {r['processes']} processes"),
+        ("held: peak / at hold end (/cluster)",
+         f"{r.get('streams_held_peak_cluster', 0):,} / {r.get('streams_held_end_cluster') or 0:,}"),
+        ("floodtest: established, closed by the server, errors",
+         f"{f.get('established', 0):,}, {f.get('closed', 0):,} (all at the drain), {f.get('errors') or 'none'}"),
+        ("ramp", f"{r.get('ramp_s', '-')} s, {f.get('connect_rate', 0):,.0f} connects/s"),
+        ("server RSS per stream (all processes)", f"{r.get('server_rss_bytes_per_stream')} B"),
+        ("kernel slab per client+server pair", f"{r.get('kernel_slab_bytes_per_pair')} B"),
+        ("client RSS per stream", f"{r.get('client_rss_bytes_per_stream')} B"),
+        ("box memory used, peak", gb(r.get("box_memory_used_bytes"))),
+        ("Redis RSS, peak", gb(r.get("redis_rss_bytes"))),
+        ("CPU during the hold: servers / Redis", f"{r.get('server_cpu_pct')}% / {r.get('redis_cpu_pct')}%"),
+        ("routed messages: sent / received / lost", f"{m.get('sent', 0):,} / {m.get('received', 0):,} / {m.get('lost')}"),
+        ("send errors (after the drain the fleet is gone; floodtest keeps sending to its end)",
+         f"{m.get('send_errors', 0):,}"),
+        ("message latency p50 / p99 / max", f"{lat.get('p50')} / {lat.get('p99')} / {lat.get('max')} ms"),
+        ("ticks: arrived, lag p50 / p99 / max", f"{f.get('ticks', 0):,}, {tick.get('p50')} / {tick.get('p99')} / {tick.get('max')} ms"),
+        ("broadcast: received, last arrival", f"{bc.get('received', 0):,}, {bc.get('last_ms')} ms"),
+        ("drain: SIGTERM to exit, exit code", f"{r.get('drain_ms')} ms, {r.get('exit_code')}"),
+        ("result", "ok" if r.get("ok") else "NOT ok"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print()
+    for k, v in rows:
+        print(f"| {k.ljust(width)} | {v} |")
+    for note in r.get("notes", []):
+        print(f"note: {note}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
