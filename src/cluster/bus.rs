@@ -197,7 +197,7 @@ impl Bus {
         let generation = self.generation;
         let client = self.cluster.client.clone();
         let broadcast = self.cluster.names.broadcast();
-        let timeout = self.cluster.timeout();
+        let timeout = self.cluster.link_timeout();
         let open = async move {
             let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
                 .await
@@ -362,7 +362,7 @@ async fn writer(
     generation: u64,
 ) {
     // Many channels in one command take longer than one command.
-    let timeout = cluster.timeout() * 4;
+    let timeout = cluster.link_timeout();
     let mut batch: Vec<Op> = Vec::new();
     while let Some(first) = rx.recv().await {
         if !matches!(first, Op::Ping) {
@@ -378,7 +378,7 @@ async fn writer(
         let mut ops = batch.drain(..).peekable();
         while let Some(op) = ops.next() {
             let sent = match op {
-                Op::Ping => tokio::time::timeout(cluster.timeout(), sink.ping::<redis::Value>())
+                Op::Ping => tokio::time::timeout(timeout, sink.ping::<redis::Value>())
                     .await
                     .map(|r| r.map(drop)),
                 Op::Subscribe(first) => {
