@@ -222,17 +222,17 @@ async fn stop_all(slots: &mut [Slot], rx: &mut mpsc::UnboundedReceiver<Event>, s
     for pid in slots.iter().filter_map(|s| s.pid) {
         signal_pid(pid, Signal::SIGTERM);
     }
-    let mut clean = true;
+    let (mut clean, mut killed) = (true, false);
     while slots.iter().any(|s| s.pid.is_some()) {
         let event = tokio::select! {
             e = rx.recv() => e,
-            () = tokio::time::sleep_until(deadline) => {
+            () = tokio::time::sleep_until(deadline), if !killed => {
                 for pid in slots.iter().filter_map(|s| s.pid) {
                     tracing::error!(pid, "server process did not exit in time; killing it");
                     signal_pid(pid, Signal::SIGKILL);
                 }
-                clean = false;
-                rx.recv().await
+                (clean, killed) = (false, true);
+                continue;
             }
         };
         match event {
