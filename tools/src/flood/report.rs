@@ -503,7 +503,7 @@ impl Reporter {
     pub(crate) async fn interval(&mut self, counters: &super::report::Counters, started: Instant) {
         let snap = counters.snapshot(started);
         if self.child {
-            println!("{}", snap.to_json());
+            child_line(&snap.to_json());
             return;
         }
         self.report(snap).await;
@@ -579,8 +579,7 @@ impl Reporter {
     pub(crate) async fn finish(&mut self, counters: &super::report::Counters, started: Instant) -> Summary {
         let snap = counters.snapshot(started);
         if self.child {
-            println!("{}", json!({ "final": snap.to_json() }));
-            let _ = io::stdout().flush();
+            child_line(&json!({ "final": snap.to_json() }));
         }
         // The streams are still held: the server's last figures count them.
         let read_server = !self.child;
@@ -793,6 +792,15 @@ impl Summary {
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&self.to_json())? + "\n")?;
         Ok(())
+    }
+}
+
+/// A child's line to its parent. A parent that is gone (a closed pipe)
+/// ends the child quietly: nobody is left to read its figures.
+fn child_line(v: &Value) {
+    let mut out = io::stdout().lock();
+    if writeln!(out, "{v}").and_then(|()| out.flush()).is_err() {
+        std::process::exit(0);
     }
 }
 
