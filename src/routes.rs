@@ -191,7 +191,10 @@ async fn broadcast(
     };
     // Every node subscribes to the broadcast channel, this one included.
     Ok(
-        match cluster.publish(cluster.names.broadcast(), &msg, true).await {
+        match cluster
+            .publish(cluster.names.broadcast().to_owned(), &msg, true)
+            .await
+        {
             Ok(nodes) => HttpResponse::Ok().json(json!({ "delivered": delivered, "nodes": nodes })),
             Err(e) => partial(&e, json!({ "delivered": delivered })),
         },

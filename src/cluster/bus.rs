@@ -196,7 +196,7 @@ impl Bus {
         self.generation += 1;
         let generation = self.generation;
         let client = self.cluster.client.clone();
-        let broadcast = self.cluster.names.broadcast();
+        let broadcast = self.cluster.names.broadcast().to_owned();
         let timeout = self.cluster.link_timeout();
         let open = async move {
             let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())

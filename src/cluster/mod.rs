@@ -52,12 +52,15 @@ const LEAVE_SCRIPT: &str = "local v = redis.call('GET', KEYS[1]) \
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     prefix: String,
+    /// `<prefix>:broadcast`, made once: every bus message is compared with it.
+    broadcast: String,
 }
 
 impl Names {
     fn new(prefix: &str) -> Self {
         Names {
             prefix: prefix.to_owned(),
+            broadcast: format!("{prefix}:broadcast"),
         }
     }
 
@@ -74,8 +77,8 @@ impl Names {
     }
 
     /// The channel every node subscribes to.
-    pub(crate) fn broadcast(&self) -> String {
-        format!("{}:broadcast", self.prefix)
+    pub(crate) fn broadcast(&self) -> &str {
+        &self.broadcast
     }
 
     fn node_key(&self, name: &str) -> String {

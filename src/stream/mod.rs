@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{self, Poll};
 
-use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handler};
+use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handler, WeakAddr};
 use actix_rt::net::TcpStream;
 
 pub(crate) use sink::BodyStream;
@@ -199,10 +199,11 @@ impl Actor for Stream {
         // Nothing keeps a strong address of a stream: the Router and the
         // ticker hold weak ones (see `router::tell`), and the Watch future
         // keeps the actor running until the client goes.
+        let me = ctx.address().downgrade();
         self.f.shared.router.do_send(Login {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
-            addr: ctx.address().downgrade(),
+            addr: me.clone(),
         });
         let max = self.f.shared.settings.max_pending_bytes;
         match self.sink.open(self.framing, max, &self.f.shared.stats) {
@@ -215,7 +216,7 @@ impl Actor for Stream {
         }
         ctx.spawn(Watch);
         if !self.f.shared.await_welcome {
-            self.welcome(ctx);
+            self.welcome(ctx, me);
         }
     }
 
@@ -234,14 +235,15 @@ impl Actor for Stream {
 }
 
 impl Stream {
-    /// Writes the welcome line and starts the ticks.
-    fn welcome(&mut self, ctx: &mut Context<Self>) {
+    /// Writes the welcome line and starts the ticks (`me`: this actor, for
+    /// the tick wheel; one address made per stream start, not two).
+    fn welcome(&mut self, ctx: &mut Context<Self>, me: WeakAddr<Self>) {
         let max = self.f.shared.settings.max_pending_bytes;
         let line = format_args!("Switchboard welcomes you! Your Id: {}", self.f.id);
         let stats = &self.f.shared.stats;
         let welcome = push_line(&mut self.sink, self.framing, Event::Other, max, stats, line);
         if self.after_write(ctx, welcome) {
-            ticker::register(ctx.address().downgrade(), self.f.shared.settings.tick_interval());
+            ticker::register(me, self.f.shared.settings.tick_interval());
         }
     }
 }
@@ -250,7 +252,8 @@ impl Handler<Welcome> for Stream {
     type Result = ();
 
     fn handle(&mut self, _: Welcome, ctx: &mut Context<Self>) {
-        self.welcome(ctx);
+        let me = ctx.address().downgrade();
+        self.welcome(ctx, me);
     }
 }
 
