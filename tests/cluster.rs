@@ -1019,3 +1019,37 @@ fn a_node_name_used_twice_is_noticed() {
         assert!(st["cluster"]["name_conflicts"].as_u64() > Some(0), "{st}");
     }
 }
+
+/// The pub/sub link authenticates as the URL says (user and password, by
+/// ACL): a node logged in as its own user gets a message from another node;
+/// a node with a wrong password never becomes ready, counts its errors, and
+/// still serves its own streams.
+#[test]
+fn the_bus_logs_in_with_the_urls_user_and_password() {
+    let redis = RedisServer::start();
+    let acl = redis.command(&["ACL", "SETUSER", "sb", "on", ">s3cret", "~*", "&*", "+@all"]);
+    assert_eq!(acl, common::Resp::Simple("OK".into()), "{acl:?}");
+    let p = prefix("auth");
+    let user_url = redis.url().replace("redis://", "redis://sb:s3cret@");
+    let mut s = node_settings(&redis, &p, "user");
+    s.cluster.redis_url = user_url;
+    let with_user = start_node(s);
+    let other = start_node(node_settings(&redis, &p, "other"));
+    let mut far = open(with_user.addr, "authed");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "authed"), 1, WAIT), 1);
+    let r = post(other.addr, "/send/authed", "logged in");
+    assert_eq!(r.json(), json!({"id": "authed", "delivered": 0, "nodes": 1}));
+    assert_eq!(far.line(), "Recvd msg #1: 'logged in'");
+
+    let mut s = node_settings(&redis, &p, "wrong");
+    s.cluster.redis_url = redis.url().replace("redis://", "redis://sb:nope@");
+    let wrong = TestServer::start(s);
+    wait_until(WAIT, "errors counted with a wrong password", || {
+        wrong.get("/stats").json()["cluster"]["errors"].as_u64() > Some(1)
+    });
+    assert_eq!(wrong.get("/readyz").status, 503);
+    let mut local = open(wrong.addr, "local");
+    let r = post(wrong.addr, "/send/local", "here");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(local.line(), "Recvd msg #1: 'here'");
+}

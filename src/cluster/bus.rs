@@ -1,8 +1,8 @@
 //! The Bus actor: this node's pub/sub link to Redis.
 //!
-//! It owns one pub/sub connection, split in two: a writer task that sends
-//! SUBSCRIBE/UNSUBSCRIBE/PING in order, and the message stream, added to the
-//! actor's context. The Router tells it when an id gets its first local
+//! It owns one pub/sub connection ([`super::link`]), driven by a link task
+//! that sends SUBSCRIBE/UNSUBSCRIBE/PING in order, matches each confirmation
+//! to its command, and hands every message to the actor. The Router tells it when an id gets its first local
 //! stream ([`Interest::Held`]) and loses its last one
 //! ([`Interest::Released`]); the Bus subscribes at once and unsubscribes
 //! `cluster.unsubscribe_linger_ms` later unless the id came back meanwhile.
@@ -21,20 +21,22 @@
 //!
 //! Bookkeeping per id: the lingering table holds only ids that left
 //! recently; the held ids are the Router's table keys, asked for on
-//! reconnect. redis-rs's pub/sub connection keeps its own set of subscribed
-//! channel names (to count confirmations), the other per-id cost.
+//! reconnect; a SUBSCRIBE's ids are kept only until Redis confirms it. No
+//! set of subscribed channel names is kept anywhere (see [`super::link`] for
+//! why the link is not redis-rs's pub/sub connection, which keeps one).
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use actix::prelude::*;
-use futures_util::StreamExt;
-use redis::aio::PubSubSink;
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::link::{Conn, Event};
 use super::{Cluster, parse_payload};
 use crate::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
 use crate::supervision::guarded;
@@ -65,15 +67,12 @@ enum Op {
     Ping,
 }
 
-/// A message from the pub/sub stream of link `generation`, or its end.
+/// A message that came over link `generation`: its channel and payload.
 #[derive(Message)]
 #[rtype(result = "()")]
-enum Incoming {
-    Msg(u64, redis::Msg),
-    End(u64),
-}
+struct Incoming(u64, Bytes, Bytes);
 
-/// The link of `generation` failed (sent by its writer task).
+/// The link of `generation` failed (sent by its link task).
 #[derive(Message)]
 #[rtype(result = "()")]
 struct LinkLost(u64, String);
@@ -83,10 +82,9 @@ struct LinkLost(u64, String);
 #[rtype(result = "Option<()>")]
 pub(crate) struct Crash;
 
-/// An established link: where ops go, and the message stream's handle.
+/// An established link: where ops go. Dropping it ends the link task.
 struct Link {
     ops: mpsc::UnboundedSender<Op>,
-    stream: SpawnHandle,
 }
 
 /// See the module docs.
@@ -163,8 +161,7 @@ impl Bus {
         if generation != self.generation {
             return;
         }
-        if let Some(link) = self.link.take() {
-            ctx.cancel_future(link.stream);
+        if self.link.take().is_some() {
             // SUBSCRIBEs in flight are lost with the link.
             self.subscribed.do_send(Subscribed::All);
             tracing::warn!(
@@ -199,23 +196,25 @@ impl Bus {
         let broadcast = self.cluster.names.broadcast().to_owned();
         let timeout = self.cluster.link_timeout();
         let open = async move {
-            let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+            let subscribe = redis::cmd("SUBSCRIBE").arg(&broadcast).get_packed_command();
+            let opened = async {
+                let mut conn = Conn::open(&client).await?;
+                conn.write(&subscribe).await.map_err(|e| e.to_string())?;
+                match Event::of(conn.next().await?)? {
+                    Event::Subscribed => Ok(conn),
+                    other => Err(format!("unexpected answer to SUBSCRIBE: {other:?}")),
+                }
+            };
+            tokio::time::timeout(timeout, opened)
                 .await
-                .map_err(|_| "connect timed out".to_owned())?
-                .map_err(|e| e.to_string())?;
-            let (mut sink, stream) = pubsub.split();
-            tokio::time::timeout(timeout, sink.subscribe(&broadcast))
-                .await
-                .map_err(|_| "SUBSCRIBE timed out".to_owned())?
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((sink, stream))
+                .map_err(|_| "connect and SUBSCRIBE timed out".to_owned())?
         };
         ctx.spawn(open.into_actor(self).map(move |opened, bus, ctx| {
             if generation != bus.generation {
                 return;
             }
             match opened {
-                Ok((sink, stream)) => bus.up(sink, stream, ctx),
+                Ok(conn) => bus.up(conn, ctx),
                 Err(cause) => {
                     bus.cluster.stats.errors.fetch_add(1, Relaxed);
                     if bus.attempts == 0 || bus.attempts.is_power_of_two() {
@@ -231,26 +230,20 @@ impl Bus {
         }));
     }
 
-    /// The link is made: start its writer and stream, mark the node ready,
-    /// and subscribe to every id held here or lingering.
-    fn up(&mut self, sink: PubSubSink, stream: redis::aio::PubSubStream, ctx: &mut Context<Self>) {
+    /// The link is made: start its task, mark the node ready, and subscribe
+    /// to every id held here or lingering.
+    fn up(&mut self, conn: Conn, ctx: &mut Context<Self>) {
         let generation = self.generation;
         let (ops, rx) = mpsc::unbounded_channel();
-        actix_rt::spawn(writer(
-            sink,
+        actix_rt::spawn(run_link(
+            conn,
             rx,
             Arc::clone(&self.cluster),
             ctx.address(),
             self.subscribed.clone(),
             generation,
         ));
-        let incoming = stream
-            .map(move |m| Incoming::Msg(generation, m))
-            .chain(futures_util::stream::once(
-                async move { Incoming::End(generation) },
-            ));
-        let stream = ctx.add_stream(incoming);
-        self.link = Some(Link { ops, stream });
+        self.link = Some(Link { ops });
         let after_failures = std::mem::take(&mut self.attempts) > 0;
         let reconnect = std::mem::replace(&mut self.was_up, true);
         if reconnect {
@@ -351,71 +344,178 @@ impl Bus {
     }
 }
 
-/// Sends `ops` in order, every op queued so far in each round, consecutive
-/// ones of a kind in one command. Any failure ends the link.
-async fn writer(
-    mut sink: PubSubSink,
+/// A command sent on the link whose confirmations are still due.
+struct Pending {
+    kind: Kind,
+    /// Confirmations still to come (one per channel).
+    remaining: usize,
+    /// A SUBSCRIBE's ids, for the Router once it is confirmed.
+    ids: Vec<Arc<str>>,
+    /// When it was written; the link fails if it is not confirmed within
+    /// [`Cluster::link_timeout`].
+    sent: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Subscribe,
+    Unsubscribe,
+    Ping,
+}
+
+/// Drives one link until it fails, then tells the Bus why.
+async fn run_link(
+    mut conn: Conn,
     mut rx: mpsc::UnboundedReceiver<Op>,
     cluster: Arc<Cluster>,
     bus: Addr<Bus>,
     router: Recipient<Subscribed>,
     generation: u64,
 ) {
-    // Many channels in one command take longer than one command.
+    let why = drive(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
+    bus.do_send(LinkLost(generation, why));
+}
+
+/// Sends ops in order (subscription changes gathered for [`GATHER`], then
+/// consecutive ones of a kind in one command of up to [`MAX_BATCH`]
+/// channels), matches every confirmation to its command, and hands messages
+/// to the Bus. Returns why the link ended.
+async fn drive(
+    conn: &mut Conn,
+    rx: &mut mpsc::UnboundedReceiver<Op>,
+    cluster: &Cluster,
+    bus: &Addr<Bus>,
+    router: &Recipient<Subscribed>,
+    generation: u64,
+) -> String {
     let timeout = cluster.link_timeout();
-    let mut batch: Vec<Op> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        if !matches!(first, Op::Ping) {
-            tokio::time::sleep(GATHER).await;
-        }
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
+    let mut queued: Vec<Op> = Vec::new();
+    let mut gather_until: Option<Instant> = None;
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    loop {
+        loop {
+            let reply = match conn.parsed() {
+                Ok(Some(reply)) => reply,
+                Ok(None) => break,
+                Err(e) => return format!("unreadable reply from Redis: {e}"),
+            };
+            let event = match Event::of(reply) {
+                Ok(event) => event,
+                Err(e) => return e,
+            };
+            let kind = match event {
+                Event::Message { channel, payload } => {
+                    bus.do_send(Incoming(generation, channel, payload));
+                    continue;
+                }
+                Event::Subscribed => Kind::Subscribe,
+                Event::Unsubscribed => Kind::Unsubscribe,
+                Event::Pong => Kind::Ping,
+            };
+            let Some(front) = pending.front_mut().filter(|p| p.kind == kind) else {
+                return format!("a {kind:?} confirmation Redis sent matches no command");
+            };
+            front.remaining -= 1;
+            if front.remaining == 0
+                && let Some(done) = pending.pop_front()
+                && !done.ids.is_empty()
+            {
+                router.do_send(Subscribed::Ids(done.ids));
             }
         }
-        let mut ops = batch.drain(..).peekable();
-        while let Some(op) = ops.next() {
-            let sent = match op {
-                Op::Ping => tokio::time::timeout(timeout, sink.ping::<redis::Value>())
-                    .await
-                    .map(|r| r.map(drop)),
-                Op::Subscribe(first) => {
-                    let mut ids = vec![first];
-                    while let Some(Op::Subscribe(_)) = ops.peek() {
-                        if let Some(Op::Subscribe(id)) = ops.next() {
-                            ids.push(id);
-                        }
+        let expiry = pending.front().map(|p| p.sent + timeout);
+        let mut flush = false;
+        tokio::select! {
+            op = rx.recv() => match op {
+                // The Bus dropped this link (it failed, or the Bus restarted).
+                None => return "the link was replaced".to_owned(),
+                Some(op) => {
+                    flush = matches!(op, Op::Ping);
+                    queued.push(op);
+                    if !flush && gather_until.is_none() {
+                        gather_until = Some(Instant::now() + GATHER);
                     }
-                    let channels: Vec<String> = ids.iter().map(|id| cluster.names.id_channel(id)).collect();
-                    cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
-                    let sent = tokio::time::timeout(timeout, sink.subscribe(channels)).await;
-                    if matches!(sent, Ok(Ok(()))) {
-                        router.do_send(Subscribed::Ids(ids));
-                    }
-                    sent
                 }
-                Op::Unsubscribe(first) => {
-                    let mut channels = vec![first];
-                    while let Some(Op::Unsubscribe(_)) = ops.peek() {
-                        if let Some(Op::Unsubscribe(c)) = ops.next() {
-                            channels.push(c);
-                        }
-                    }
-                    cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
-                    tokio::time::timeout(timeout, sink.unsubscribe(channels)).await
-                }
-            };
-            let why = match sent {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "a command on the pub/sub link timed out".to_owned(),
-            };
-            bus.do_send(LinkLost(generation, why));
-            return;
+            },
+            () = sleep_until_some(gather_until) => flush = true,
+            () = sleep_until_some(expiry) => return "a command on the pub/sub link timed out".to_owned(),
+            filled = conn.fill() => if let Err(e) = filled {
+                return e;
+            },
+        }
+        if flush {
+            gather_until = None;
+            while let Ok(op) = rx.try_recv() {
+                queued.push(op);
+            }
+            if let Err(e) = send_all(conn, &mut queued, &mut pending, cluster).await {
+                return format!("writing to Redis: {e}");
+            }
         }
     }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes `queued` (emptied) as commands, noting each in `pending`.
+async fn send_all(
+    conn: &mut Conn,
+    queued: &mut Vec<Op>,
+    pending: &mut VecDeque<Pending>,
+    cluster: &Cluster,
+) -> std::io::Result<()> {
+    let mut ops = queued.drain(..).peekable();
+    while let Some(op) = ops.next() {
+        let (kind, mut cmd, ids) = match op {
+            Op::Ping => (Kind::Ping, redis::cmd("PING"), Vec::new()),
+            Op::Subscribe(id) => {
+                let mut cmd = redis::cmd("SUBSCRIBE");
+                cmd.arg(cluster.names.id_channel(&id));
+                (Kind::Subscribe, cmd, vec![id])
+            }
+            Op::Unsubscribe(channel) => {
+                let mut cmd = redis::cmd("UNSUBSCRIBE");
+                cmd.arg(channel);
+                (Kind::Unsubscribe, cmd, Vec::new())
+            }
+        };
+        let mut ids = ids;
+        let mut channels = usize::from(kind != Kind::Ping);
+        while kind != Kind::Ping && channels < MAX_BATCH {
+            match ops.peek() {
+                Some(Op::Subscribe(_)) if kind == Kind::Subscribe => {
+                    if let Some(Op::Subscribe(id)) = ops.next() {
+                        cmd.arg(cluster.names.id_channel(&id));
+                        ids.push(id);
+                    }
+                }
+                Some(Op::Unsubscribe(_)) if kind == Kind::Unsubscribe => {
+                    if let Some(Op::Unsubscribe(channel)) = ops.next() {
+                        cmd.arg(channel);
+                    }
+                }
+                _ => break,
+            }
+            channels += 1;
+        }
+        if kind != Kind::Ping {
+            cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
+        }
+        conn.write(&cmd.get_packed_command()).await?;
+        pending.push_back(Pending {
+            kind,
+            remaining: channels.max(1),
+            ids,
+            sent: Instant::now(),
+        });
+    }
+    Ok(())
 }
 
 impl Actor for Bus {
@@ -469,28 +569,27 @@ impl Handler<Interest> for Bus {
     }
 }
 
-impl StreamHandler<Incoming> for Bus {
-    fn handle(&mut self, m: Incoming, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |bus, ctx| match m {
-            Incoming::End(generation) => bus.lost(generation, "the pub/sub connection closed", ctx),
-            Incoming::Msg(generation, msg) if generation == bus.generation => bus.deliver(&msg),
-            Incoming::Msg(..) => {}
+impl Handler<Incoming> for Bus {
+    type Result = ();
+
+    fn handle(&mut self, Incoming(generation, channel, payload): Incoming, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |bus, _| {
+            if generation == bus.generation {
+                bus.deliver(&channel, &payload);
+            }
         });
     }
-
-    /// The stream ends with [`Incoming::End`]; nothing more to do here (the
-    /// default would stop the actor).
-    fn finished(&mut self, _ctx: &mut Context<Self>) {}
 }
 
 impl Bus {
     /// Hands a message from another node to the Router.
-    fn deliver(&mut self, msg: &redis::Msg) {
+    fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
         let stats = &self.cluster.stats;
-        let Some((origin, text)) = parse_payload(msg.get_payload_bytes()) else {
+        let channel = String::from_utf8_lossy(channel);
+        let Some((origin, text)) = parse_payload(payload) else {
             if stats.malformed.fetch_add(1, Relaxed) == 0 {
                 tracing::warn!(
-                    channel = msg.get_channel_name(),
+                    channel = %channel,
                     "a bus message is not \"<instance> <one line>\"; dropped (counted in /stats cluster.malformed)"
                 );
             }
@@ -500,11 +599,10 @@ impl Bus {
             stats.echoes.fetch_add(1, Relaxed);
             return;
         }
-        let channel = msg.get_channel_name();
         let text: Arc<str> = Arc::from(text);
         if channel == self.cluster.names.broadcast() {
             self.broadcast.do_send(Broadcast { msg: text });
-        } else if let Some(id) = self.cluster.names.id_of(channel) {
+        } else if let Some(id) = self.cluster.names.id_of(&channel) {
             self.publish.do_send(Publish {
                 id: id.to_owned(),
                 msg: text,

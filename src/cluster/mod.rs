@@ -20,6 +20,7 @@
 //! random instance id, a space, the message line.
 
 pub(crate) mod bus;
+mod link;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
