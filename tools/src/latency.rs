@@ -1,5 +1,7 @@
 //! Latency histograms for the load tools (HDR, microsecond resolution).
 
+use std::collections::BTreeMap;
+
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
@@ -82,6 +84,116 @@ impl Latency {
     }
 }
 
+/// Upper bounds of [`Timeline`] buckets, in microseconds (1 ms to 20 s);
+/// one more bucket holds everything later. 50 ms and 1 s are bounds, so
+/// "p99 within 50 ms" and "p99 within 1 s" are read exactly.
+pub(crate) const TIMELINE_BOUNDS_US: [u64; 15] = [
+    1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000,
+    5_000_000, 10_000_000, 15_000_000, 20_000_000,
+];
+
+/// Buckets of one [`Second`] histogram.
+pub(crate) const TIMELINE_BUCKETS: usize = TIMELINE_BOUNDS_US.len() + 1;
+
+/// What happened to the messages sent, and the ticks due, in one second.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Second {
+    /// Messages sent in this second that the server accepted.
+    pub sent: u64,
+    /// Of the messages sent in this second, those that arrived.
+    pub received: u64,
+    /// Their latency, by [`TIMELINE_BOUNDS_US`] bucket.
+    pub latency: [u64; TIMELINE_BUCKETS],
+    /// Lag of the ticks due in this second, by bucket.
+    pub ticks: [u64; TIMELINE_BUCKETS],
+}
+
+/// Per-second counts keyed by Unix second: a run can then be cut into
+/// phases (ramp, hold, a broadcast, the drain) after the fact. Messages
+/// count in the second they were sent, ticks in the second they were due,
+/// so a loss or a delay is charged to when it was caused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline(pub BTreeMap<u64, Second>);
+
+/// The bucket of a latency.
+pub(crate) fn timeline_bucket(us: u64) -> usize {
+    TIMELINE_BOUNDS_US
+        .iter()
+        .position(|&b| us <= b)
+        .unwrap_or(TIMELINE_BUCKETS - 1)
+}
+
+impl Timeline {
+    fn at(&mut self, unix_us: u64) -> &mut Second {
+        self.0.entry(unix_us / 1_000_000).or_default()
+    }
+
+    /// A message stamped `sent_us` (Unix µs) was accepted.
+    pub fn sent(&mut self, sent_us: u64) {
+        self.at(sent_us).sent += 1;
+    }
+
+    /// A message stamped `sent_us` arrived `latency_us` later.
+    pub fn received(&mut self, sent_us: u64, latency_us: u64) {
+        let s = self.at(sent_us);
+        s.received += 1;
+        s.latency[timeline_bucket(latency_us)] += 1;
+    }
+
+    /// A tick due at `due_us` arrived `lag_us` late.
+    pub fn tick(&mut self, due_us: u64, lag_us: u64) {
+        self.at(due_us).ticks[timeline_bucket(lag_us)] += 1;
+    }
+
+    /// Adds another timeline's counts.
+    pub fn merge(&mut self, o: &Timeline) {
+        for (sec, s) in &o.0 {
+            let mine = self.0.entry(*sec).or_default();
+            mine.sent += s.sent;
+            mine.received += s.received;
+            for b in 0..TIMELINE_BUCKETS {
+                mine.latency[b] += s.latency[b];
+                mine.ticks[b] += s.ticks[b];
+            }
+        }
+    }
+
+    /// `[[unix_s, sent, received, [latency buckets], [tick buckets]], ...]`.
+    pub fn to_json(&self) -> Value {
+        Value::Array(
+            self.0
+                .iter()
+                .map(|(sec, s)| json!([sec, s.sent, s.received, s.latency, s.ticks]))
+                .collect(),
+        )
+    }
+
+    /// Reads [`Timeline::to_json`]; malformed rows are skipped.
+    pub fn from_json(v: &Value) -> Self {
+        let buckets = |v: &Value| {
+            let mut out = [0u64; TIMELINE_BUCKETS];
+            for (i, c) in v.as_array().into_iter().flatten().take(TIMELINE_BUCKETS).enumerate() {
+                out[i] = c.as_u64().unwrap_or(0);
+            }
+            out
+        };
+        let mut t = Timeline::default();
+        for row in v.as_array().into_iter().flatten() {
+            let Some(sec) = row[0].as_u64() else { continue };
+            t.0.insert(
+                sec,
+                Second {
+                    sent: row[1].as_u64().unwrap_or(0),
+                    received: row[2].as_u64().unwrap_or(0),
+                    latency: buckets(&row[3]),
+                    ticks: buckets(&row[4]),
+                },
+            );
+        }
+        t
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +209,26 @@ mod tests {
         let back = Latency::from_pairs(&h.to_pairs());
         assert_eq!(back.len(), 1000);
         assert!((back.ms(0.99) - h.ms(0.99)).abs() < 0.05);
+    }
+
+    #[test]
+    fn timeline_buckets_merge_and_round_trip() {
+        assert_eq!(timeline_bucket(0), 0);
+        assert_eq!(timeline_bucket(50_000), 5);
+        assert_eq!(timeline_bucket(50_001), 6);
+        assert_eq!(timeline_bucket(1_000_000), 9);
+        assert_eq!(timeline_bucket(u64::MAX), TIMELINE_BUCKETS - 1);
+        let mut a = Timeline::default();
+        a.sent(5_000_000);
+        a.received(5_999_999, 40_000);
+        a.tick(6_000_000, 2_000_000);
+        let mut b = Timeline::default();
+        b.sent(5_100_000);
+        b.merge(&a);
+        assert_eq!(b.0[&5].sent, 2);
+        assert_eq!(b.0[&5].received, 1);
+        assert_eq!(b.0[&5].latency[5], 1);
+        assert_eq!(b.0[&6].ticks[10], 1);
+        assert_eq!(Timeline::from_json(&b.to_json()), b);
     }
 }

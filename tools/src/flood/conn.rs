@@ -204,9 +204,9 @@ async fn read_some(
                             if let Some(sent) = broadcast_stamp_of(event) {
                                 counters.broadcast_received(now_micros().saturating_sub(sent));
                             } else if let Some(sent) = stamp_of(event) {
-                                counters.message_received(now_micros().saturating_sub(sent));
+                                counters.message_received(sent, now_micros().saturating_sub(sent));
                             } else if let Some(lag) = clock.event(event, now_micros()) {
-                                counters.tick_arrived(lag);
+                                counters.tick_arrived(now_micros(), lag);
                             }
                         })
                         .map_err(ReadError::Parse),

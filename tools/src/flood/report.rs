@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use super::Args;
-use crate::latency::Latency;
+use crate::latency::{Latency, Timeline};
 use crate::target::Target;
 
 /// How often the progress line is refreshed between reports.
@@ -104,6 +104,8 @@ pub(crate) struct Counters {
     tick_lag: RefCell<Latency>,
     /// Send → arrival of broadcast probes (`B@<µs>`).
     broadcast: RefCell<Latency>,
+    /// Messages and ticks per second.
+    timeline: RefCell<Timeline>,
     /// RSS when the flood started, for client bytes per connection.
     baseline_rss: u64,
 }
@@ -127,6 +129,7 @@ impl Counters {
             latency: RefCell::new(Latency::default()),
             tick_lag: RefCell::new(Latency::default()),
             broadcast: RefCell::new(Latency::default()),
+            timeline: RefCell::new(Timeline::default()),
             baseline_rss: crate::sys::rss_bytes().unwrap_or(0),
         }
     }
@@ -167,13 +170,17 @@ impl Counters {
         self.broadcast.borrow_mut().record_micros(latency_us);
     }
 
-    pub(crate) fn tick_arrived(&self, lag_us: u64) {
+    pub(crate) fn tick_arrived(&self, now_us: u64, lag_us: u64) {
         self.tick_lag.borrow_mut().record_micros(lag_us);
+        self.timeline
+            .borrow_mut()
+            .tick(now_us.saturating_sub(lag_us), lag_us);
     }
 
-    pub(crate) fn message_received(&self, latency_us: u64) {
+    pub(crate) fn message_received(&self, sent_us: u64, latency_us: u64) {
         self.msgs_received.set(self.msgs_received.get() + 1);
         self.latency.borrow_mut().record_micros(latency_us);
+        self.timeline.borrow_mut().received(sent_us, latency_us);
     }
 
     /// Streams established and not yet closed or failed: settled, so waiting
@@ -212,7 +219,14 @@ impl Counters {
             latency: self.latency.borrow().clone(),
             tick_lag: self.tick_lag.borrow().clone(),
             broadcast: self.broadcast.borrow().clone(),
+            timeline: self.timeline.borrow().clone(),
         }
+    }
+
+    /// A message stamped `sent_us` was accepted by the server.
+    pub(crate) fn message_sent(&self, sent_us: u64) {
+        self.msgs_sent.set(self.msgs_sent.get() + 1);
+        self.timeline.borrow_mut().sent(sent_us);
     }
 }
 
@@ -250,6 +264,8 @@ pub struct Snapshot {
     pub tick_lag: Latency,
     /// Broadcast probes: send → arrival on each stream.
     pub broadcast: Latency,
+    /// Messages and ticks per second.
+    pub timeline: Timeline,
 }
 
 impl Snapshot {
@@ -278,6 +294,7 @@ impl Snapshot {
         self.latency.merge(&o.latency);
         self.tick_lag.merge(&o.tick_lag);
         self.broadcast.merge(&o.broadcast);
+        self.timeline.merge(&o.timeline);
     }
 
     /// The line a child process prints.
@@ -291,6 +308,7 @@ impl Snapshot {
             "latency": self.latency.to_pairs(),
             "tick_lag": self.tick_lag.to_pairs(),
             "broadcast": self.broadcast.to_pairs(),
+            "timeline": self.timeline.to_json(),
         })
     }
 
@@ -320,6 +338,7 @@ impl Snapshot {
             latency: Latency::from_pairs(&v["latency"]),
             tick_lag: Latency::from_pairs(&v["tick_lag"]),
             broadcast: Latency::from_pairs(&v["broadcast"]),
+            timeline: Timeline::from_json(&v["timeline"]),
         }
     }
 
@@ -744,6 +763,12 @@ impl Summary {
             })),
             "cluster": self.cluster.as_ref().map(ClusterView::to_json),
             "server_error": self.server_error,
+            // Per Unix second: messages sent then (accepted), how many of
+            // them arrived and their latency; the lag of the ticks due then.
+            "timeline": {
+                "bounds_ms": crate::latency::TIMELINE_BOUNDS_US.map(|us| us as f64 / 1000.0),
+                "seconds": s.timeline.to_json(),
+            },
         })
     }
 

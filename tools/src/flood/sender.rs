@@ -85,7 +85,7 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
     let mut conn: Option<TcpStream> = None;
     let mut buf = Vec::new();
     while let Some(path) = rx.recv().await {
-        let (mut ok, mut partial) = (false, 0);
+        let (mut ok, mut partial, mut stamp) = (false, 0, 0);
         for _ in 0..2 {
             if conn.is_none() {
                 conn = TcpStream::connect(addr).await.ok();
@@ -93,30 +93,31 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
             }
             let Some(c) = conn.as_mut() else { break };
             match post(c, &mut buf, addr, &path).await {
-                Ok((status, delivered)) => {
+                Ok((status, delivered, sent_us)) => {
                     ok = (200..300).contains(&status);
+                    stamp = sent_us;
                     partial = if ok { 0 } else { delivered };
                     break;
                 }
                 Err(_) => conn = None,
             }
         }
-        let cell = if ok {
-            &counters.msgs_sent
+        if ok {
+            counters.message_sent(stamp);
         } else {
-            &counters.send_errors
-        };
-        cell.set(cell.get() + 1);
+            counters.send_errors.set(counters.send_errors.get() + 1);
+        }
         counters.partial.set(counters.partial.get() + partial);
     }
 }
 
-/// Sends one stamped message and reads the answer; returns its status and
-/// the answer's `"delivered"` count (0 if it has none). A switchboard node
+/// Sends one stamped message and reads the answer; returns its status, the
+/// answer's `"delivered"` count (0 if it has none) and the stamp. A switchboard node
 /// whose cluster bus is down answers 503 with the streams it delivered to
 /// itself: those messages arrive, and are expected.
-async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<(u16, u64)> {
-    let body = format!("@{}", now_micros());
+async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<(u16, u64, u64)> {
+    let stamp = now_micros();
+    let body = format!("@{stamp}");
     let req = format!(
         "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -127,7 +128,7 @@ async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str
             Ok(Some(r)) => {
                 let delivered = delivered_count(r.body(buf));
                 buf.drain(..r.len);
-                return Ok((r.status, delivered));
+                return Ok((r.status, delivered, stamp));
             }
             Ok(None) => {}
             Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
