@@ -88,8 +88,8 @@ impl Latency {
 /// one more bucket holds everything later. 50 ms and 1 s are bounds, so
 /// "p99 within 50 ms" and "p99 within 1 s" are read exactly.
 pub(crate) const TIMELINE_BOUNDS_US: [u64; 15] = [
-    1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000,
-    5_000_000, 10_000_000, 15_000_000, 20_000_000,
+    1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000,
+    10_000_000, 15_000_000, 20_000_000,
 ];
 
 /// Buckets of one [`Second`] histogram.
@@ -172,7 +172,13 @@ impl Timeline {
     pub fn from_json(v: &Value) -> Self {
         let buckets = |v: &Value| {
             let mut out = [0u64; TIMELINE_BUCKETS];
-            for (i, c) in v.as_array().into_iter().flatten().take(TIMELINE_BUCKETS).enumerate() {
+            for (i, c) in v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(TIMELINE_BUCKETS)
+                .enumerate()
+            {
                 out[i] = c.as_u64().unwrap_or(0);
             }
             out

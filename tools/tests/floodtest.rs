@@ -74,6 +74,19 @@ fn holds_streams_counts_chunks_and_measures_message_latency() {
     assert!(j["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
     assert!(j["server_bytes_per_connection"].as_u64().is_some(), "{j}");
     assert!(j["client_bytes_per_connection"].as_u64().is_some(), "{j}");
+    // The timeline charges each message to the second it was sent: its
+    // rows add up to the totals, and every arrival is in a latency bucket.
+    let rows = j["timeline"]["seconds"].as_array().expect("timeline");
+    let col = |i: usize| rows.iter().map(|r| r[i].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(col(1), sent, "{j}");
+    assert_eq!(col(2), sent, "{j}");
+    let bucketed: u64 = rows
+        .iter()
+        .flat_map(|r| r[3].as_array().unwrap())
+        .map(|c| c.as_u64().unwrap())
+        .sum();
+    assert_eq!(bucketed, sent, "{j}");
+    assert_eq!(j["timeline"]["bounds_ms"][5], 50.0, "{j}");
     // The server agrees: every message routed was delivered.
     let stats = srv.stats();
     assert_eq!(stats["messages"]["delivered"].as_u64().unwrap(), sent);
@@ -113,6 +126,15 @@ fn measures_tick_lag_against_the_schedule() {
     // The server's wheel has ~10 ms slots: lag is tens of ms, not a period.
     assert!(p99 < 150.0, "tick lag p99 {p99} ms: {j}");
     assert!(stdout.contains(&format!("ticks {ticks} lag ms: ")), "{stdout}");
+    // Every tick is in the timeline, in the second it was due, from both
+    // child processes.
+    let rows = j["timeline"]["seconds"].as_array().expect("timeline");
+    let in_timeline: u64 = rows
+        .iter()
+        .flat_map(|r| r[4].as_array().unwrap())
+        .map(|c| c.as_u64().unwrap())
+        .sum();
+    assert_eq!(in_timeline, ticks, "{j}");
     // Without the flag nothing is measured.
     let (_, plain) = flood(&["--url", &url, "--count", "10", "--duration", "1s"]);
     assert!(plain.unwrap()["tick_lag_ms"].is_null());

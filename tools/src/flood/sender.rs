@@ -115,7 +115,12 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
 /// answer's `"delivered"` count (0 if it has none) and the stamp. A switchboard node
 /// whose cluster bus is down answers 503 with the streams it delivered to
 /// itself: those messages arrive, and are expected.
-async fn post(c: &mut TcpStream, buf: &mut Vec<u8>, addr: SocketAddr, path: &str) -> io::Result<(u16, u64, u64)> {
+async fn post(
+    c: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    addr: SocketAddr,
+    path: &str,
+) -> io::Result<(u16, u64, u64)> {
     let stamp = now_micros();
     let body = format!("@{stamp}");
     let req = format!(
