@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -42,6 +43,12 @@ PORTS_PER_IP = 10_000
 # Abort when MemAvailable falls below this.
 MEMORY_MARGIN = 1_500_000_000
 SAMPLE_EVERY = 5.0
+# Draining costs CPU per stream (the final chunk, the close, and on loopback
+# the client's side of both): ~22 s for 1,000,000 streams on this 2-core box
+# in the first full run, where the default 5 s shutdown_timeout_ms killed
+# processes mid-drain. The run sets shutdown_timeout_ms to this per stream
+# (at least the default), and says so.
+DRAIN_US_PER_STREAM = 50
 
 
 def parse_duration(text):
@@ -122,8 +129,13 @@ class Run:
         self.procs = []  # (name, Popen) we started, stopped by pid
         self.samples = []
         self.notes = []
+        self.tools = []
 
     def start(self, name, cmd, env=None, **kw):
+        # The command line as run, for the result's `tools` (env first).
+        shown = [f"{k}={v}" for k, v in (env or {}).items()] + [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
+                                                               for c in cmd]
+        self.tools.append(" ".join(shlex.quote(c) if c else "''" for c in shown))
         p = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, **kw)
         self.procs.append((name, p))
         return p
@@ -149,7 +161,8 @@ def main():
     ap.add_argument("--rate", type=float, default=10_000.0, help="streams opened per second")
     ap.add_argument("--tick-interval", type=parse_duration, default=60.0)
     ap.add_argument("--processes", type=int, help="default: from the open-file limit")
-    ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--json", help="write the result here, as `bench report` reads it (bench/results/c1m.json "
+                    "for BENCHMARKS.md)")
     ap.add_argument("--max-minutes", type=float, default=15.0)
     args = ap.parse_args()
     n = args.streams
@@ -165,7 +178,8 @@ def main():
     # floodtest's own duration: a slow ramp, the hold, and the drain after
     # it (floodtest must still hold every stream when the fleet is stopped).
     ramp_s = n / args.rate
-    total_s = ramp_s * 1.5 + 20 + args.hold + 20
+    shutdown_ms = max(5000, math.ceil(n * DRAIN_US_PER_STREAM / 1000))
+    total_s = ramp_s * 1.5 + 20 + args.hold + shutdown_ms / 1000 + 20
     if total_s > args.max_minutes * 60:
         ap.error(f"the run would take ~{total_s:.0f} s, over --max-minutes {args.max_minutes}")
     log(f"{n} streams over {processes} server processes ({per_proc} fds each), "
@@ -174,22 +188,60 @@ def main():
         log("note: at 10 s a million streams is 100,000 chunks/s; at ~30 µs per chunk on loopback two cores "
             "cannot carry it, so this run ticks every 60 s (one event per stream per minute, as Mochiweb's test)")
 
+    log(f"shutdown_timeout_ms {shutdown_ms} ({DRAIN_US_PER_STREAM} µs per stream, at least the default 5000): "
+        "every process must drain and exit 0 within it")
+    run_started = time.time()
     kernel = tune_kernel(n)
     run = Run(args)
     result = {"streams_target": n, "processes": processes, "source_ips": source_ips,
-              "tick_interval_s": args.tick_interval, "kernel_changes": kernel}
+              "tick_interval_s": args.tick_interval, "msg_rate": args.msg_rate, "hold_s": args.hold,
+              "shutdown_timeout_ms": shutdown_ms, "kernel_changes": kernel}
     try:
-        measure(run, result, n, processes, source_ips, total_s)
+        measure(run, result, n, processes, source_ips, total_s, shutdown_ms)
     finally:
         run.stop_all()
     result["notes"] = run.notes
     result["samples"] = run.samples
     print_table(result)
     if args.json:
+        # The shape every `bench` result has (bench/src/outcome.rs), so
+        # `bench report` renders it into BENCHMARKS.md with its charts.
+        outcome = {
+            "benchmark": "c1m", "smoke": n < 1_000_000,
+            "command": " ".join(["scripts/c1m.sh", *map(shlex.quote, sys.argv[1:])]),
+            "tools": run.tools, "commit": commit(), "started_unix": int(run_started),
+            "elapsed_s": round(time.time() - run_started, 1), "notes": run.notes, "data": result,
+        }
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(finite(outcome), f, indent=1)
         log(f"wrote {args.json}")
     return 0 if result.get("ok") else 1
+
+
+def finite(v):
+    """`v` with every infinity (a quantile past the last latency bucket) as
+    the text `> 20000`: JSON has no infinity."""
+    if isinstance(v, float) and math.isinf(v):
+        return "> 20000"
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [finite(x) for x in v]
+    return v
+
+
+def commit():
+    """The checkout's commit as `bench` names it: short hash, `-dirty` if
+    tracked files outside the results differ."""
+    def git(*a):
+        out = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else None
+    head = git("rev-parse", "--short=12", "HEAD")
+    if head is None:
+        return "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+                ":(exclude)BENCHMARKS.md", ":(exclude)docs")
+    return f"{head}-dirty" if dirty else head
 
 
 def tune_kernel(n):
@@ -205,7 +257,7 @@ def tune_kernel(n):
     return changed
 
 
-def measure(run, result, n, processes, source_ips, total_s):
+def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
     args = run.args
     rport, port = free_port(), free_port()
     redis = run.start("redis", ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
@@ -218,6 +270,7 @@ def measure(run, result, n, processes, source_ips, total_s):
         "SWITCHBOARD__STREAM__TICK_INTERVAL_MS": str(int(args.tick_interval * 1000)),
         "SWITCHBOARD__CLUSTER__REDIS_URL": f"redis://127.0.0.1:{rport}",
         "SWITCHBOARD__CLUSTER__PREFIX": "c1m",
+        "SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS": str(shutdown_ms),
     }
     fleet = run.start("fleet", [os.path.join(BIN, "switchboard"), "--processes", str(processes)], env=env)
     base = f"http://127.0.0.1:{port}"
@@ -244,6 +297,7 @@ def measure(run, result, n, processes, source_ips, total_s):
         "--stats-url", f"{base}/cluster", "--connect-timeout", "30s", "--json", flood_json,
     ])
     started = time.time()
+    result["started_unix"] = started
     tck = os.sysconf("SC_CLK_TCK")
     peak = {"streams": 0, "box": 0, "server_rss": 0, "redis_rss": 0, "slab": 0, "client_rss": 0}
     held_at = None
@@ -260,7 +314,7 @@ def measure(run, result, n, processes, source_ips, total_s):
         except Exception:
             held = None
         s = {
-            "t": round(t, 1), "streams": held,
+            "t": round(t, 1), "unix": round(time.time(), 1), "streams": held,
             "box_used": m["MemTotal"] - m["MemAvailable"],
             "server_rss": sum(rss(p) for p in servers), "redis_rss": rss(redis.pid),
             "client_rss": sum(rss(p) for p in clients), "slab": m["Slab"],
@@ -278,14 +332,18 @@ def measure(run, result, n, processes, source_ips, total_s):
             return
         if held_at is None and held is not None and held >= n:
             held_at = t
+            result["held_at_unix"] = time.time()
             cpu0 = (time.time(), sum(cpu_ticks(p) for p in servers), cpu_ticks(redis.pid))
             result["ramp_s"] = round(t, 1)
             log(f"all {n} streams held after {t:.0f} s; holding {args.hold:.0f} s")
         if held_at is not None and broadcast is None and t >= held_at + args.hold / 2:
+            if held:
+                result["server_rss_bytes_per_stream_before_broadcast"] = round((s["server_rss"] - idle_rss) / held)
             stamp = f"B@{time.time_ns() // 1000}"
             sent = time.time()
             status, body = post(f"{base}/broadcast", stamp)
-            broadcast = {"status": status, "answer": body, "answer_ms": round((time.time() - sent) * 1000, 1)}
+            broadcast = {"status": status, "answer": body, "answer_ms": round((time.time() - sent) * 1000, 1),
+                         "sent_unix": sent}
             log(f"broadcast: {status} {body} in {broadcast['answer_ms']} ms")
         if held_at is not None and t >= held_at + args.hold:
             result["streams_held_end_cluster"] = held
@@ -296,8 +354,13 @@ def measure(run, result, n, processes, source_ips, total_s):
             result["memory_at_hold_end"] = s
             log("hold over: SIGTERM to the fleet with every stream held")
             term = time.time()
+            result["term_unix"] = term
             fleet.send_signal(signal.SIGTERM)
-            code = fleet.wait(timeout=60)
+            try:
+                code = fleet.wait(timeout=shutdown_ms / 1000 + 30)
+            except subprocess.TimeoutExpired:
+                code = None
+                run.notes.append("the fleet did not exit within shutdown_timeout_ms + 30 s")
             result["drain_ms"] = round((time.time() - term) * 1000)
             result["exit_code"] = code
             log(f"fleet exited {code} after {result['drain_ms']} ms")
@@ -329,13 +392,124 @@ def measure(run, result, n, processes, source_ips, total_s):
     result["client_rss_bytes_per_stream"] = round(peak["client_rss"] / held_peak) if held_peak else None
     result["box_memory_used_bytes"] = peak["box"]
     result["redis_rss_bytes"] = peak["redis_rss"]
-    msgs = summary.get("messages", {})
-    bc = summary.get("broadcast") or {}
-    result["closed_during_hold"] = None  # from the timeline below
-    result["ok"] = bool(
-        held_peak >= n and result.get("streams_held_end_cluster") == n and msgs.get("lost") == 0
-        and bc.get("received") == n and result.get("exit_code") == 0
-        and summary.get("closed") == n and not summary.get("errors"))
+    held_during_hold = [x["streams"] for x in run.samples
+                        if held_at is not None and x["streams"] is not None and held_at <= x["t"] <= held_at + args.hold]
+    result["streams_held_min_during_hold"] = min(held_during_hold) if held_during_hold else None
+    result["closed_during_hold"] = n - min(held_during_hold) if held_during_hold else None
+    result["phases"] = phases(result, summary)
+    result["targets"] = targets(result, summary, n)
+    result["ok"] = all(t["met"] for t in result["targets"])
+
+
+def bucket_quantile(counts, bounds, q):
+    """The upper bound (ms) of the bucket holding quantile q; None if empty;
+    float('inf') past the last bound."""
+    total = sum(counts)
+    if not total:
+        return None
+    need, seen = q * total, 0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= need:
+            return bounds[i] if i < len(bounds) else float("inf")
+    return float("inf")
+
+
+def phases(result, flood):
+    """Messages and ticks of each phase of the run, from floodtest's
+    per-second timeline: ramp (before every stream was held), steady (the
+    hold outside the broadcast), broadcast (from the probe's send to its
+    last arrival, a second either side), hold (steady + broadcast) and drain
+    (from the SIGTERM). Messages count in the second they were sent, ticks
+    in the second they were due."""
+    tl = flood.get("timeline") or {}
+    bounds, rows = tl.get("bounds_ms") or [], tl.get("seconds") or []
+    held, term = result.get("held_at_unix"), result.get("term_unix")
+    bc = result.get("broadcast") or {}
+    b0, last = bc.get("sent_unix"), (flood.get("broadcast") or {}).get("last_ms")
+    b1 = b0 + last / 1000 if b0 is not None and last is not None else None
+
+    def phase_of(sec):
+        if held is None or sec < int(held):
+            return "ramp"
+        if term is not None and sec >= int(term):
+            return "drain"
+        if b0 is not None and b1 is not None and int(b0) - 1 <= sec <= int(b1) + 1:
+            return "broadcast"
+        return "steady"
+
+    nb = len(bounds) + 1
+    acc = {p: {"seconds": 0, "sent": 0, "received": 0, "lat": [0] * nb, "ticks": [0] * nb}
+           for p in ("ramp", "steady", "broadcast", "hold", "drain")}
+    for sec, sent, received, lat, ticks in rows:
+        names = [phase_of(sec)]
+        if names[0] in ("steady", "broadcast"):
+            names.append("hold")
+        for name in names:
+            a = acc[name]
+            a["seconds"] += 1
+            a["sent"] += sent
+            a["received"] += received
+            a["lat"] = [x + y for x, y in zip(a["lat"], lat)]
+            a["ticks"] = [x + y for x, y in zip(a["ticks"], ticks)]
+    out = {}
+    for name, a in acc.items():
+        lat, ticks = a["lat"], a["ticks"]
+        within = lambda counts, ms: (sum(c for c, b in zip(counts, bounds) if b <= ms) / sum(counts)
+                                     if sum(counts) else None)
+        out[name] = {
+            "seconds": a["seconds"],
+            "messages": {"sent": a["sent"], "received": a["received"], "lost": a["sent"] - a["received"],
+                         "latency_ms_p50_at_most": bucket_quantile(lat, bounds, 0.5),
+                         "latency_ms_p99_at_most": bucket_quantile(lat, bounds, 0.99),
+                         "latency_ms_max_at_most": bucket_quantile(lat, bounds, 1.0),
+                         "share_within_50ms": within(lat, 50)},
+            "ticks": {"arrived": sum(ticks),
+                      "lag_ms_p50_at_most": bucket_quantile(ticks, bounds, 0.5),
+                      "lag_ms_p99_at_most": bucket_quantile(ticks, bounds, 0.99),
+                      "lag_ms_max_at_most": bucket_quantile(ticks, bounds, 1.0),
+                      "share_within_1s": within(ticks, 1000)},
+        }
+    return out
+
+
+def targets(r, f, n):
+    """Each target of the issue, measured, and whether it is met."""
+    hold = (r.get("phases") or {}).get("hold", {})
+    hm, ht = hold.get("messages", {}), hold.get("ticks", {})
+    bc = f.get("broadcast") or {}
+    box = r.get("box_memory_used_bytes") or 0
+    per = r.get("server_rss_bytes_per_stream")
+    fmt = lambda v: "-" if v is None else ("> 20 s" if v == float("inf") else f"≤ {v:g} ms")
+    return [
+        {"target": f"{n:,} streams held for the whole hold, Closed = 0, every process alive",
+         "measured": f"{r.get('streams_held_min_during_hold') or 0:,} held at least (peak "
+                     f"{r.get('streams_held_peak_cluster') or 0:,}), closed during the hold "
+                     f"{r.get('closed_during_hold')}, floodtest errors {f.get('errors') or 'none'}",
+         "met": (r.get("streams_held_min_during_hold") or 0) >= n and r.get("closed_during_hold") == 0
+                and not f.get("errors")},
+        {"target": "routed messages during the hold: 0 lost, p99 ≤ 50 ms",
+         "measured": f"{hm.get('sent', 0):,} sent, {hm.get('lost')} lost, p99 {fmt(hm.get('latency_ms_p99_at_most'))}",
+         "met": hm.get("sent", 0) > 0 and hm.get("lost") == 0
+                and (hm.get("latency_ms_p99_at_most") or float("inf")) <= 50},
+        {"target": "ticks during the hold: p99 lag ≤ 1 s",
+         "measured": f"{ht.get('arrived', 0):,} ticks, p99 {fmt(ht.get('lag_ms_p99_at_most'))}",
+         "met": ht.get("arrived", 0) > 0 and (ht.get("lag_ms_p99_at_most") or float("inf")) <= 1000},
+        {"target": "box memory used by the whole run ≤ 14 GB",
+         "measured": f"{box / 1e9:.2f} GB", "met": 0 < box <= 14e9},
+        {"target": "server RSS ≤ 1,200 B per stream",
+         "measured": f"{per} B at the peak (after the broadcast), "
+                     f"{r.get('server_rss_bytes_per_stream_before_broadcast')} B before it", "met": per is not None and per <= 1200},
+        {"target": "broadcast: every stream receives it (report the last arrival)",
+         "measured": f"{bc.get('received', 0):,} received, last {bc.get('last_ms')} ms",
+         "met": bc.get("received") == n},
+        {"target": "drain: every stream ended with the final chunk, every process exits 0 "
+                   "within shutdown_timeout_ms",
+         "measured": f"{f.get('closed', 0):,} streams ended by the server, exit {r.get('exit_code')} "
+                     f"after {r.get('drain_ms')} ms (shutdown_timeout_ms {r.get('shutdown_timeout_ms')})",
+         "met": r.get("exit_code") == 0 and f.get("closed") == n
+                and (r.get("drain_ms") or 1e12) <= r.get("shutdown_timeout_ms", 0)},
+    ]
 
 
 def print_table(r):
@@ -352,7 +526,8 @@ def print_table(r):
         ("floodtest: established, closed by the server, errors",
          f"{f.get('established', 0):,}, {f.get('closed', 0):,} (all at the drain), {f.get('errors') or 'none'}"),
         ("ramp", f"{r.get('ramp_s', '-')} s, {f.get('connect_rate', 0):,.0f} connects/s"),
-        ("server RSS per stream (all processes)", f"{r.get('server_rss_bytes_per_stream')} B"),
+        ("server RSS per stream (all processes): peak / before the broadcast",
+         f"{r.get('server_rss_bytes_per_stream')} B / {r.get('server_rss_bytes_per_stream_before_broadcast')} B"),
         ("kernel slab per client+server pair", f"{r.get('kernel_slab_bytes_per_pair')} B"),
         ("client RSS per stream", f"{r.get('client_rss_bytes_per_stream')} B"),
         ("box memory used, peak", gb(r.get("box_memory_used_bytes"))),
@@ -371,6 +546,24 @@ def print_table(r):
     print()
     for k, v in rows:
         print(f"| {k.ljust(width)} | {v} |")
+    ms = lambda v: "-" if v is None else ("> 20000" if v == float("inf") else f"≤ {v:g}")
+    print()
+    print("| phase | seconds | messages sent / lost | latency p50 / p99 / max ms | within 50 ms "
+          "| ticks | tick lag p50 / p99 / max ms | within 1 s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, p in (r.get("phases") or {}).items():
+        m, t = p["messages"], p["ticks"]
+        share = lambda v: "-" if v is None else f"{100 * v:.2f}%"
+        print(f"| {name} | {p['seconds']} | {m['sent']:,} / {m['lost']:,} "
+              f"| {ms(m['latency_ms_p50_at_most'])} / {ms(m['latency_ms_p99_at_most'])} / "
+              f"{ms(m['latency_ms_max_at_most'])} | {share(m['share_within_50ms'])} | {t['arrived']:,} "
+              f"| {ms(t['lag_ms_p50_at_most'])} / {ms(t['lag_ms_p99_at_most'])} / {ms(t['lag_ms_max_at_most'])} "
+              f"| {share(t['share_within_1s'])} |")
+    print()
+    print("| target | measured | met |")
+    print("| --- | --- | --- |")
+    for t in r.get("targets") or []:
+        print(f"| {t['target']} | {t['measured']} | {'met' if t['met'] else '**not met**'} |")
     for note in r.get("notes", []):
         print(f"note: {note}")
 

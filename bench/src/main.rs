@@ -19,6 +19,7 @@
 //! - `machine`: what the machine and the checkout are.
 
 mod broadcast;
+mod c1m;
 mod chart;
 mod client;
 mod cluster;

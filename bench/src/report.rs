@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 use super::broadcast::{self, BroadcastData};
+use super::c1m;
 use super::chart::{Chart, Series, svg};
 use super::cluster::{self, ClusterData};
 use super::connect::{self, ConnectData};
@@ -73,6 +74,8 @@ pub(crate) struct Results {
     pub soak: Option<Outcome<SoakData>>,
     /// `cluster.json`.
     pub cluster: Option<Outcome<ClusterData>>,
+    /// `c1m.json`, written by `scripts/c1m.sh`.
+    pub c1m: Option<Outcome<serde_json::Value>>,
 }
 
 impl Results {
@@ -86,6 +89,7 @@ impl Results {
             connect: Outcome::read(dir, "connect")?,
             soak: Outcome::read(dir, "soak")?,
             cluster: Outcome::read(dir, "cluster")?,
+            c1m: Outcome::read(dir, "c1m")?,
         })
     }
 
@@ -99,6 +103,7 @@ impl Results {
             self.connect.as_ref().map(|o| o.smoke),
             self.soak.as_ref().map(|o| o.smoke),
             self.cluster.as_ref().map(|o| o.smoke),
+            self.c1m.as_ref().map(|o| o.smoke),
         ]
         .contains(&Some(true))
     }
@@ -111,7 +116,7 @@ impl Results {
                 if let Some(o) = &self.$f { v.push((stringify!($f), o.commit.as_str())); }
             )*};
         }
-        push!(idle, dispatcher, latency, broadcast, connect, soak, cluster);
+        push!(idle, dispatcher, latency, broadcast, connect, soak, cluster, c1m);
         v
     }
 }
@@ -142,6 +147,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(soak) = &results.soak {
         let (rss, fds) = soak::charts(&soak.data);
         for (path, chart) in [(SOAK_RSS_CHART, rss), (SOAK_FDS_CHART, fds)] {
+            let path = args.out.join(path);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&path, svg(&chart)).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+    }
+    if let Some(o) = &results.c1m {
+        let (streams, memory) = c1m::charts(o);
+        for (path, chart) in [(c1m::STREAMS_CHART, streams), (c1m::MEMORY_CHART, memory)] {
             let path = args.out.join(path);
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -565,6 +581,15 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
         results_dir,
     );
 
+    s += &section(
+        "A million streams on this box: `scripts/c1m.sh`",
+        "c1m",
+        c1m::HOW,
+        r.c1m.as_ref(),
+        c1m::render,
+        results_dir,
+    );
+
     s += "## Peer configuration\n\n";
     s += &format!(
         "nginx runs as `nginx -p DIR/ -c DIR/nginx.conf -e DIR/error.log` (DIR a fresh temporary directory, \
@@ -704,6 +729,7 @@ mod tests {
                 ..SoakData::default()
             })),
             cluster: Some(Recorder::new("cluster", false).finish(cluster::tests::data())),
+            c1m: None,
         }
     }
 
@@ -809,6 +835,8 @@ mod tests {
         assert!(md.contains("p99: 4 processes ÷ 1 process = 1.50×."));
         assert!(md.contains("commit measured by `cluster`"));
         assert!(md.contains("Not measured yet: there is no `bench/results/connect.json`."));
+        assert!(md.contains("## A million streams on this box"));
+        assert!(md.contains("Not measured yet: there is no `bench/results/c1m.json`."));
         assert!(md.contains("](docs/bytes-per-stream.svg)"));
         assert!(md.contains("**not met**"));
         assert!(md.contains("listen 127.0.0.1:PORT backlog=4096;"));
