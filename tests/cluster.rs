@@ -1053,3 +1053,30 @@ fn the_bus_logs_in_with_the_urls_user_and_password() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(local.line(), "Recvd msg #1: 'here'");
 }
+
+/// A Redis that stops answering without closing its connections (SIGSTOP)
+/// is noticed within the link timeout (the heartbeat TTL here): the node
+/// turns not ready. Once Redis runs again the node is ready again.
+#[test]
+fn a_redis_that_stops_answering_is_noticed_and_survived() {
+    let redis = RedisServer::start();
+    let p = prefix("stopped");
+    let mut s = node_settings(&redis, &p, "n");
+    s.cluster.heartbeat_interval_ms = 200;
+    s.cluster.heartbeat_ttl_ms = 1000;
+    s.cluster.command_timeout_ms = 200;
+    let n = start_node(s);
+    let pid = redis.pid().expect("redis pid");
+    send_signal(pid, "STOP");
+    let stopped = Instant::now();
+    wait_until(Duration::from_secs(5), "/readyz 503 with Redis stopped", || {
+        n.get("/readyz").status == 503
+    });
+    let noticed = stopped.elapsed();
+    send_signal(pid, "CONT");
+    assert!(noticed < Duration::from_secs(3), "noticed after {noticed:?}");
+    wait_ready(n.addr);
+    let mut c = open(n.addr, "after");
+    assert_eq!(post(n.addr, "/send/after", "back").status, 200);
+    assert_eq!(c.line(), "Recvd msg #1: 'back'");
+}

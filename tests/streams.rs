@@ -85,6 +85,32 @@ fn broadcast_reaches_every_stream() {
     assert_eq!(stats["messages"]["delivered"], 6);
 }
 
+/// A broadcast to more streams than the Router hands out at once (its
+/// window is 64) reaches each of them once, and broadcasts sent one after
+/// the other arrive in that order on every stream.
+#[test]
+fn broadcasts_past_the_fanout_window_arrive_once_each_in_order() {
+    let srv = TestServer::start(settings());
+    let mut clients: Vec<_> = (0..300).map(|i| srv.open(&format!("w{i}"))).collect();
+    for c in &mut clients {
+        c.line();
+    }
+    for k in 1..=3 {
+        assert_eq!(
+            srv.post("/broadcast", &format!("round {k}")).json()["delivered"],
+            300
+        );
+    }
+    for c in &mut clients {
+        for k in 1..=3 {
+            assert_eq!(c.line(), format!("Recvd msg #{k}: 'round {k}'"));
+        }
+    }
+    let stats = srv.wait_stats(Duration::from_secs(2), |s| s["messages"]["delivered"] == 900);
+    assert_eq!(stats["messages"]["delivered"], 900, "{stats}");
+    assert_eq!(stats["messages"]["dropped"], 0, "{stats}");
+}
+
 #[test]
 fn disconnected_streams_leave_the_router_within_a_second() {
     // Ticks are a minute apart: detection must come from the read side.

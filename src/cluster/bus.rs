@@ -235,7 +235,11 @@ impl Bus {
     fn up(&mut self, conn: Conn, ctx: &mut Context<Self>) {
         let generation = self.generation;
         let (ops, rx) = mpsc::unbounded_channel();
-        actix_rt::spawn(run_link(
+        // A task of the runtime, not of this arbiter's local set: the
+        // runtime polls it beside the whole local set, so thousands of
+        // stream tasks woken at once (a broadcast, a burst of connects)
+        // do not queue in front of Redis's confirmations and PINGs.
+        tokio::spawn(run_link(
             conn,
             rx,
             Arc::clone(&self.cluster),
@@ -352,7 +356,7 @@ struct Pending {
     /// A SUBSCRIBE's ids, for the Router once it is confirmed.
     ids: Vec<Arc<str>>,
     /// When it was written; the link fails if it is not confirmed within
-    /// [`Cluster::link_timeout`].
+    /// [`Cluster::link_timeout`] of this or of the last byte read.
     sent: Instant,
 }
 
@@ -392,6 +396,7 @@ async fn drive(
     let mut queued: Vec<Op> = Vec::new();
     let mut gather_until: Option<Instant> = None;
     let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut last_read = Instant::now();
     loop {
         loop {
             let reply = match conn.parsed() {
@@ -423,9 +428,19 @@ async fn drive(
                 router.do_send(Subscribed::Ids(done.ids));
             }
         }
-        let expiry = pending.front().map(|p| p.sent + timeout);
+        // Redis answers in order: the link is alive while bytes come. It
+        // is dead when a command has waited `timeout` with nothing read.
+        let expiry = pending.front().map(|p| p.sent.max(last_read) + timeout);
         let mut flush = false;
+        // Biased, the socket first: after this thread was starved (a box
+        // under full load can leave a process unpolled for seconds), what
+        // Redis sent meanwhile is read before any timer is believed.
         tokio::select! {
+            biased;
+            filled = conn.fill() => match filled {
+                Ok(()) => last_read = Instant::now(),
+                Err(e) => return e,
+            },
             op = rx.recv() => match op {
                 // The Bus dropped this link (it failed, or the Bus restarted).
                 None => return "the link was replaced".to_owned(),
@@ -439,9 +454,6 @@ async fn drive(
             },
             () = sleep_until_some(gather_until) => flush = true,
             () = sleep_until_some(expiry) => return "a command on the pub/sub link timed out".to_owned(),
-            filled = conn.fill() => if let Err(e) = filled {
-                return e;
-            },
         }
         if flush {
             gather_until = None;
