@@ -380,10 +380,15 @@ async fn run_link(
     bus.do_send(LinkLost(generation, why));
 }
 
-/// Sends ops in order (subscription changes gathered for [`GATHER`], then
-/// consecutive ones of a kind in one command of up to [`MAX_BATCH`]
-/// channels), matches every confirmation to its command, and hands messages
-/// to the Bus. Returns why the link ended.
+/// Sends ops in order and hands messages to the Bus; returns why the link
+/// ended. Subscription changes go one command at a time: the changes
+/// queued within [`GATHER`] of the first, then, while a command waits for
+/// its confirmations, everything queued meanwhile goes in the next (up to
+/// [`MAX_BATCH`] channels of one kind). So the slower Redis answers, the
+/// larger and fewer the commands: pipelining a command every 10 ms from 55
+/// processes instead left Redis (one process among ~60 runnable on two
+/// cores) further and further behind during the million-stream ramp, until
+/// every link timed out at once. PINGs go at once.
 async fn drive(
     conn: &mut Conn,
     rx: &mut mpsc::UnboundedReceiver<Op>,
@@ -393,7 +398,7 @@ async fn drive(
     generation: u64,
 ) -> String {
     let timeout = cluster.link_timeout();
-    let mut queued: Vec<Op> = Vec::new();
+    let mut queued: VecDeque<Op> = VecDeque::new();
     let mut gather_until: Option<Instant> = None;
     let mut pending: VecDeque<Pending> = VecDeque::new();
     let mut last_read = Instant::now();
@@ -428,10 +433,27 @@ async fn drive(
                 router.do_send(Subscribed::Ids(done.ids));
             }
         }
+        let in_flight = pending.iter().any(|p| p.kind != Kind::Ping);
+        if !in_flight && !queued.is_empty() && gather_until.is_none_or(|t| Instant::now() >= t) {
+            gather_until = None;
+            while let Ok(op) = rx.try_recv() {
+                if matches!(op, Op::Ping) {
+                    if let Err(e) = send_ping(conn, &mut pending).await {
+                        return format!("writing to Redis: {e}");
+                    }
+                } else {
+                    queued.push_back(op);
+                }
+            }
+            if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster).await {
+                return format!("writing to Redis: {e}");
+            }
+            continue;
+        }
         // Redis answers in order: the link is alive while bytes come. It
         // is dead when a command has waited `timeout` with nothing read.
         let expiry = pending.front().map(|p| p.sent.max(last_read) + timeout);
-        let mut flush = false;
+        let mut ping = false;
         // Biased, the socket first: after this thread was starved (a box
         // under full load can leave a process unpolled for seconds), what
         // Redis sent meanwhile is read before any timer is believed.
@@ -444,25 +466,19 @@ async fn drive(
             op = rx.recv() => match op {
                 // The Bus dropped this link (it failed, or the Bus restarted).
                 None => return "the link was replaced".to_owned(),
+                Some(Op::Ping) => ping = true,
                 Some(op) => {
-                    flush = matches!(op, Op::Ping);
-                    queued.push(op);
-                    if !flush && gather_until.is_none() {
+                    if queued.is_empty() {
                         gather_until = Some(Instant::now() + GATHER);
                     }
+                    queued.push_back(op);
                 }
             },
-            () = sleep_until_some(gather_until) => flush = true,
+            () = sleep_until_some(gather_until.filter(|_| !in_flight)) => gather_until = None,
             () = sleep_until_some(expiry) => return "a command on the pub/sub link timed out".to_owned(),
         }
-        if flush {
-            gather_until = None;
-            while let Ok(op) = rx.try_recv() {
-                queued.push(op);
-            }
-            if let Err(e) = send_all(conn, &mut queued, &mut pending, cluster).await {
-                return format!("writing to Redis: {e}");
-            }
+        if ping && let Err(e) = send_ping(conn, &mut pending).await {
+            return format!("writing to Redis: {e}");
         }
     }
 }
@@ -475,58 +491,63 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// Writes `queued` (emptied) as commands, noting each in `pending`.
-async fn send_all(
+/// Writes a PING, noting it in `pending`.
+async fn send_ping(conn: &mut Conn, pending: &mut VecDeque<Pending>) -> std::io::Result<()> {
+    conn.write(&redis::cmd("PING").get_packed_command()).await?;
+    pending.push_back(Pending {
+        kind: Kind::Ping,
+        remaining: 1,
+        ids: Vec::new(),
+        sent: Instant::now(),
+    });
+    Ok(())
+}
+
+/// Writes one SUBSCRIBE or UNSUBSCRIBE: the ops at the front of `queued`
+/// of the first one's kind, up to [`MAX_BATCH`]; notes it in `pending`.
+async fn send_command(
     conn: &mut Conn,
-    queued: &mut Vec<Op>,
+    queued: &mut VecDeque<Op>,
     pending: &mut VecDeque<Pending>,
     cluster: &Cluster,
 ) -> std::io::Result<()> {
-    let mut ops = queued.drain(..).peekable();
-    while let Some(op) = ops.next() {
-        let (kind, mut cmd, ids) = match op {
-            Op::Ping => (Kind::Ping, redis::cmd("PING"), Vec::new()),
-            Op::Subscribe(id) => {
-                let mut cmd = redis::cmd("SUBSCRIBE");
-                cmd.arg(cluster.names.id_channel(&id));
-                (Kind::Subscribe, cmd, vec![id])
-            }
-            Op::Unsubscribe(channel) => {
-                let mut cmd = redis::cmd("UNSUBSCRIBE");
-                cmd.arg(channel);
-                (Kind::Unsubscribe, cmd, Vec::new())
-            }
-        };
-        let mut ids = ids;
-        let mut channels = usize::from(kind != Kind::Ping);
-        while kind != Kind::Ping && channels < MAX_BATCH {
-            match ops.peek() {
-                Some(Op::Subscribe(_)) if kind == Kind::Subscribe => {
-                    if let Some(Op::Subscribe(id)) = ops.next() {
-                        cmd.arg(cluster.names.id_channel(&id));
-                        ids.push(id);
-                    }
+    let kind = match queued.front() {
+        Some(Op::Subscribe(_)) => Kind::Subscribe,
+        Some(Op::Unsubscribe(_)) => Kind::Unsubscribe,
+        Some(Op::Ping) | None => return Ok(()),
+    };
+    let mut cmd = redis::cmd(if kind == Kind::Subscribe {
+        "SUBSCRIBE"
+    } else {
+        "UNSUBSCRIBE"
+    });
+    let mut ids = Vec::new();
+    let mut channels = 0;
+    while channels < MAX_BATCH {
+        match queued.front() {
+            Some(Op::Subscribe(_)) if kind == Kind::Subscribe => {
+                if let Some(Op::Subscribe(id)) = queued.pop_front() {
+                    cmd.arg(cluster.names.id_channel(&id));
+                    ids.push(id);
                 }
-                Some(Op::Unsubscribe(_)) if kind == Kind::Unsubscribe => {
-                    if let Some(Op::Unsubscribe(channel)) = ops.next() {
-                        cmd.arg(channel);
-                    }
-                }
-                _ => break,
             }
-            channels += 1;
+            Some(Op::Unsubscribe(_)) if kind == Kind::Unsubscribe => {
+                if let Some(Op::Unsubscribe(channel)) = queued.pop_front() {
+                    cmd.arg(channel);
+                }
+            }
+            _ => break,
         }
-        if kind != Kind::Ping {
-            cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
-        }
-        conn.write(&cmd.get_packed_command()).await?;
-        pending.push_back(Pending {
-            kind,
-            remaining: channels.max(1),
-            ids,
-            sent: Instant::now(),
-        });
+        channels += 1;
     }
+    cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
+    conn.write(&cmd.get_packed_command()).await?;
+    pending.push_back(Pending {
+        kind,
+        remaining: channels,
+        ids,
+        sent: Instant::now(),
+    });
     Ok(())
 }
 
