@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -260,7 +261,15 @@ def tune_kernel(n):
 def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
     args = run.args
     rport, port = free_port(), free_port()
-    redis = run.start("redis", ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+    # Redis is the fleet's one shared bus; here it is one process among
+    # ~110 busy ones (55 servers, floodtest's children) on two cores, where
+    # a deployment gives it cores of its own. At its fair share it fell
+    # seconds behind late in the ramp (every node's link timed out at once
+    # and reconnected), so as root it runs at nice -10 and the run says so.
+    nice = ["nice", "-n", "-10"] if os.geteuid() == 0 else []
+    if nice:
+        run.notes.append("redis-server ran at nice -10: on this box it shares two cores with ~110 busy processes")
+    redis = run.start("redis", [*nice, "redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                                 "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL)
     time.sleep(0.5)
     env = {
@@ -272,7 +281,17 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         "SWITCHBOARD__CLUSTER__PREFIX": "c1m",
         "SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS": str(shutdown_ms),
     }
-    fleet = run.start("fleet", [os.path.join(BIN, "switchboard"), "--processes", str(processes)], env=env)
+    fleet = run.start("fleet", [os.path.join(BIN, "switchboard"), "--processes", str(processes)], env=env,
+                      stderr=subprocess.PIPE, text=True)
+    # The fleet's log goes on to stderr; lost bus links are counted.
+    result["bus_links_lost"] = 0
+
+    def relay():
+        for line in fleet.stderr:
+            if "lost its Redis link" in line:
+                result["bus_links_lost"] += 1
+            sys.stderr.write(line)
+    threading.Thread(target=relay, daemon=True).start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -284,6 +303,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         if time.time() > deadline or fleet.poll() is not None:
             raise SystemExit("the fleet did not come up")
         time.sleep(0.2)
+    time.sleep(2)  # let every process finish starting before its baseline
     mem0 = meminfo()
     result["box_memory_before_bytes"] = mem0["MemTotal"] - mem0["MemAvailable"]
     servers = children_of(fleet.pid)
@@ -533,6 +553,7 @@ def print_table(r):
         ("box memory used, peak", gb(r.get("box_memory_used_bytes"))),
         ("Redis RSS, peak", gb(r.get("redis_rss_bytes"))),
         ("CPU during the hold: servers / Redis", f"{r.get('server_cpu_pct')}% / {r.get('redis_cpu_pct')}%"),
+        ("bus links lost (and reconnected) over the run", f"{r.get('bus_links_lost')}"),
         ("routed messages: sent / received / lost", f"{m.get('sent', 0):,} / {m.get('received', 0):,} / {m.get('lost')}"),
         ("send errors (after the drain the fleet is gone; floodtest keeps sending to its end)",
          f"{m.get('send_errors', 0):,}"),

@@ -127,6 +127,10 @@ pub(crate) fn render(o: &Outcome<Value>) -> String {
         "CPU during the hold: servers / Redis (% of one core)",
         format!("{} / {}", d["server_cpu_pct"], d["redis_cpu_pct"]),
     );
+    row(
+        "bus links lost (and reconnected) over the run",
+        num(&d["bus_links_lost"]),
+    );
     let m = &f["messages"];
     row(
         "messages, whole run: sent / received / lost / send errors",
