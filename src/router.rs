@@ -19,7 +19,9 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, Supervised, WeakAddr};
+use actix::{
+    Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, Supervised, WeakAddr,
+};
 use smallvec::SmallVec;
 
 use crate::id::ConnId;
@@ -38,8 +40,19 @@ const SHRINK_MIN_CAPACITY: usize = 1024;
 /// many, and the broadcast takes the CPU that is left.
 const FANOUT_WINDOW: usize = 64;
 
-/// How soon a broadcast whose window is full is looked at again.
-const FANOUT_POLL: Duration = Duration::from_millis(1);
+/// A broadcast whose window is full is handed more once this few are left
+/// in flight (the delivery that brings it there wakes the Router).
+const FANOUT_REFILL: usize = FANOUT_WINDOW / 2;
+
+/// How long the Router waits for that wake-up before it looks anyway.
+const FANOUT_RECHECK: Duration = Duration::from_millis(100);
+
+/// A broadcast's deliveries in flight, and the Router's wake-up.
+#[derive(Default)]
+pub(crate) struct Window {
+    in_flight: AtomicUsize,
+    refill: tokio::sync::Notify,
+}
 
 /// What the Router needs of a stream: an actor that takes its messages.
 pub(crate) trait StreamActor:
@@ -68,7 +81,7 @@ pub(crate) struct Deliver {
     /// Where it is counted dropped unless a handler takes it.
     books: Option<Arc<Stats>>,
     /// A broadcast's deliveries in flight, less this one once it is gone.
-    window: Option<Arc<AtomicUsize>>,
+    window: Option<Arc<Window>>,
 }
 
 impl Deliver {
@@ -83,8 +96,8 @@ impl Deliver {
 
     /// A broadcast's delivery, counted in `window` until it is handled or
     /// dropped.
-    fn in_window(msg: &Arc<str>, stats: &Arc<Stats>, window: &Arc<AtomicUsize>) -> Self {
-        window.fetch_add(1, Relaxed);
+    fn in_window(msg: &Arc<str>, stats: &Arc<Stats>, window: &Arc<Window>) -> Self {
+        window.in_flight.fetch_add(1, Relaxed);
         Deliver {
             msg: Arc::clone(msg),
             books: Some(Arc::clone(stats)),
@@ -104,8 +117,10 @@ impl Drop for Deliver {
         if let Some(stats) = self.books.take() {
             stats.messages_dropped.fetch_add(1, Relaxed);
         }
-        if let Some(window) = self.window.take() {
-            window.fetch_sub(1, Relaxed);
+        if let Some(window) = self.window.take()
+            && window.in_flight.fetch_sub(1, Relaxed) == FANOUT_REFILL + 1
+        {
+            window.refill.notify_one();
         }
     }
 }
@@ -167,7 +182,7 @@ pub(crate) struct Router<S: StreamActor> {
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
-    window: Arc<AtomicUsize>,
+    window: Arc<Window>,
     /// A [`Router::pump`] is scheduled.
     pumping: bool,
 }
@@ -183,17 +198,18 @@ impl<S: StreamActor> Router<S> {
             interest: None,
             awaiting: HashMap::new(),
             fanouts: VecDeque::new(),
-            window: Arc::new(AtomicUsize::new(0)),
+            window: Arc::default(),
             pumping: false,
         }
     }
 
     /// Hands out broadcast deliveries while the window has room, oldest
-    /// broadcast first; looks again in [`FANOUT_POLL`] while any is left.
+    /// broadcast first; while any is left, again once the window is down to
+    /// [`FANOUT_REFILL`] (or after [`FANOUT_RECHECK`]).
     fn pump(&mut self, ctx: &mut Context<Self>) {
         self.pumping = false;
         while let Some(f) = self.fanouts.front_mut() {
-            while f.next < f.targets.len() && self.window.load(Relaxed) < FANOUT_WINDOW {
+            while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < FANOUT_WINDOW {
                 let target = &f.targets[f.next];
                 f.next += 1;
                 match target.upgrade() {
@@ -212,7 +228,11 @@ impl<S: StreamActor> Router<S> {
         }
         if !self.fanouts.is_empty() {
             self.pumping = true;
-            ctx.run_later(FANOUT_POLL, |r, ctx| r.pump(ctx));
+            let window = Arc::clone(&self.window);
+            let refill = async move {
+                let _ = tokio::time::timeout(FANOUT_RECHECK, window.refill.notified()).await;
+            };
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(refill).map(|(), r, ctx| r.pump(ctx)));
         }
     }
 
