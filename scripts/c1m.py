@@ -192,11 +192,11 @@ def main():
     log(f"shutdown_timeout_ms {shutdown_ms} ({DRAIN_US_PER_STREAM} µs per stream, at least the default 5000): "
         "every process must drain and exit 0 within it")
     run_started = time.time()
-    kernel = tune_kernel(n)
+    kernel, in_effect = tune_kernel(n)
     run = Run(args)
     result = {"streams_target": n, "processes": processes, "source_ips": source_ips,
               "tick_interval_s": args.tick_interval, "msg_rate": args.msg_rate, "hold_s": args.hold,
-              "shutdown_timeout_ms": shutdown_ms, "kernel_changes": kernel}
+              "shutdown_timeout_ms": shutdown_ms, "kernel_changes": kernel, "kernel_in_effect": in_effect}
     try:
         measure(run, result, n, processes, source_ips, total_s, shutdown_ms)
     finally:
@@ -255,7 +255,14 @@ def tune_kernel(n):
         log("not root: kernel settings checked, not applied")
     for line in changed:
         log(f"kernel: {line}")
-    return changed
+    # What holds now: a second, read-only pass over the same table.
+    table = subprocess.run([script, "--connections", str(n)], capture_output=True, text=True).stdout
+    in_effect = []
+    for line in table.splitlines()[1:]:
+        cols = [c for c in line.split("  ") if c.strip()]
+        if len(cols) >= 2:
+            in_effect.append(f"{cols[0].strip()} = {cols[1].strip()}")
+    return changed, in_effect
 
 
 def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):

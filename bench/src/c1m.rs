@@ -190,10 +190,14 @@ pub(crate) fn render(o: &Outcome<Value>) -> String {
         ">tick lag p50 / p99 / max ms",
         ">within 1 s",
     ]);
-    for (name, ph) in d["phases"].as_object().into_iter().flatten() {
+    for name in ["ramp", "steady", "broadcast", "hold", "drain"] {
+        let ph = &d["phases"][name];
+        if ph.is_null() {
+            continue;
+        }
         let (m, t) = (&ph["messages"], &ph["ticks"]);
         p.row(vec![
-            name.clone(),
+            name.to_owned(),
             num(&ph["seconds"]),
             num(&m["sent"]),
             num(&m["lost"]),
@@ -231,8 +235,20 @@ pub(crate) fn render(o: &Outcome<Value>) -> String {
     }
     s += "\n";
     s += &g.render();
-    if let Some(k) = d["kernel_changes"].as_array().filter(|k| !k.is_empty()) {
-        s += "\nKernel settings the run changed:\n\n";
+    match d["kernel_changes"].as_array().filter(|k| !k.is_empty()) {
+        Some(k) => {
+            s += "\nKernel settings the run changed:\n\n";
+            for c in k {
+                s += &format!("- `{}`\n", c.as_str().unwrap_or_default());
+            }
+        }
+        None => {
+            s += "\nThe run changed no kernel setting: each was already at what `scripts/tune-kernel.sh \
+                  --connections N` recommends (an earlier run as root applied them; they last until reboot).\n";
+        }
+    }
+    if let Some(k) = d["kernel_in_effect"].as_array().filter(|k| !k.is_empty()) {
+        s += "\nIn effect during the run:\n\n";
         for c in k {
             s += &format!("- `{}`\n", c.as_str().unwrap_or_default());
         }
