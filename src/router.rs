@@ -232,7 +232,9 @@ impl<S: StreamActor> Router<S> {
             let refill = async move {
                 let _ = tokio::time::timeout(FANOUT_RECHECK, window.refill.notified()).await;
             };
-            ctx.spawn(actix::fut::wrap_future::<_, Self>(refill).map(|(), r, ctx| r.pump(ctx)));
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(refill).map(|(), r, ctx| {
+                guarded(r, ctx, Router::pump);
+            }));
         }
     }
 
@@ -524,6 +526,19 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
     fn handle(&mut self, _: CloseAll, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             r.closing = true;
+            // A broadcast already answered goes out whole, ahead of the
+            // Close in every stream's mailbox: its deliveries arrive before
+            // the final chunk, as they did before broadcasts were paced.
+            for f in std::mem::take(&mut r.fanouts) {
+                for target in &f.targets[f.next..] {
+                    match target.upgrade() {
+                        Some(addr) => addr.do_send(Deliver::new(&f.msg, &r.stats)),
+                        None => {
+                            r.stats.messages_dropped.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+            }
             for (_, stream) in r.table.values().chain(r.awaiting.values()).flatten() {
                 tell(stream, Close);
             }

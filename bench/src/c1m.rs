@@ -1,5 +1,5 @@
 //! The million-stream run: `scripts/c1m.sh` measures it (it needs root for
-//! the kernel settings and most of the box for six minutes, so it is not a
+//! the kernel settings and most of the box for seven minutes, so it is not a
 //! `bench` subcommand) and writes `bench/results/c1m.json` in the shape of
 //! every other result; this module renders it into BENCHMARKS.md, with
 //! streams and memory over time as charts.
@@ -12,15 +12,15 @@ use super::table::{Table, thousands};
 
 /// The section's method paragraph.
 pub(crate) const HOW: &str = "`scripts/c1m.sh` (run as root: it applies what `scripts/tune-kernel.sh` recommends for \
-the count and lists what it changed) starts its own `redis-server` and `switchboard --processes P` on one port, P \
-from the open-file limit (20,000 per process here, so 55 processes for 1,000,000 streams), with \
+the count and lists what it changed) starts its own `redis-server` (at nice -10) and `switchboard --processes P` on one port, P \
+from the open-file limit (hard limit less 1,000 streams each: 55 processes for 1,000,000 streams at this machine's 20,000), with \
 `server.workers = 1`, ticks every 60 s (one event per stream per minute, the rate of Mochiweb's million-user test: at \
 10 s a million streams would be 100,000 chunks/s, which two cores cannot write at ~30 µs each) and \
 `server.shutdown_timeout_ms` at 50 µs per stream. floodtest ramps to N streams (its own child processes, 10,000 \
 connections per source address from 127.0.0.2 up), holds them while it POSTs `--msg-rate` messages per second to \
 random held ids through the shared port (so most cross processes over Redis) and times every tick against its \
 schedule; a broadcast probe goes out half-way through the hold; then the fleet gets SIGTERM with every stream held. \
-Memory and CPU are sampled every 5 s: **server RSS per stream** = (sum of the fleet's RSS − the same before the \
+Memory is sampled every 5 s (CPU is read when every stream is held and at the end of the hold): **server RSS per stream** = (sum of the fleet's RSS − the same before the \
 flood) ÷ streams; **slab per pair** = growth of `Slab:` in `/proc/meminfo` ÷ streams (kernel memory for both ends); \
 **box memory** = MemTotal − MemAvailable at its peak. Phases are cut from floodtest's per-second timeline: each \
 message counts in the second it was sent, each tick in the second it was due; *broadcast* is from the probe's send \
@@ -181,7 +181,7 @@ pub(crate) fn render(o: &Outcome<Value>) -> String {
 
     let mut p = Table::new(&[
         "phase",
-        ">seconds",
+        ">seconds with events",
         ">messages sent",
         ">lost",
         ">latency p50 / p99 / max ms",

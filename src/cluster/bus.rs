@@ -1,13 +1,15 @@
 //! The Bus actor: this node's pub/sub link to Redis.
 //!
 //! It owns one pub/sub connection ([`super::link`]), driven by a link task
-//! that sends SUBSCRIBE/UNSUBSCRIBE/PING in order, matches each confirmation
-//! to its command, and hands every message to the actor. The Router tells it when an id gets its first local
+//! that sends SUBSCRIBE/UNSUBSCRIBE in order, one command in flight at a
+//! time (PINGs go at once), matches each confirmation to its command, and
+//! hands every message to the actor. The Router tells it when an id gets its first local
 //! stream ([`Interest::Held`]) and loses its last one
 //! ([`Interest::Released`]); the Bus subscribes at once and unsubscribes
 //! `cluster.unsubscribe_linger_ms` later unless the id came back meanwhile.
-//! The writer takes every queued change each time it sends, so a burst of
-//! 10,000 new ids is a handful of commands of up to [`MAX_BATCH`] channels.
+//! Each command takes every change queued meanwhile (up to [`MAX_BATCH`]
+//! channels of one kind), so a burst of 10,000 new ids is a handful of
+//! commands.
 //!
 //! When the link fails (the stream ends, a command or PING fails or times
 //! out), the Bus marks the node not ready, reconnects with jittered
@@ -438,22 +440,43 @@ async fn drive(
             gather_until = None;
             while let Ok(op) = rx.try_recv() {
                 if matches!(op, Op::Ping) {
-                    if let Err(e) = send_ping(conn, &mut pending).await {
+                    if let Err(e) = send_ping(conn, &mut pending, timeout).await {
                         return format!("writing to Redis: {e}");
                     }
                 } else {
                     queued.push_back(op);
                 }
             }
-            if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster).await {
+            if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster, timeout).await {
                 return format!("writing to Redis: {e}");
             }
             continue;
         }
+        // Ops that came meanwhile: the biased select below reads the
+        // socket first, and a backlog there must not hold them up.
+        let mut ping = false;
+        loop {
+            match rx.try_recv() {
+                Ok(Op::Ping) => ping = true,
+                Ok(op) => {
+                    if queued.is_empty() {
+                        gather_until = Some(Instant::now() + GATHER);
+                    }
+                    queued.push_back(op);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return "the link was replaced".to_owned(),
+            }
+        }
+        if ping {
+            if let Err(e) = send_ping(conn, &mut pending, timeout).await {
+                return format!("writing to Redis: {e}");
+            }
+            ping = false;
+        }
         // Redis answers in order: the link is alive while bytes come. It
         // is dead when a command has waited `timeout` with nothing read.
         let expiry = pending.front().map(|p| p.sent.max(last_read) + timeout);
-        let mut ping = false;
         // Biased, the socket first: after this thread was starved (a box
         // under full load can leave a process unpolled for seconds), what
         // Redis sent meanwhile is read before any timer is believed.
@@ -477,7 +500,7 @@ async fn drive(
             () = sleep_until_some(gather_until.filter(|_| !in_flight)) => gather_until = None,
             () = sleep_until_some(expiry) => return "a command on the pub/sub link timed out".to_owned(),
         }
-        if ping && let Err(e) = send_ping(conn, &mut pending).await {
+        if ping && let Err(e) = send_ping(conn, &mut pending, timeout).await {
             return format!("writing to Redis: {e}");
         }
     }
@@ -491,9 +514,21 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// Writes `bytes`, failing if Redis takes none of them for `timeout` (a
+/// Redis that stopped reading would otherwise hold the link forever).
+async fn write_within(conn: &mut Conn, bytes: &[u8], timeout: Duration) -> std::io::Result<()> {
+    tokio::time::timeout(timeout, conn.write(bytes))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "Redis stopped reading"))?
+}
+
 /// Writes a PING, noting it in `pending`.
-async fn send_ping(conn: &mut Conn, pending: &mut VecDeque<Pending>) -> std::io::Result<()> {
-    conn.write(&redis::cmd("PING").get_packed_command()).await?;
+async fn send_ping(
+    conn: &mut Conn,
+    pending: &mut VecDeque<Pending>,
+    timeout: Duration,
+) -> std::io::Result<()> {
+    write_within(conn, &redis::cmd("PING").get_packed_command(), timeout).await?;
     pending.push_back(Pending {
         kind: Kind::Ping,
         remaining: 1,
@@ -510,6 +545,7 @@ async fn send_command(
     queued: &mut VecDeque<Op>,
     pending: &mut VecDeque<Pending>,
     cluster: &Cluster,
+    timeout: Duration,
 ) -> std::io::Result<()> {
     let kind = match queued.front() {
         Some(Op::Subscribe(_)) => Kind::Subscribe,
@@ -541,7 +577,7 @@ async fn send_command(
         channels += 1;
     }
     cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
-    conn.write(&cmd.get_packed_command()).await?;
+    write_within(conn, &cmd.get_packed_command(), timeout).await?;
     pending.push_back(Pending {
         kind,
         remaining: channels,
