@@ -37,11 +37,12 @@ const SHRINK_MIN_CAPACITY: usize = 1024;
 /// that worker waits behind all of them: in the million-stream run (55
 /// processes on two cores) ticks came up to 16 s late and `/broadcast`
 /// itself answered after 14 s. With a window they wait behind at most this
-/// many, and the broadcast takes the CPU that is left. 256 rather than 64:
-/// `bench broadcast` to 19,000 streams took 220-269 ms with 64 (each refill
-/// is a round trip to the Router's thread) and 188-205 ms with 256; 256
-/// deliveries are ~8 ms of one core.
-const FANOUT_WINDOW: usize = 256;
+/// many, and the broadcast takes the CPU that is left. 64, not 256: in
+/// the million-stream run 256 let ticks fall to p99 ≤ 1 s (64: ≤ 500 ms)
+/// and routed messages during the broadcast to p99 ≤ 2 s (64: ≤ 1 s), and
+/// `bench broadcast` to 19,000 streams gave 188-253 ms with 256 against
+/// 187-269 ms with 64: within this host's noise.
+const FANOUT_WINDOW: usize = 64;
 
 /// A broadcast whose window is full is handed more once this few are left
 /// in flight (the delivery that brings it there wakes the Router).

@@ -86,7 +86,7 @@ fn broadcast_reaches_every_stream() {
 }
 
 /// A broadcast to more streams than the Router hands out at once (its
-/// window is 256) reaches each of them once, and broadcasts sent one after
+/// window is 64) reaches each of them once, and broadcasts sent one after
 /// the other arrive in that order on every stream.
 #[test]
 fn broadcasts_past_the_fanout_window_arrive_once_each_in_order() {
