@@ -480,7 +480,7 @@ def phases(result, flood):
         return "steady"
 
     nb = len(bounds) + 1
-    acc = {p: {"seconds": 0, "sent": 0, "received": 0, "lat": [0] * nb, "ticks": [0] * nb}
+    acc = {p: {"seconds": 0, "sent": 0, "received": 0, "lost": 0, "unsent": 0, "lat": [0] * nb, "ticks": [0] * nb}
            for p in ("ramp", "steady", "broadcast", "hold", "drain")}
     for sec, sent, received, lat, ticks in rows:
         names = [phase_of(sec)]
@@ -491,6 +491,11 @@ def phases(result, flood):
             a["seconds"] += 1
             a["sent"] += sent
             a["received"] += received
+            # Per second, so arrivals never hide losses: more arrivals than
+            # accepted sends are floodtest's retried POSTs whose first try
+            # was delivered but its answer lost (a new stamp on the retry).
+            a["lost"] += max(0, sent - received)
+            a["unsent"] += max(0, received - sent)
             a["lat"] = [x + y for x, y in zip(a["lat"], lat)]
             a["ticks"] = [x + y for x, y in zip(a["ticks"], ticks)]
     out = {}
@@ -500,7 +505,8 @@ def phases(result, flood):
                                      if sum(counts) else None)
         out[name] = {
             "seconds": a["seconds"],
-            "messages": {"sent": a["sent"], "received": a["received"], "lost": a["sent"] - a["received"],
+            "messages": {"sent": a["sent"], "received": a["received"], "lost": a["lost"],
+                         "arrived_without_accepted_send": a["unsent"],
                          "latency_ms_p50_at_most": bucket_quantile(lat, bounds, 0.5),
                          "latency_ms_p99_at_most": bucket_quantile(lat, bounds, 0.99),
                          "latency_ms_max_at_most": bucket_quantile(lat, bounds, 1.0),
