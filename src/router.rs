@@ -156,6 +156,26 @@ where
     }
 }
 
+/// Hands one broadcast delivery to `target` (counted in `window` if
+/// given); one whose stream is gone since the broadcast came is counted
+/// dropped, as it would have been had it been in its mailbox.
+fn hand<S: StreamActor>(
+    target: &WeakAddr<S>,
+    msg: &Arc<str>,
+    stats: &Arc<Stats>,
+    window: Option<&Arc<Window>>,
+) {
+    match target.upgrade() {
+        Some(addr) => addr.do_send(match window {
+            Some(w) => Deliver::in_window(msg, stats, w),
+            None => Deliver::new(msg, stats),
+        }),
+        None => {
+            stats.messages_dropped.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// A broadcast being handed out, [`FANOUT_WINDOW`] deliveries at a time.
 struct Fanout<S: Actor> {
     msg: Arc<str>,
@@ -214,16 +234,8 @@ impl<S: StreamActor> Router<S> {
         self.pumping = false;
         while let Some(f) = self.fanouts.front_mut() {
             while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < FANOUT_WINDOW {
-                let target = &f.targets[f.next];
+                hand(&f.targets[f.next], &f.msg, &self.stats, Some(&self.window));
                 f.next += 1;
-                match target.upgrade() {
-                    Some(addr) => addr.do_send(Deliver::in_window(&f.msg, &self.stats, &self.window)),
-                    // Gone since the broadcast came: counted as it would
-                    // have been had it been in its mailbox.
-                    None => {
-                        self.stats.messages_dropped.fetch_add(1, Relaxed);
-                    }
-                }
             }
             if f.next < f.targets.len() {
                 break;
@@ -535,12 +547,7 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
             // the final chunk, as they did before broadcasts were paced.
             for f in std::mem::take(&mut r.fanouts) {
                 for target in &f.targets[f.next..] {
-                    match target.upgrade() {
-                        Some(addr) => addr.do_send(Deliver::new(&f.msg, &r.stats)),
-                        None => {
-                            r.stats.messages_dropped.fetch_add(1, Relaxed);
-                        }
-                    }
+                    hand(target, &f.msg, &r.stats, None);
                 }
             }
             for (_, stream) in r.table.values().chain(r.awaiting.values()).flatten() {

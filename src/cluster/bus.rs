@@ -404,6 +404,7 @@ async fn drive(
     let mut gather_until: Option<Instant> = None;
     let mut pending: VecDeque<Pending> = VecDeque::new();
     let mut last_read = Instant::now();
+    let mut ping = false;
     loop {
         loop {
             let reply = match conn.parsed() {
@@ -435,44 +436,27 @@ async fn drive(
                 router.do_send(Subscribed::Ids(done.ids));
             }
         }
-        let in_flight = pending.iter().any(|p| p.kind != Kind::Ping);
-        if !in_flight && !queued.is_empty() && gather_until.is_none_or(|t| Instant::now() >= t) {
-            gather_until = None;
-            while let Ok(op) = rx.try_recv() {
-                if matches!(op, Op::Ping) {
-                    if let Err(e) = send_ping(conn, &mut pending, timeout).await {
-                        return format!("writing to Redis: {e}");
-                    }
-                } else {
-                    queued.push_back(op);
-                }
-            }
-            if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster, timeout).await {
-                return format!("writing to Redis: {e}");
-            }
-            continue;
-        }
         // Ops that came meanwhile: the biased select below reads the
         // socket first, and a backlog there must not hold them up.
-        let mut ping = false;
         loop {
             match rx.try_recv() {
-                Ok(Op::Ping) => ping = true,
-                Ok(op) => {
-                    if queued.is_empty() {
-                        gather_until = Some(Instant::now() + GATHER);
-                    }
-                    queued.push_back(op);
-                }
+                Ok(op) => take(op, &mut queued, &mut gather_until, &mut ping),
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => return "the link was replaced".to_owned(),
             }
         }
-        if ping {
-            if let Err(e) = send_ping(conn, &mut pending, timeout).await {
+        if std::mem::take(&mut ping)
+            && let Err(e) = send_ping(conn, &mut pending, timeout).await
+        {
+            return format!("writing to Redis: {e}");
+        }
+        let in_flight = pending.iter().any(|p| p.kind != Kind::Ping);
+        if !in_flight && !queued.is_empty() && gather_until.is_none_or(|t| Instant::now() >= t) {
+            gather_until = None;
+            if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster, timeout).await {
                 return format!("writing to Redis: {e}");
             }
-            ping = false;
+            continue;
         }
         // Redis answers in order: the link is alive while bytes come. It
         // is dead when a command has waited `timeout` with nothing read.
@@ -489,21 +473,25 @@ async fn drive(
             op = rx.recv() => match op {
                 // The Bus dropped this link (it failed, or the Bus restarted).
                 None => return "the link was replaced".to_owned(),
-                Some(Op::Ping) => ping = true,
-                Some(op) => {
-                    if queued.is_empty() {
-                        gather_until = Some(Instant::now() + GATHER);
-                    }
-                    queued.push_back(op);
-                }
+                Some(op) => take(op, &mut queued, &mut gather_until, &mut ping),
             },
             () = sleep_until_some(gather_until.filter(|_| !in_flight)) => gather_until = None,
             () = sleep_until_some(expiry) => return "a command on the pub/sub link timed out".to_owned(),
         }
-        if ping && let Err(e) = send_ping(conn, &mut pending, timeout).await {
-            return format!("writing to Redis: {e}");
-        }
     }
+}
+
+/// Takes an op from the Bus: a PING is due at once; a subscription change
+/// is queued, the first one after a quiet spell opening a [`GATHER`] window.
+fn take(op: Op, queued: &mut VecDeque<Op>, gather_until: &mut Option<Instant>, ping: &mut bool) {
+    if matches!(op, Op::Ping) {
+        *ping = true;
+        return;
+    }
+    if queued.is_empty() {
+        *gather_until = Some(Instant::now() + GATHER);
+    }
+    queued.push_back(op);
 }
 
 /// Sleeps until `at`, or forever without one.

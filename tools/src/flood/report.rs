@@ -297,8 +297,17 @@ impl Snapshot {
         self.timeline.merge(&o.timeline);
     }
 
-    /// The line a child process prints.
+    /// The line a child process prints last.
     pub fn to_json(&self) -> Value {
+        let mut j = self.progress_json();
+        j["timeline"] = self.timeline.to_json();
+        j
+    }
+
+    /// A child's progress line: [`Snapshot::to_json`] without the
+    /// timeline, which only the final line needs (every interval would
+    /// otherwise print and parse the whole run's seconds again).
+    pub fn progress_json(&self) -> Value {
         json!({
             "active": self.active, "closed": self.closed, "churned": self.churned, "chunks": self.chunks,
             "established": self.established, "errors": self.errors,
@@ -308,7 +317,6 @@ impl Snapshot {
             "latency": self.latency.to_pairs(),
             "tick_lag": self.tick_lag.to_pairs(),
             "broadcast": self.broadcast.to_pairs(),
-            "timeline": self.timeline.to_json(),
         })
     }
 
@@ -522,7 +530,7 @@ impl Reporter {
     pub(crate) async fn interval(&mut self, counters: &super::report::Counters, started: Instant) {
         let snap = counters.snapshot(started);
         if self.child {
-            child_line(&snap.to_json());
+            child_line(&snap.progress_json());
             return;
         }
         self.report(snap).await;
