@@ -22,10 +22,11 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::id::is_id_byte;
 
-/// How much of the request line is peeked. Larger lines go to actix-web. Kept
-/// small because this buffer lives in every connection's future while it is
-/// being classified.
-pub(crate) const PEEK_BYTES: usize = 128;
+/// How much of the request line is peeked. Larger lines go to actix-web.
+/// Room for a query with a subscriber token (a JWT is 150-400 bytes); the
+/// buffer is on the heap only while the line is read, so it is not part of
+/// any connection's task.
+pub(crate) const PEEK_BYTES: usize = 1024;
 
 /// First wait before peeking again when the request line is incomplete
 /// (peek leaves the socket readable, so waiting for readiness would spin).
@@ -88,8 +89,8 @@ pub(crate) enum HeadError {
 /// Peeks the request line of a fresh connection and decides who serves it.
 pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usize) -> Class {
     let mut backoff = PEEK_BACKOFF_START;
+    let mut line = vec![0u8; PEEK_BYTES];
     loop {
-        let mut line = [0u8; PEEK_BYTES];
         let n = match timeout_at(deadline, io.peek(&mut line)).await {
             Err(_) => return Class::Timeout,
             Ok(Ok(0) | Err(_)) => return Class::Gone,
@@ -358,16 +359,18 @@ pub(crate) fn is_token(b: u8) -> bool {
 }
 
 /// Reads and checks the request head (up to the blank line) of a connection
-/// taken for the lean path, and discards it. Reads through a small stack
-/// buffer not held across an await. (A client sends nothing after its head
-/// before it has the response, so reading past the head's end loses nothing.)
+/// taken for the lean path, and returns it (for [`crate::handshake`]; it is
+/// dropped once the stream starts). Reads through a small stack buffer not
+/// held across an await. (A client sends nothing after its head before it
+/// has the response, so reading past the head's end loses nothing.)
 pub(crate) async fn consume_head(
     io: &TcpStream,
     deadline: Instant,
     max_head: usize,
     http10: bool,
-) -> Result<(), HeadError> {
+) -> Result<Vec<u8>, HeadError> {
     let mut check = HeadCheck::new(http10);
+    let mut head = Vec::new();
     loop {
         match timeout_at(deadline, io.readable()).await {
             Err(_) => return Err(HeadError::Timeout),
@@ -382,8 +385,11 @@ pub(crate) async fn consume_head(
             Err(_) => return Err(HeadError::Gone),
         };
         match check.feed(&buf[..n], max_head) {
-            Checked::More => {}
-            Checked::End(_) => return Ok(()),
+            Checked::More => head.extend_from_slice(&buf[..n]),
+            Checked::End(k) => {
+                head.extend_from_slice(&buf[..k]);
+                return Ok(head);
+            }
             Checked::Refused(e) => return Err(e),
         }
     }

@@ -40,8 +40,12 @@ pub struct Settings {
     pub stream: StreamSettings,
     /// Routed messages.
     pub message: MessageSettings,
-    /// Who may publish.
+    /// Who may publish and subscribe.
     pub auth: AuthSettings,
+    /// Browser access (CORS).
+    pub http: HttpSettings,
+    /// Messages kept per id for clients that reconnect.
+    pub history: HistorySettings,
     /// The Redis bus between processes.
     pub cluster: ClusterSettings,
     /// Logging.
@@ -94,6 +98,8 @@ pub struct StreamSettings {
     pub max_id_len: usize,
     /// Per-stream bound on unsent output.
     pub max_pending_bytes: usize,
+    /// The `retry:` hint sent first on an SSE stream.
+    pub sse_retry_ms: u64,
 }
 
 impl StreamSettings {
@@ -117,6 +123,36 @@ pub struct MessageSettings {
 pub struct AuthSettings {
     /// Bearer token for publishing; empty disables auth.
     pub publish_token: String,
+    /// HS256 secret subscriber tokens are signed with; empty: streams are open.
+    pub subscribe_secret: String,
+}
+
+/// `[http]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Origins allowed by CORS: comma-separated, `*` for any; empty for none.
+    pub cors_origins: String,
+}
+
+impl HttpSettings {
+    /// Whether a request from `origin` gets CORS headers.
+    pub(crate) fn allows_origin(&self, origin: &[u8]) -> bool {
+        self.cors_origins
+            .split(',')
+            .map(str::trim)
+            .any(|allowed| allowed == "*" || allowed.as_bytes() == origin)
+    }
+}
+
+/// `[history]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistorySettings {
+    /// Messages kept per id; 0 keeps none.
+    pub size: usize,
+    /// How long a message is kept.
+    pub ttl_ms: u64,
 }
 
 impl std::fmt::Debug for AuthSettings {
@@ -127,8 +163,14 @@ impl std::fmt::Debug for AuthSettings {
         } else {
             "<set>"
         };
+        let secret = if self.subscribe_secret.is_empty() {
+            "<none>"
+        } else {
+            "<set>"
+        };
         f.debug_struct("AuthSettings")
             .field("publish_token", &token)
+            .field("subscribe_secret", &secret)
             .finish()
     }
 }
@@ -314,6 +356,28 @@ impl Settings {
         }
         if self.message.max_bytes == 0 || self.message.max_bytes > 16 * 1024 * 1024 {
             return invalid("message.max_bytes", "must be between 1 and 16777216");
+        }
+        if self.stream.sse_retry_ms == 0 {
+            return invalid("stream.sse_retry_ms", "must be at least 1");
+        }
+        if self.history.size > 100_000 {
+            return invalid("history.size", "must be at most 100000");
+        }
+        if self.history.size > 0 && self.history.ttl_ms == 0 {
+            return invalid(
+                "history.ttl_ms",
+                "must be at least 1 when history.size is above 0",
+            );
+        }
+        if let Some(bad) = self.http.cors_origins.split(',').map(str::trim).find(|o| {
+            !o.is_empty()
+                && *o != "*"
+                && !(o.starts_with("http://") || o.starts_with("https://") || *o == "null")
+        }) {
+            return invalid(
+                "http.cors_origins",
+                &format!("{bad:?} is not an origin (scheme://host[:port], \"null\" or \"*\")"),
+            );
         }
         self.validate_cluster()?;
         if self.message.max_bytes + 64 > self.stream.max_pending_bytes {

@@ -38,6 +38,22 @@ pub(crate) enum ApiError {
     /// Missing or wrong bearer token: 401.
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// A stream without a valid subscriber token (`auth.subscribe_secret`
+    /// set): 401, the reason given.
+    #[error("subscriber token refused: {0}")]
+    BadToken(String),
+    /// A page origin `http.cors_origins` does not list opened a WebSocket: 403.
+    #[error("origin not allowed (http.cors_origins)")]
+    OriginNotAllowed,
+    /// A WebSocket upgrade that breaks RFC 6455: 400.
+    #[error("WebSocket handshake refused: {0}")]
+    BadWebSocket(String),
+    /// A WebSocket upgrade without `Sec-WebSocket-Version: 13`: 426.
+    #[error("WebSocket version not supported; use 13")]
+    WebSocketVersion,
+    /// `?since=` or `Last-Event-ID` is not an event id: 400.
+    #[error("{0} must be an event id (a decimal number)")]
+    BadEventId(&'static str),
     /// No such route: 404.
     #[error("not found")]
     NotFound,
@@ -88,7 +104,8 @@ impl ApiError {
     /// The header this error adds to its response, if any.
     fn extra_header(&self) -> Option<(header::HeaderName, &'static str)> {
         match self {
-            ApiError::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
+            ApiError::Unauthorized | ApiError::BadToken(_) => Some((header::WWW_AUTHENTICATE, "Bearer")),
+            ApiError::WebSocketVersion => Some((header::SEC_WEBSOCKET_VERSION, "13")),
             ApiError::MethodNotAllowed(allow) => Some((header::ALLOW, allow)),
             _ => None,
         }
@@ -133,7 +150,12 @@ impl ResponseError for ApiError {
             | ApiError::LineBreak
             | ApiError::Payload(_)
             | ApiError::BadHead(_)
-            | ApiError::RepeatedAuthorization => StatusCode::BAD_REQUEST,
+            | ApiError::RepeatedAuthorization
+            | ApiError::BadWebSocket(_)
+            | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
+            ApiError::OriginNotAllowed => StatusCode::FORBIDDEN,
+            ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,

@@ -14,6 +14,10 @@
 //!   and the one `match` that decides what becomes of a new connection.
 //! - `classify`: peeks a new connection's request line (lean stream, lean
 //!   `/dispatcher`, or actix-web) and reads a lean stream's head.
+//! - `handshake`: what a stream request asks for beyond its id (transport:
+//!   chunked, SSE or WebSocket; resume point; token; origin) and the
+//!   response head each transport starts with.
+//! - `token`: subscriber tokens (HS256 JWTs), checked before a stream starts.
 //! - `dispatcher`: the lean `GET /dispatcher` path, numbers taken from the
 //!   Counter in one message per worker per event-loop turn.
 //! - `routes`: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
@@ -26,6 +30,8 @@
 //!   and the supervised Bus actor that holds this node's subscriptions.
 //! - `router`: the Router actor, id -> streams; generic over the stream
 //!   actor, so it never names it. It tells the bus which ids it holds.
+//! - `history`: the Router's event ids and per-id rings of recent messages,
+//!   and what a resuming stream is owed.
 //! - `counter`: the Counter actor behind `/dispatcher`.
 //! - `supervision`: how a panic in a Router or Counter handler becomes a
 //!   restart that keeps the actor's state.
@@ -47,6 +53,8 @@ pub mod config;
 mod counter;
 mod dispatcher;
 mod error;
+mod handshake;
+mod history;
 mod http_date;
 mod id;
 mod router;
@@ -58,6 +66,7 @@ mod stats;
 mod stream;
 mod supervision;
 pub mod telemetry;
+pub mod token;
 
 pub use config::{Settings, SettingsError};
 pub use server::Server;

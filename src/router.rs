@@ -24,6 +24,7 @@ use actix::{
 };
 use smallvec::SmallVec;
 
+use crate::history::{History, Resume};
 use crate::id::ConnId;
 use crate::stats::Stats;
 use crate::supervision::guarded;
@@ -60,12 +61,12 @@ pub(crate) struct Window {
 
 /// What the Router needs of a stream: an actor that takes its messages.
 pub(crate) trait StreamActor:
-    Actor<Context = Context<Self>> + Handler<Deliver> + Handler<Close> + Handler<Welcome>
+    Actor<Context = Context<Self>> + Handler<Deliver> + Handler<Close> + Handler<Welcome> + Handler<Cut>
 {
 }
 
 impl<S> StreamActor for S where
-    S: Actor<Context = Context<S>> + Handler<Deliver> + Handler<Close> + Handler<Welcome>
+    S: Actor<Context = Context<S>> + Handler<Deliver> + Handler<Close> + Handler<Welcome> + Handler<Cut>
 {
 }
 
@@ -82,6 +83,9 @@ type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
 pub(crate) struct Deliver {
     /// One line of text (validated: no CR or LF).
     msg: Arc<str>,
+    /// Its event id; `None` for a broadcast, which has none of its own (it
+    /// is not kept in any id's history, so it is not a resume point).
+    event: Option<u64>,
     /// Where it is counted dropped unless a handler takes it.
     books: Option<Arc<Stats>>,
     /// A broadcast's deliveries in flight, less this one once it is gone.
@@ -90,9 +94,10 @@ pub(crate) struct Deliver {
 
 impl Deliver {
     /// A message for one stream, counted dropped in `stats` unless handled.
-    fn new(msg: &Arc<str>, stats: &Arc<Stats>) -> Self {
+    fn new(msg: &Arc<str>, event: Option<u64>, stats: &Arc<Stats>) -> Self {
         Deliver {
             msg: Arc::clone(msg),
+            event,
             books: Some(Arc::clone(stats)),
             window: None,
         }
@@ -104,15 +109,17 @@ impl Deliver {
         window.in_flight.fetch_add(1, Relaxed);
         Deliver {
             msg: Arc::clone(msg),
+            event: None,
             books: Some(Arc::clone(stats)),
             window: Some(Arc::clone(window)),
         }
     }
 
     /// The handler has it: the stream's sink keeps the books from here.
-    pub(crate) fn arrived(mut self) -> Arc<str> {
+    /// Returns the text and the event id.
+    pub(crate) fn arrived(mut self) -> (Arc<str>, Option<u64>) {
         self.books = None;
-        Arc::clone(&self.msg)
+        (Arc::clone(&self.msg), self.event)
     }
 }
 
@@ -129,11 +136,53 @@ impl Drop for Deliver {
     }
 }
 
-/// Cluster mode: the stream's id is subscribed on the bus (or the bus is
-/// down, and waiting would gain nothing); it writes its welcome line.
+/// The stream may write its welcome line: the Router has it in its table
+/// (in cluster mode, once its id is subscribed on the bus, or the bus is
+/// down and waiting would gain nothing). Sent to every stream in cluster
+/// mode, and to the streams that asked ([`Login::welcome`]) otherwise.
+///
+/// It carries where the stream is in its id's event ids and, for one that
+/// resumes, the kept messages it missed; those are counted delivered, and
+/// dropped if the stream is gone before it takes them (as [`Deliver`]).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct Welcome;
+pub(crate) struct Welcome {
+    /// Position, replay and gap.
+    pub(crate) resume: Resume,
+    /// Where the replay is counted dropped unless a handler takes it.
+    books: Option<Arc<Stats>>,
+}
+
+impl Welcome {
+    fn new(resume: Resume, stats: &Arc<Stats>) -> Self {
+        let replayed = resume.replay.len() as u64;
+        stats.messages_delivered.fetch_add(replayed, Relaxed);
+        stats.history_replayed.fetch_add(replayed, Relaxed);
+        if resume.gap.is_some() {
+            stats.history_gaps.fetch_add(1, Relaxed);
+        }
+        Welcome {
+            resume,
+            books: (replayed > 0).then(|| Arc::clone(stats)),
+        }
+    }
+
+    /// The handler has it: the stream keeps the books from here.
+    pub(crate) fn arrived(mut self) -> Resume {
+        self.books = None;
+        std::mem::take(&mut self.resume)
+    }
+}
+
+impl Drop for Welcome {
+    fn drop(&mut self) {
+        if let Some(stats) = self.books.take() {
+            stats
+                .messages_dropped
+                .fetch_add(self.resume.replay.len() as u64, Relaxed);
+        }
+    }
+}
 
 /// The server is shutting down: the stream sends its final chunk and stops.
 #[derive(Message)]
@@ -168,7 +217,7 @@ fn hand<S: StreamActor>(
     match target.upgrade() {
         Some(addr) => addr.do_send(match window {
             Some(w) => Deliver::in_window(msg, stats, w),
-            None => Deliver::new(msg, stats),
+            None => Deliver::new(msg, None, stats),
         }),
         None => {
             stats.messages_dropped.fetch_add(1, Relaxed);
@@ -183,6 +232,15 @@ struct Fanout<S: Actor> {
     targets: Vec<WeakAddr<S>>,
     /// How many of `targets` have been handed theirs.
     next: usize,
+}
+
+/// A stream waiting to be admitted (cluster mode: its id's SUBSCRIBE is
+/// on its way).
+struct Waiting<S: Actor> {
+    conn: ConnId,
+    addr: WeakAddr<S>,
+    /// The event id it resumes after.
+    since: Option<u64>,
 }
 
 /// Routes messages to streams by id.
@@ -202,7 +260,9 @@ pub(crate) struct Router<S: StreamActor> {
     /// Cluster mode: streams of ids whose SUBSCRIBE is on its way. They are
     /// not in `table` (no message reaches them) until [`Subscribed`] says
     /// so; then they get their [`Welcome`]. Empty at rest.
-    awaiting: HashMap<Arc<str>, Streams<S>>,
+    awaiting: HashMap<Arc<str>, SmallVec<[Waiting<S>; 1]>>,
+    /// Event ids, and the messages kept for streams that resume.
+    history: History,
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
@@ -212,9 +272,11 @@ pub(crate) struct Router<S: StreamActor> {
 }
 
 impl<S: StreamActor> Router<S> {
-    /// An empty Router reporting into `stats`.
-    pub(crate) fn new(stats: Arc<Stats>) -> Self {
+    /// An empty Router reporting into `stats`, keeping `history_size`
+    /// messages per id for `history_ttl`.
+    pub(crate) fn new(stats: Arc<Stats>, history_size: usize, history_ttl: Duration) -> Self {
         Router {
+            history: History::new(history_size, history_ttl),
             table: HashMap::new(),
             streams: 0,
             closing: false,
@@ -254,15 +316,26 @@ impl<S: StreamActor> Router<S> {
         }
     }
 
-    /// Moves the awaiting streams of `id` into the table and welcomes them.
+    /// Moves the awaiting streams of `id` into the table and welcomes them,
+    /// each with what it resumes: what was sent while it waited is kept,
+    /// so it is in the replay.
     fn admit(&mut self, id: &Arc<str>) {
         if let Some(waiting) = self.awaiting.remove(id) {
             self.streams += waiting.len();
-            for (_, stream) in &waiting {
-                tell(stream, Welcome);
+            let table = self.table.entry(Arc::clone(id)).or_default();
+            for w in waiting {
+                let resume = self.history.resume(id, w.since);
+                tell(&w.addr, Welcome::new(resume, &self.stats));
+                table.push((w.conn, w.addr));
             }
-            self.table.entry(Arc::clone(id)).or_default().extend(waiting);
         }
+    }
+
+    /// Publishes the history's sizes in `/stats`.
+    fn history_stats(&self) {
+        let (ids, kept) = self.history.sizes();
+        self.stats.history_ids.store(ids as u64, Relaxed);
+        self.stats.history_messages.store(kept as u64, Relaxed);
     }
 
     fn notify(&self, m: impl FnOnce() -> Interest) {
@@ -290,6 +363,12 @@ impl<S: StreamActor> Actor for Router<S> {
         if !self.fanouts.is_empty() {
             self.pump(ctx);
         }
+        ctx.run_interval(self.history.sweep_interval(), |r, ctx| {
+            guarded(r, ctx, |r, _| {
+                r.history.sweep();
+                r.history_stats();
+            });
+        });
     }
 }
 
@@ -300,6 +379,7 @@ impl<S: StreamActor> Supervised for Router<S> {
         self.stats.router_restarts.fetch_add(1, Relaxed);
         self.pumping = false;
         let interest = self.interest.clone();
+        self.history_stats();
         self.table.retain(|id, streams| {
             streams.retain(|(_, stream)| stream.upgrade().is_some_and(|a| a.connected()));
             let keep = !streams.is_empty();
@@ -326,6 +406,10 @@ pub(crate) struct Login<S: Actor> {
     pub(crate) conn: ConnId,
     /// Where to deliver.
     pub(crate) addr: WeakAddr<S>,
+    /// Resume after this event id (the replay comes with the [`Welcome`]).
+    pub(crate) since: Option<u64>,
+    /// Send it a [`Welcome`] (always sent in cluster mode).
+    pub(crate) welcome: bool,
 }
 
 impl<S: Actor> Message for Login<S> {
@@ -343,14 +427,23 @@ pub(crate) struct Logout {
 }
 
 /// Publish `msg` to every stream of `id`. Answers how many streams it was
-/// handed to (`None` if the Router crashed handling it).
+/// handed to and its event id (`None` if the Router crashed handling it).
 #[derive(Message)]
-#[rtype(result = "Option<usize>")]
+#[rtype(result = "Option<Published>")]
 pub(crate) struct Publish {
     /// Target id.
     pub(crate) id: String,
     /// One line of text, already validated.
     pub(crate) msg: Arc<str>,
+}
+
+/// What became of a [`Publish`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Published {
+    /// Streams it was handed to.
+    pub(crate) delivered: usize,
+    /// Its event id.
+    pub(crate) event: u64,
 }
 
 /// Deliver `msg` to every stream. Answers how many.
@@ -365,6 +458,31 @@ pub(crate) struct Broadcast {
 #[derive(Message)]
 #[rtype(result = "Option<usize>")]
 pub(crate) struct CloseAll;
+
+/// Fault injection: the stream drops its connection at once, with no
+/// final chunk or close frame, as a crash or a network failure would.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Cut;
+
+/// Fault injection: cut every stream of `0`. Answers how many.
+#[derive(Message)]
+#[rtype(result = "Option<usize>")]
+pub(crate) struct CutId(pub(crate) String);
+
+impl<S: StreamActor> Handler<CutId> for Router<S> {
+    type Result = Option<usize>;
+
+    fn handle(&mut self, CutId(id): CutId, ctx: &mut Context<Self>) -> Option<usize> {
+        guarded(self, ctx, |r, _| {
+            let streams = r.table.get(id.as_str()).map_or(&[][..], |s| &s[..]);
+            for (_, stream) in streams {
+                tell(stream, Cut);
+            }
+            streams.len()
+        })
+    }
+}
 
 /// Fault injection: panic inside the handler.
 #[derive(Message)]
@@ -453,17 +571,26 @@ impl<S: StreamActor> Handler<Login<S>> for Router<S> {
             if r.interest.is_some() {
                 // Cluster mode: a new id waits for its SUBSCRIBE.
                 if let Some(streams) = r.table.get_mut(&m.id) {
-                    tell(&m.addr, Welcome);
+                    let resume = r.history.resume(&m.id, m.since);
+                    tell(&m.addr, Welcome::new(resume, &r.stats));
                     streams.push((m.conn, m.addr));
                     r.streams += 1;
                 } else {
                     let waiting = r.awaiting.entry(Arc::clone(&m.id)).or_default();
-                    waiting.push((m.conn, m.addr));
+                    waiting.push(Waiting {
+                        conn: m.conn,
+                        addr: m.addr,
+                        since: m.since,
+                    });
                     if waiting.len() == 1 {
                         r.notify(|| Interest::Held(m.id));
                     }
                 }
                 return;
+            }
+            if m.welcome {
+                let resume = r.history.resume(&m.id, m.since);
+                tell(&m.addr, Welcome::new(resume, &r.stats));
             }
             r.table.entry(m.id).or_default().push((m.conn, m.addr));
             r.streams += 1;
@@ -486,7 +613,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
                     r.maybe_shrink();
                 }
             } else if let Some(waiting) = r.awaiting.get_mut(&*m.id) {
-                waiting.retain(|(conn, _)| *conn != m.conn);
+                waiting.retain(|w| w.conn != m.conn);
                 if waiting.is_empty() {
                     r.awaiting.remove(&*m.id);
                     r.notify(|| Interest::Released(m.id));
@@ -497,21 +624,25 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
 }
 
 impl<S: StreamActor> Handler<Publish> for Router<S> {
-    type Result = Option<usize>;
+    type Result = Option<Published>;
 
-    fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Option<usize> {
+    fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Option<Published> {
         guarded(self, ctx, |r, _| {
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            let Some(streams) = r.table.get(m.id.as_str()) else {
-                return 0;
+            let event = r.history.next_id();
+            r.history.record(&m.id, event, &m.msg);
+            r.history_stats();
+            let delivered = match r.table.get(m.id.as_str()) {
+                Some(streams) => {
+                    for (_, stream) in streams {
+                        tell(stream, Deliver::new(&m.msg, Some(event), &r.stats));
+                    }
+                    streams.len()
+                }
+                None => 0,
             };
-            for (_, stream) in streams {
-                tell(stream, Deliver::new(&m.msg, &r.stats));
-            }
-            r.stats
-                .messages_delivered
-                .fetch_add(streams.len() as u64, Relaxed);
-            streams.len()
+            r.stats.messages_delivered.fetch_add(delivered as u64, Relaxed);
+            Published { delivered, event }
         })
     }
 }
@@ -550,8 +681,11 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
                     hand(target, &f.msg, &r.stats, None);
                 }
             }
-            for (_, stream) in r.table.values().chain(r.awaiting.values()).flatten() {
+            for (_, stream) in r.table.values().flatten() {
                 tell(stream, Close);
+            }
+            for w in r.awaiting.values().flatten() {
+                tell(&w.addr, Close);
             }
             r.streams + r.awaiting.values().map(SmallVec::len).sum::<usize>()
         })

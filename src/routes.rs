@@ -11,6 +11,7 @@
 //! | `GET /healthz` | `ok` (liveness) |
 //! | `GET /readyz` | `ok`, or 503 while shutting down or while the cluster bus is down |
 //! | `POST /admin/crash/{router,counter,bus}` | fault injection, only with `debug.fault_injection` |
+//! | `POST /admin/cut/{id}` | fault injection: every stream of `id` drops its connection |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +25,9 @@ use serde_json::json;
 use crate::cluster;
 use crate::counter::{self, Take};
 use crate::error::ApiError;
+use crate::handshake::Transport;
 use crate::id::{self, IdError};
-use crate::router::{self, Broadcast, Publish};
+use crate::router::{self, Broadcast, Publish, Published};
 use crate::socket::CloseHandle;
 use crate::state::ServerState;
 use crate::stream::Stream;
@@ -33,7 +35,12 @@ use crate::stream::Stream;
 /// Registers every route. `fault_injection` adds `/admin/crash/*`.
 pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
     let get = |path: &str, route: Route| web::resource(path).route(route).default_service(only("GET"));
-    let post = |path: &str, route: Route| web::resource(path).route(route).default_service(only("POST"));
+    let post = |path: &str, route: Route| {
+        web::resource(path)
+            .route(route)
+            .route(web::method(actix_web::http::Method::OPTIONS).to(preflight))
+            .default_service(only("POST"))
+    };
     cfg.service(web::resource(["/test/", "/send/"]).to(|| fail(ApiError::BadId(IdError::Empty))))
         .service(get("/test/{id}", web::get().to(stream)))
         .service(post("/send/{id}", web::post().to(send)))
@@ -44,9 +51,40 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
         .service(get("/healthz", web::get().to(healthz)))
         .service(get("/readyz", web::get().to(readyz)));
     if fault_injection {
-        cfg.service(post("/admin/crash/{actor}", web::post().to(crash)));
+        cfg.service(post("/admin/crash/{actor}", web::post().to(crash)))
+            .service(post("/admin/cut/{id}", web::post().to(cut)));
     }
     cfg.default_service(web::to(|| fail(ApiError::NotFound)));
+}
+
+/// `OPTIONS` on the publish API: a browser's CORS preflight. The origin
+/// header itself is added by [`cors`] when `http.cors_origins` allows it;
+/// without it the browser refuses the POST.
+async fn preflight() -> HttpResponse {
+    HttpResponse::NoContent()
+        .insert_header((header::ACCESS_CONTROL_ALLOW_METHODS, "POST, OPTIONS"))
+        .insert_header((
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            "Authorization, Content-Type",
+        ))
+        .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
+        .finish()
+}
+
+/// Adds `access-control-allow-origin` (and `vary: Origin`) to a response
+/// when the request's `Origin` is one `http.cors_origins` allows: for the
+/// fallback stream route, the publish API and its preflight, `/stats`.
+pub(crate) fn cors(
+    settings: &crate::config::HttpSettings,
+    origin: Option<&header::HeaderValue>,
+    res: &mut HttpResponse,
+) {
+    if let Some(origin) = origin.filter(|o| settings.allows_origin(o.as_bytes())) {
+        res.headers_mut()
+            .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+        res.headers_mut()
+            .insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    }
 }
 
 /// A resource's answer to any method it does not serve.
@@ -94,15 +132,32 @@ async fn stream(
     if state.shutdown.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
+    let http10 = req.version() == Version::HTTP_10;
+    let open = state.open_stream(&id, &rebuilt_head(&req), http10)?;
+    if open.req.transport == Transport::Ws {
+        state
+            .stats
+            .bad_heads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Err(ApiError::BadWebSocket(
+            "WebSocket streams need a plain id (no percent-escapes) and a request line under 1 KiB"
+                .to_owned(),
+        ));
+    }
     if !state.stats.try_reserve_stream(s.max_streams) {
         return Err(ApiError::StreamLimit(s.max_streams));
     }
+    let sse = open.req.transport == Transport::Sse;
     let close = req.conn_data::<CloseHandle>().cloned();
-    let body = Stream::start_body(Arc::from(id.as_str()), Arc::clone(&state.streams), close);
+    let body = Stream::start_body(Arc::from(id.as_str()), open, Arc::clone(&state.streams), close);
     let mut res = HttpResponse::Ok();
-    res.content_type("text/plain; charset=utf-8")
-        .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .insert_header(("x-accel-buffering", "no"));
+    res.content_type(if sse {
+        "text/event-stream"
+    } else {
+        "text/plain; charset=utf-8"
+    })
+    .insert_header((header::CACHE_CONTROL, "no-cache"))
+    .insert_header(("x-accel-buffering", "no"));
     let mut res = res.streaming(body);
     if req.version() == Version::HTTP_10 {
         // No chunking and no length: the body ends when the connection does.
@@ -128,6 +183,21 @@ fn head_len(req: &HttpRequest) -> usize {
     line + headers + 2
 }
 
+/// The head of a request as actix-web parsed it, in HTTP/1.1 form, for the
+/// checks the lean path makes on the raw head ([`crate::handshake`]).
+fn rebuilt_head(req: &HttpRequest) -> Vec<u8> {
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let mut head = format!("{} {target} HTTP/1.1\r\n", req.method()).into_bytes();
+    for (name, value) in req.headers() {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
 /// `POST /send/{id}`
 async fn send(
     req: HttpRequest,
@@ -139,7 +209,7 @@ async fn send(
     let id = id.into_inner();
     id::validate(&id, state.settings.stream.max_id_len)?;
     let msg = read_message(&req, body, &state).await?;
-    let delivered = state
+    let Published { delivered, event } = state
         .router()
         .send(Publish {
             id: id.clone(),
@@ -150,15 +220,17 @@ async fn send(
         .flatten()
         .ok_or(ApiError::Crashed("router"))?;
     let Some(cluster) = &state.cluster else {
-        return Ok(HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered })));
+        return Ok(HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered, "event_id": event })));
     };
     // Delivered here already; now the other nodes. This node's own
     // subscription is counted out when it holds the id or lingers on it.
     let channel = cluster.names.id_channel(&id);
     let subscribed_here = delivered > 0 || cluster.is_lingering(&id);
     Ok(match cluster.publish(channel, &msg, subscribed_here).await {
-        Ok(nodes) => HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered, "nodes": nodes })),
-        Err(e) => partial(&e, json!({ "id": id, "delivered": delivered })),
+        Ok(nodes) => HttpResponse::Ok().json(json!({
+            "id": id, "delivered": delivered, "event_id": event, "nodes": nodes
+        })),
+        Err(e) => partial(&e, json!({ "id": id, "delivered": delivered, "event_id": event })),
     })
 }
 
@@ -274,6 +346,21 @@ async fn crash(
     Ok(HttpResponse::Accepted().json(json!({ "crashed": actor.as_str() })))
 }
 
+/// `POST /admin/cut/{id}`: every stream of `id` on this node drops its
+/// connection at once (no final chunk, no close frame), as a crash or a
+/// network failure would: what a client's reconnect and resume must survive.
+async fn cut(req: HttpRequest, id: Path<String>, state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let n = state
+        .router()
+        .send(router::CutId(id.into_inner()))
+        .await
+        .ok()
+        .flatten()
+        .ok_or(ApiError::Crashed("router"))?;
+    Ok(HttpResponse::Ok().json(json!({ "cut": n })))
+}
+
 /// Checks `Authorization: Bearer <auth.publish_token>` when a token is set.
 ///
 /// The scheme is case-insensitive (RFC 9110 §11.1), spaces after it are
@@ -300,7 +387,7 @@ fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
 }
 
 /// The credentials of `Bearer <token>`, the scheme in any case.
-fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
         return None;

@@ -31,6 +31,7 @@ use actix_http::{HttpService, KeepAlive, Protocol};
 use actix_rt::net::{TcpListener, TcpStream};
 use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, fn_service, map_config};
 use actix_web::dev::AppConfig;
+use actix_web::http::header;
 use actix_web::{App, web};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep};
@@ -122,7 +123,10 @@ impl Server {
         let arbiters: Vec<Arbiter> = (0..workers).map(|_| Arbiter::new()).collect();
         let router = {
             let stats = Arc::clone(&stats);
-            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Router::<Stream>::new(stats))
+            let history = settings.history.clone();
+            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| {
+                Router::<Stream>::new(stats, history.size, Duration::from_millis(history.ttl_ms))
+            })
         };
         // Cluster mode: the command connection, and below the Bus, live on
         // the first worker's thread beside the Router (see above): a
@@ -168,11 +172,18 @@ impl Server {
         if let Some(bus) = &bus {
             router.do_send(Attach(bus.clone().recipient()));
         }
+        let verifier = match settings.auth.subscribe_secret.as_str() {
+            "" => None,
+            secret => Some(crate::token::Verifier::new(secret).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("auth.subscribe_secret: {e}"))
+            })?),
+        };
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
             router,
             await_welcome: bus.is_some(),
+            verifier,
         });
         let state = Arc::new(ServerState {
             settings,
@@ -321,7 +332,18 @@ fn http_service(
     };
     let app_state = web::Data::from(Arc::clone(state));
     let fault_injection = state.settings.debug.fault_injection;
+    let http_settings = state.settings.http.clone();
     let app = App::new()
+        .wrap_fn(move |req, srv| {
+            let origin = req.headers().get(header::ORIGIN).cloned();
+            let http_settings = http_settings.clone();
+            let served = srv.call(req);
+            async move {
+                let mut res = served.await?;
+                crate::routes::cors(&http_settings, origin.as_ref(), res.response_mut());
+                Ok(res)
+            }
+        })
         .app_data(app_state)
         .configure(move |cfg| crate::routes::routes(cfg, fault_injection))
         .into_factory()
@@ -457,14 +479,17 @@ where
         Class::Stream { id, http10 } => {
             let max_head = settings.server.max_head_bytes;
             let head = classify::consume_head(&io, deadline, max_head, http10).await;
-            match head.map(|()| admit_stream(&state)) {
-                Ok(Ok(())) => {
+            // Every check (token, handshake, resume point) before any
+            // stream state exists.
+            let open = head.map(|head| state.open_stream(&id, &head, http10));
+            match open.map(|o| o.and_then(|o| admit_stream(&state).map(|()| o))) {
+                Ok(Ok(open)) => {
                     // A stream is not an HTTP connection: its slot is
                     // counted by `stream.max_streams` from here on.
                     drop(permit);
-                    Stream::start_lean(io, id, http10, Arc::clone(&state.streams));
+                    Stream::start_lean(io, id, http10, open, Arc::clone(&state.streams));
                 }
-                Ok(Err(full_or_closing)) => socket::refuse(io, &full_or_closing).await,
+                Ok(Err(refused)) => socket::refuse(io, &refused).await,
                 Err(e) => state.refuse_head(io, e).await,
             }
         }

@@ -14,10 +14,11 @@ use crate::cluster::bus::Bus;
 use crate::config::Settings;
 use crate::counter::Counter;
 use crate::error::ApiError;
+use crate::handshake::{self, Transport};
 use crate::router::Router;
 use crate::socket;
 use crate::stats::Stats;
-use crate::stream::{self, Stream};
+use crate::stream::{self, Open, Stream};
 
 /// Shared by `Arc` between the workers and actix-web's handlers.
 pub(crate) struct ServerState {
@@ -63,5 +64,50 @@ impl ServerState {
         };
         self.stats.bad_heads.fetch_add(1, Relaxed);
         socket::refuse(io, &answer).await;
+    }
+
+    /// Checks a stream request (its whole head, validated) for stream `id`:
+    /// its transport and resume point ([`handshake::parse`]), its page
+    /// origin, and its subscriber token when `auth.subscribe_secret` is set.
+    /// Refusals are counted.
+    pub(crate) fn open_stream(&self, id: &str, head: &[u8], http10: bool) -> Result<Open, ApiError> {
+        let refused = |e: ApiError| {
+            let counter = match e {
+                ApiError::BadToken(_) => &self.stats.tokens_refused,
+                ApiError::OriginNotAllowed => &self.stats.origins_refused,
+                _ => &self.stats.bad_heads,
+            };
+            counter.fetch_add(1, Relaxed);
+            e
+        };
+        let req = handshake::parse(head).map_err(refused)?;
+        let http = &self.settings.http;
+        let cors = req.origin.as_deref().filter(|o| http.allows_origin(o.as_bytes()));
+        // Browsers apply no CORS to WebSockets: the server checks the
+        // origin itself, once a list is configured.
+        if req.transport == Transport::Ws
+            && !http.cors_origins.trim().is_empty()
+            && req.origin.is_some()
+            && cors.is_none()
+        {
+            return Err(refused(ApiError::OriginNotAllowed));
+        }
+        let expires = match &self.streams.verifier {
+            None => None,
+            Some(verifier) => {
+                let Some(token) = req.token.as_deref() else {
+                    return Err(refused(ApiError::BadToken(
+                        "none given: use ?token=<jwt> or Authorization: Bearer <jwt>".to_owned(),
+                    )));
+                };
+                Some(
+                    verifier
+                        .check(token, id)
+                        .map_err(|why| refused(ApiError::BadToken(why)))?,
+                )
+            }
+        };
+        let head = handshake::response_head(&req, http10, cors);
+        Ok(Open { req, head, expires })
     }
 }

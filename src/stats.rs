@@ -57,6 +57,30 @@ pub(crate) struct Stats {
     /// Request heads refused by switchboard's own checks (400, 408, 431): on
     /// the lean paths, and the stream rules of actix-web's fallback route.
     pub(crate) bad_heads: AtomicU64,
+    /// Streams opened as server-sent events.
+    pub(crate) streams_sse: AtomicU64,
+    /// Streams opened as WebSockets.
+    pub(crate) streams_ws: AtomicU64,
+    /// WebSocket data messages clients sent (ignored: a stream only sends).
+    pub(crate) ws_frames_ignored: AtomicU64,
+    /// WebSocket pings answered.
+    pub(crate) ws_pings: AtomicU64,
+    /// WebSocket streams closed for a malformed (1002) or oversized (1009) client frame.
+    pub(crate) ws_protocol_errors: AtomicU64,
+    /// Streams refused for their subscriber token (401).
+    pub(crate) tokens_refused: AtomicU64,
+    /// Streams ended because their token expired.
+    pub(crate) tokens_expired: AtomicU64,
+    /// WebSocket streams refused for their Origin (403).
+    pub(crate) origins_refused: AtomicU64,
+    /// Ids with a history ring now (set by the Router).
+    pub(crate) history_ids: AtomicU64,
+    /// Messages kept in history now (set by the Router).
+    pub(crate) history_messages: AtomicU64,
+    /// Kept messages replayed to resuming streams.
+    pub(crate) history_replayed: AtomicU64,
+    /// Resumes told of a gap (messages after their id may be gone).
+    pub(crate) history_gaps: AtomicU64,
 }
 
 impl Default for Stats {
@@ -89,6 +113,18 @@ impl Stats {
             accept_fd_limit: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             bad_heads: AtomicU64::new(0),
+            streams_sse: AtomicU64::new(0),
+            streams_ws: AtomicU64::new(0),
+            ws_frames_ignored: AtomicU64::new(0),
+            ws_pings: AtomicU64::new(0),
+            ws_protocol_errors: AtomicU64::new(0),
+            tokens_refused: AtomicU64::new(0),
+            tokens_expired: AtomicU64::new(0),
+            origins_refused: AtomicU64::new(0),
+            history_ids: AtomicU64::new(0),
+            history_messages: AtomicU64::new(0),
+            history_replayed: AtomicU64::new(0),
+            history_gaps: AtomicU64::new(0),
         }
     }
 
@@ -155,6 +191,24 @@ impl Stats {
             "accept": {
                 "fd_limit": get(&self.accept_fd_limit),
                 "errors": get(&self.accept_errors),
+            },
+            "transports": {
+                "sse_opened": get(&self.streams_sse),
+                "ws_opened": get(&self.streams_ws),
+                "ws_frames_ignored": get(&self.ws_frames_ignored),
+                "ws_pings": get(&self.ws_pings),
+                "ws_protocol_errors": get(&self.ws_protocol_errors),
+            },
+            "auth": {
+                "tokens_refused": get(&self.tokens_refused),
+                "tokens_expired": get(&self.tokens_expired),
+                "origins_refused": get(&self.origins_refused),
+            },
+            "history": {
+                "ids": get(&self.history_ids),
+                "messages": get(&self.history_messages),
+                "replayed": get(&self.history_replayed),
+                "gaps": get(&self.history_gaps),
             },
             "chunks_sent": get(&self.chunks_sent),
             "messages": {

@@ -276,3 +276,46 @@ fn at_the_open_file_limit_streams_survive_and_accepting_resumes() {
     assert!(stats["accept"]["fd_limit"].as_u64().unwrap() > 0, "{stats}");
     assert!(p.log_contains("accepting again"));
 }
+
+/// `switchboard token` mints what the server, with the same secret from the
+/// environment, lets in; a token for another id or from another secret is
+/// refused with 401.
+#[test]
+fn token_subcommand_mints_tokens_the_server_accepts() {
+    let mint = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("token")
+            .args(args)
+            .env("SWITCHBOARD__AUTH__SUBSCRIBE_SECRET", "shared-secret")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let token = mint(&["--id", "tok", "--ttl", "1h"]);
+    assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+    let wrong_secret = mint(&["--id", "tok", "--secret", "other"]);
+    let two = mint(&["--id", "a", "--id", "tok", "--ttl", "90s"]);
+
+    let mut cmd = server();
+    cmd.env("SWITCHBOARD__AUTH__SUBSCRIBE_SECRET", "shared-secret");
+    let p = Running::start(cmd);
+    let open = |path: &str| {
+        let r = StreamClient::open_raw(p.addrs[0], &format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n"));
+        r.status
+    };
+    assert_eq!(open(&format!("/test/tok?token={token}")), 200);
+    assert_eq!(open(&format!("/test/tok?token={two}")), 200);
+    assert_eq!(open(&format!("/test/other?token={token}")), 401);
+    assert_eq!(open(&format!("/test/tok?token={wrong_secret}")), 401);
+    assert_eq!(open("/test/tok"), 401);
+
+    // Without a secret there is nothing to sign with: a clear error.
+    let out = Command::new(BIN).args(["token", "--id", "x"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("auth.subscribe_secret is empty"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -16,6 +16,7 @@
 
 mod sink;
 mod ticker;
+mod ws;
 
 use std::cell::RefCell;
 use std::fmt;
@@ -24,6 +25,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{self, Poll};
+use std::time::Duration;
 
 use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handler, WeakAddr};
 use actix_rt::net::TcpStream;
@@ -31,12 +33,22 @@ use actix_rt::net::TcpStream;
 pub(crate) use sink::BodyStream;
 use sink::{Event, Framing, Sink, SinkError, Written};
 use ticker::Tick;
+use tungstenite::protocol::frame::coding::Control;
 
 use crate::config::StreamSettings;
+use crate::handshake::{StreamRequest, Transport};
+use crate::history::Resume;
 use crate::id::{ConnId, next_conn_id};
-use crate::router::{Close, Deliver, Login, Logout, Router, Welcome};
+use crate::router::{Close, Cut, Deliver, Login, Logout, Router, Welcome};
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
+use crate::token::Verifier;
+
+/// How long a WebSocket that sent its close frame waits for the client's.
+const WS_CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// Reads of the client side per turn of the watcher before it yields.
+const WATCH_READS: usize = 16;
 
 /// What every stream of one server shares, through one `Arc` each stream
 /// points to rather than its own copies (a cloned `Addr` alone costs ~72
@@ -53,6 +65,52 @@ pub(crate) struct Shared {
     /// welcome line; so a client that has read it gets every message
     /// published after, from any node.
     pub(crate) await_welcome: bool,
+    /// Checks subscriber tokens (`auth.subscribe_secret`); `None`: open.
+    pub(crate) verifier: Option<Verifier>,
+}
+
+/// A stream request that passed every check: what it asked for, the
+/// response head to start with, and how long its token has left.
+pub(crate) struct Open {
+    /// Transport, resume point, `ids`.
+    pub(crate) req: StreamRequest,
+    /// The lean response head (the fallback path lets actix-web write its own).
+    pub(crate) head: Vec<u8>,
+    /// The stream ends then (its subscriber token expires).
+    pub(crate) expires: Option<Duration>,
+}
+
+/// How events are written: the transport, as the Stream keeps it (one byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// One line per event.
+    Plain,
+    /// `id:`, `event:` and `data:` lines and a blank line per event.
+    Sse,
+    /// One text frame per event.
+    Ws,
+}
+
+/// What an event is, for SSE's `event:` line.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Welcome,
+    Tick,
+    Message,
+    Gap,
+    End,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Welcome => "welcome",
+            Kind::Tick => "tick",
+            Kind::Message => "message",
+            Kind::Gap => "gap",
+            Kind::End => "end",
+        }
+    }
 }
 
 /// One streaming connection.
@@ -67,8 +125,16 @@ pub(crate) struct Stream {
     sink: Sink,
     /// A [`Flush`] is running; set while the sink holds pending bytes.
     flushing: bool,
-    /// How the body is framed (chunked, or close-delimited for HTTP/1.0).
+    /// How the body is framed (chunked, or close-delimited for HTTP/1.0 and
+    /// WebSocket).
     framing: Framing,
+    /// How events are written.
+    format: Format,
+    /// `?ids=1`: plain lines and WebSocket frames start with the event id.
+    ids: bool,
+    /// What only SSE, WebSocket and resuming streams need; `None` for a
+    /// plain stream, which pays nothing for them.
+    x: Option<Box<Extras>>,
     /// The rest.
     f: Box<Fields>,
 }
@@ -85,23 +151,108 @@ struct Fields {
     shared: Arc<Shared>,
 }
 
+/// The state of event ids and WebSocket frames.
+struct Extras {
+    /// The event id of the last message this stream was given (or where
+    /// it started): every event carries it, so a client that reconnects
+    /// with it resumes exactly after what it has.
+    position: u64,
+    /// The event id it resumes after, until the Router's Welcome.
+    since: Option<u64>,
+    /// WebSocket: a client frame half read.
+    ws: Option<Box<ws::Inbox>>,
+    /// WebSocket: our close frame is sent; nothing else goes out.
+    closing: bool,
+}
+
+impl Format {
+    fn of(t: Transport) -> Self {
+        match t {
+            Transport::Plain => Format::Plain,
+            Transport::Sse => Format::Sse,
+            Transport::Ws => Format::Ws,
+        }
+    }
+}
+
 impl Stream {
     /// Starts a lean stream on the current worker: the actor owns `io`, whose
     /// request head has been read. The caller has reserved a stream slot.
     /// `http10`: the client spoke HTTP/1.0 and gets a close-delimited body.
-    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, http10: bool, shared: Arc<Shared>) {
+    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, http10: bool, open: Open, shared: Arc<Shared>) {
         let _ = io.set_nodelay(true);
-        let framing = if http10 { Framing::Close } else { Framing::Chunked };
-        Stream::new(id, Sink::socket(io), framing, shared, false).start();
+        let format = Format::of(open.req.transport);
+        let framing = if http10 || format == Format::Ws {
+            Framing::Close
+        } else {
+            Framing::Chunked
+        };
+        Stream::launch(id, Sink::socket(io), framing, open, shared, false);
     }
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
     /// returns. The caller has reserved a stream slot.
     /// `close` closes the connection under the body if the stream is cut.
-    pub(crate) fn start_body(id: Arc<str>, shared: Arc<Shared>, close: Option<CloseHandle>) -> BodyStream {
+    pub(crate) fn start_body(
+        id: Arc<str>,
+        open: Open,
+        shared: Arc<Shared>,
+        close: Option<CloseHandle>,
+    ) -> BodyStream {
         let (sink, body) = Sink::body(Arc::clone(&shared.stats), close);
-        Stream::new(id, sink, Framing::Chunked, shared, true).start();
+        Stream::launch(id, sink, Framing::Chunked, open, shared, true);
         body
+    }
+
+    /// Writes the response head (and SSE's `retry:`), arms the token's
+    /// expiry, and starts the actor.
+    fn launch(id: Arc<str>, sink: Sink, framing: Framing, open: Open, shared: Arc<Shared>, fallback: bool) {
+        let format = Format::of(open.req.transport);
+        match format {
+            Format::Plain => {}
+            Format::Sse => drop(shared.stats.streams_sse.fetch_add(1, Relaxed)),
+            Format::Ws => drop(shared.stats.streams_ws.fetch_add(1, Relaxed)),
+        }
+        let needs_extras = format != Format::Plain || open.req.ids || open.req.since.is_some();
+        let retry = (format == Format::Sse).then_some(shared.settings.sse_retry_ms);
+        let mut stream = Stream::new(id, sink, framing, shared, fallback);
+        stream.format = format;
+        stream.ids = open.req.ids;
+        stream.x = needs_extras.then(|| {
+            Box::new(Extras {
+                position: 0,
+                since: open.req.since,
+                ws: None,
+                closing: false,
+            })
+        });
+        let Open { head, expires, .. } = open;
+        Stream::create(move |ctx| {
+            let max = stream.f.shared.settings.max_pending_bytes;
+            let stats = Arc::clone(&stream.f.shared.stats);
+            let mut opened = stream.sink.open(&head, max, &stats);
+            if let (Ok(_), Some(ms)) = (opened, retry) {
+                let line = format!("retry: {ms}\n\n");
+                opened = stream
+                    .sink
+                    .push_line(line.as_bytes(), framing, Event::Other, max, &stats);
+            }
+            match opened {
+                Ok(Written::Pending) => {
+                    stream.flushing = true;
+                    ctx.spawn(Flush);
+                }
+                Ok(Written::Done) => {}
+                Err(_) => ctx.stop(),
+            }
+            if let Some(left) = expires {
+                ctx.run_later(left, |s: &mut Stream, ctx| {
+                    s.f.shared.stats.tokens_expired.fetch_add(1, Relaxed);
+                    s.end(ctx, ws::POLICY, "token expired", Some("Token expired"));
+                });
+            }
+            stream
+        });
     }
 
     fn new(id: Arc<str>, sink: Sink, framing: Framing, shared: Arc<Shared>, fallback: bool) -> Self {
@@ -110,6 +261,9 @@ impl Stream {
             sink,
             flushing: false,
             framing,
+            format: Format::Plain,
+            ids: false,
+            x: None,
             f: Box::new(Fields {
                 id,
                 conn: next_conn_id(),
@@ -144,6 +298,133 @@ impl Stream {
             }
         }
     }
+
+    /// Writes one event in the stream's format: `line` is its text (the
+    /// plain line). Returns whether the stream goes on (a WebSocket that
+    /// has sent its close frame writes nothing more: false).
+    fn emit(&mut self, ctx: &mut Context<Self>, kind: Kind, event: Event, line: fmt::Arguments<'_>) -> bool {
+        if self.x.as_ref().is_some_and(|x| x.closing) {
+            return false;
+        }
+        let position = self.x.as_ref().map_or(0, |x| x.position);
+        let (format, ids, framing) = (self.format, self.ids, self.framing);
+        let max = self.f.shared.settings.max_pending_bytes;
+        let (sink, stats) = (&mut self.sink, &self.f.shared.stats);
+        let written = LINE.with_borrow_mut(|buf| {
+            buf.clear();
+            // unwrap (each write): writing into a Vec cannot fail.
+            match format {
+                Format::Plain => {
+                    if ids {
+                        write!(buf, "{position} ").expect("format into Vec");
+                    }
+                    buf.write_fmt(line).expect("format into Vec");
+                    buf.push(b'\n');
+                    sink.push_line(buf, framing, event, max, stats)
+                }
+                Format::Sse => {
+                    write!(buf, "id: {position}\nevent: {}\ndata: ", kind.name()).expect("format into Vec");
+                    buf.write_fmt(line).expect("format into Vec");
+                    buf.extend_from_slice(b"\n\n");
+                    sink.push_line(buf, framing, event, max, stats)
+                }
+                Format::Ws => {
+                    // Room for the frame header, written once the length is known.
+                    buf.extend_from_slice(&[0; 10]);
+                    if ids {
+                        write!(buf, "{position} ").expect("format into Vec");
+                    }
+                    buf.write_fmt(line).expect("format into Vec");
+                    let mut head = [0u8; 10];
+                    let n = ws::header(ws::TEXT, buf.len() - 10, &mut head);
+                    buf[10 - n..10].copy_from_slice(&head[..n]);
+                    sink.push_line(&buf[10 - n..], Framing::Close, event, max, stats)
+                }
+            }
+        });
+        self.after_write(ctx, written)
+    }
+
+    /// Writes raw bytes (a WebSocket control frame).
+    fn emit_raw(&mut self, ctx: &mut Context<Self>, bytes: &[u8]) -> bool {
+        let max = self.f.shared.settings.max_pending_bytes;
+        let written = self
+            .sink
+            .push_line(bytes, Framing::Close, Event::Other, max, &self.f.shared.stats);
+        self.after_write(ctx, written)
+    }
+
+    /// Ends the stream from this side: a WebSocket sends a close frame with
+    /// `code` and `reason` and waits a moment for the client's; other
+    /// transports write `line` (if any) and the end of the body.
+    fn end(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, line: Option<&str>) {
+        if self.format == Format::Ws {
+            let frame = ws::close(code, reason);
+            if self.x.as_ref().is_some_and(|x| x.closing) || !self.emit_raw(ctx, &frame) {
+                return;
+            }
+            if let Some(x) = &mut self.x {
+                x.closing = true;
+            }
+            ctx.run_later(WS_CLOSE_WAIT, |_, ctx| ctx.stop());
+            return;
+        }
+        if let Some(line) = line {
+            self.emit(ctx, Kind::End, Event::Other, format_args!("{line}"));
+        }
+        self.sink.finish(self.framing, &self.f.shared.stats);
+        ctx.stop();
+    }
+
+    /// Bytes a WebSocket client sent. Returns whether to keep reading.
+    fn ws_input(&mut self, ctx: &mut Context<Self>, bytes: &[u8]) -> bool {
+        let Some(x) = self.x.as_mut() else {
+            return true;
+        };
+        let inbox = x.ws.get_or_insert_with(Box::default);
+        let mut actions = Vec::new();
+        inbox.feed(bytes, &mut actions);
+        if inbox.is_idle() {
+            x.ws = None;
+        }
+        let closing = x.closing;
+        let stats = Arc::clone(&self.f.shared.stats);
+        for action in actions {
+            match action {
+                ws::Action::Ignored => drop(stats.ws_frames_ignored.fetch_add(1, Relaxed)),
+                ws::Action::Pong(payload) => {
+                    stats.ws_pings.fetch_add(1, Relaxed);
+                    if !closing && !self.emit_raw(ctx, &ws::control(Control::Pong, &payload)) {
+                        return false;
+                    }
+                }
+                ws::Action::Close(code) => {
+                    if !closing {
+                        // Echo a code that may be sent (RFC 6455 §7.4).
+                        let echo = matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999);
+                        let frame = if echo {
+                            ws::close(code, "")
+                        } else {
+                            ws::control(Control::Close, &[])
+                        };
+                        self.emit_raw(ctx, &frame);
+                    }
+                    ctx.stop();
+                    return false;
+                }
+                ws::Action::Fail(code, reason) => {
+                    stats.ws_protocol_errors.fetch_add(1, Relaxed);
+                    tracing::debug!(id = %self.f.id, code, reason, "WebSocket client broke the protocol; closing");
+                    if !closing {
+                        self.emit_raw(ctx, &ws::close(code, reason));
+                    }
+                    ctx.stop();
+                    return false;
+                }
+            }
+        }
+        true
+    }
 }
 
 impl Handler<Tick> for Stream {
@@ -151,39 +432,18 @@ impl Handler<Tick> for Stream {
 
     fn handle(&mut self, _: Tick, ctx: &mut Context<Self>) {
         self.f.seq += 1;
-        let max = self.f.shared.settings.max_pending_bytes;
-        let tick = push_line(
-            &mut self.sink,
-            self.framing,
+        let (seq, id) = (self.f.seq, Arc::clone(&self.f.id));
+        self.emit(
+            ctx,
+            Kind::Tick,
             Event::Other,
-            max,
-            &self.f.shared.stats,
-            format_args!("Chunk {} for id {}", self.f.seq, self.f.id),
+            format_args!("Chunk {seq} for id {id}"),
         );
-        self.after_write(ctx, tick);
     }
 }
 
-/// Formats `line` plus `\n` into the worker's scratch buffer and pushes it.
-fn push_line(
-    sink: &mut Sink,
-    framing: Framing,
-    event: Event,
-    max_pending: usize,
-    stats: &Stats,
-    line: fmt::Arguments<'_>,
-) -> Result<Written, SinkError> {
-    LINE.with_borrow_mut(|buf| {
-        buf.clear();
-        // unwrap: writing into a Vec cannot fail.
-        buf.write_fmt(line).expect("format into Vec");
-        buf.push(b'\n');
-        sink.push_line(buf, framing, event, max_pending, stats)
-    })
-}
-
 thread_local! {
-    /// Scratch space for formatting one event line; one per worker thread.
+    /// Scratch space for formatting one event; one per worker thread.
     static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -204,19 +464,14 @@ impl Actor for Stream {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
             addr: me.clone(),
+            since: self.x.as_ref().and_then(|x| x.since),
+            welcome: self.x.is_some(),
         });
-        let max = self.f.shared.settings.max_pending_bytes;
-        match self.sink.open(self.framing, max, &self.f.shared.stats) {
-            Ok(Written::Pending) => {
-                self.flushing = true;
-                ctx.spawn(Flush);
-            }
-            Ok(Written::Done) => {}
-            Err(_) => return ctx.stop(),
-        }
         ctx.spawn(Watch);
-        if !self.f.shared.await_welcome {
-            self.welcome(ctx, me);
+        // A stream with event ids waits for the Router's Welcome, which
+        // says where it starts (and what it missed).
+        if !self.f.shared.await_welcome && self.x.is_none() {
+            self.welcome(ctx, me, Resume::default());
         }
     }
 
@@ -235,25 +490,82 @@ impl Actor for Stream {
 }
 
 impl Stream {
-    /// Writes the welcome line and starts the ticks (`me`: this actor, for
-    /// the tick wheel; one address made per stream start, not two).
-    fn welcome(&mut self, ctx: &mut Context<Self>, me: WeakAddr<Self>) {
-        let max = self.f.shared.settings.max_pending_bytes;
-        let line = format_args!("Switchboard welcomes you! Your Id: {}", self.f.id);
-        let stats = &self.f.shared.stats;
-        let welcome = push_line(&mut self.sink, self.framing, Event::Other, max, stats, line);
-        if self.after_write(ctx, welcome) {
+    /// Writes the welcome line, then (resuming) a gap notice and the kept
+    /// messages it missed, and starts the ticks (`me`: this actor, for the
+    /// tick wheel; one address made per stream start, not two).
+    fn welcome(&mut self, ctx: &mut Context<Self>, me: WeakAddr<Self>, resume: Resume) {
+        if let Some(x) = &mut self.x {
+            x.position = resume.position;
+        }
+        let id = Arc::clone(&self.f.id);
+        let mut ok = self.emit(
+            ctx,
+            Kind::Welcome,
+            Event::Other,
+            format_args!("Switchboard welcomes you! Your Id: {id}"),
+        );
+        if let (true, Some(gap)) = (ok, resume.gap) {
+            let after = gap.after;
+            ok = match gap.next {
+                Some(next) => self.emit(
+                    ctx,
+                    Kind::Gap,
+                    Event::Other,
+                    format_args!(
+                        "Gap: messages after event {after} may be missing; history resumes at event {next}"
+                    ),
+                ),
+                None => self.emit(
+                    ctx,
+                    Kind::Gap,
+                    Event::Other,
+                    format_args!("Gap: messages after event {after} may be missing; new messages follow"),
+                ),
+            };
+        }
+        let total = resume.replay.len();
+        for (i, (event, msg)) in resume.replay.into_iter().enumerate() {
+            if !ok {
+                // Not written: dropped, as a refused Deliver is.
+                let left = (total - i) as u64;
+                self.f.shared.stats.messages_dropped.fetch_add(left, Relaxed);
+                break;
+            }
+            ok = self.message(ctx, &msg, Some(event));
+        }
+        if ok {
             ticker::register(me, self.f.shared.settings.tick_interval());
         }
+    }
+
+    /// Writes one message; one refused is counted dropped here (one
+    /// written is counted by the sink).
+    fn message(&mut self, ctx: &mut Context<Self>, msg: &str, event: Option<u64>) -> bool {
+        if let (Some(x), Some(event)) = (&mut self.x, event) {
+            x.position = x.position.max(event);
+        }
+        self.f.seq += 1;
+        let seq = self.f.seq;
+        let ok = self.emit(
+            ctx,
+            Kind::Message,
+            Event::Message,
+            format_args!("Recvd msg #{seq}: '{msg}'"),
+        );
+        if !ok {
+            self.f.shared.stats.messages_dropped.fetch_add(1, Relaxed);
+        }
+        ok
     }
 }
 
 impl Handler<Welcome> for Stream {
     type Result = ();
 
-    fn handle(&mut self, _: Welcome, ctx: &mut Context<Self>) {
+    fn handle(&mut self, w: Welcome, ctx: &mut Context<Self>) {
         let me = ctx.address().downgrade();
-        self.welcome(ctx, me);
+        let resume = w.arrived();
+        self.welcome(ctx, me, resume);
     }
 }
 
@@ -261,22 +573,8 @@ impl Handler<Deliver> for Stream {
     type Result = ();
 
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
-        let msg = m.arrived();
-        self.f.seq += 1;
-        let max = self.f.shared.settings.max_pending_bytes;
-        let line = push_line(
-            &mut self.sink,
-            self.framing,
-            Event::Message,
-            max,
-            &self.f.shared.stats,
-            format_args!("Recvd msg #{}: '{}'", self.f.seq, msg),
-        );
-        // Written (now or once the pending bytes drain) is counted by the
-        // sink; refused, it is dropped here.
-        if !self.after_write(ctx, line) {
-            self.f.shared.stats.messages_dropped.fetch_add(1, Relaxed);
-        }
+        let (msg, event) = m.arrived();
+        self.message(ctx, &msg, event);
     }
 }
 
@@ -284,13 +582,21 @@ impl Handler<Close> for Stream {
     type Result = ();
 
     fn handle(&mut self, _: Close, ctx: &mut Context<Self>) {
-        self.sink.finish(self.framing, &self.f.shared.stats);
+        self.end(ctx, ws::GOING_AWAY, "server shutting down", None);
+    }
+}
+
+impl Handler<Cut> for Stream {
+    type Result = ();
+
+    fn handle(&mut self, _: Cut, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }
 
-/// Watches the client side; stops the stream when the client goes. Holds no
-/// state of its own (zero-sized, so spawning it allocates nothing).
+/// Watches the client side: stops the stream when the client goes, and
+/// reads what a WebSocket client sends. Holds no state of its own
+/// (zero-sized, so spawning it allocates nothing).
 struct Watch;
 
 impl ActorFuture<Stream> for Watch {
@@ -302,11 +608,25 @@ impl ActorFuture<Stream> for Watch {
         ctx: &mut Context<Stream>,
         cx: &mut task::Context<'_>,
     ) -> Poll<()> {
-        let gone = act.sink.poll_gone(cx);
-        if gone.is_ready() {
-            ctx.stop();
+        for _ in 0..WATCH_READS {
+            let mut scratch = [0u8; 64];
+            match act.sink.poll_read(cx, &mut scratch) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    ctx.stop();
+                    return Poll::Ready(());
+                }
+                // Anything else a client sends after its head is ignored.
+                Poll::Ready(Some(n)) => {
+                    if act.format == Format::Ws && !act.ws_input(ctx, &scratch[..n]) {
+                        return Poll::Ready(());
+                    }
+                }
+            }
         }
-        gone
+        // More to read: let the other tasks of this worker run first.
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -347,6 +667,7 @@ mod tests {
     fn stream_task_cell_stays_at_512_bytes() {
         let future =
             std::mem::size_of::<actix::dev::ContextFut<super::Stream, actix::Context<super::Stream>>>();
+        eprintln!("ContextFut<Stream> is {future} bytes");
         assert!(future <= 400, "ContextFut<Stream> is {future} bytes");
     }
 }

@@ -29,23 +29,6 @@ use bytes::Bytes;
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
 
-/// Response head of a lean HTTP/1.1 stream; the same headers actix-web
-/// would send.
-const RESPONSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\n\
-content-type: text/plain; charset=utf-8\r\n\
-transfer-encoding: chunked\r\n\
-cache-control: no-cache\r\n\
-x-accel-buffering: no\r\n\r\n";
-
-/// Response head of a lean HTTP/1.0 stream: no chunked encoding in HTTP/1.0
-/// (RFC 9112 §6.1), so the body is the lines themselves and ends when the
-/// connection closes.
-const RESPONSE_HEAD_10: &[u8] = b"HTTP/1.0 200 OK\r\n\
-content-type: text/plain; charset=utf-8\r\n\
-cache-control: no-cache\r\n\
-x-accel-buffering: no\r\n\
-connection: close\r\n\r\n";
-
 /// The last chunk of a chunked body.
 const FINAL_CHUNK: &[u8] = b"0\r\n\r\n";
 
@@ -74,7 +57,9 @@ pub(crate) enum Written {
 pub(crate) enum Framing {
     /// HTTP/1.1: one chunk per event, a final zero-length chunk at the end.
     Chunked,
-    /// HTTP/1.0: the lines as they are; closing the connection ends the body.
+    /// HTTP/1.0 (no chunked encoding, RFC 9112 §6.1) and WebSocket (frames
+    /// delimit themselves): the bytes as they are; closing the connection
+    /// ends the body.
     Close,
 }
 
@@ -143,18 +128,12 @@ impl Sink {
     /// Writes what precedes the first event (the lean response head).
     pub(crate) fn open(
         &mut self,
-        framing: Framing,
+        head: &[u8],
         max_pending: usize,
         stats: &Stats,
     ) -> Result<Written, SinkError> {
         match self {
-            Sink::Socket { io, pending } => {
-                let head = match framing {
-                    Framing::Chunked => RESPONSE_HEAD,
-                    Framing::Close => RESPONSE_HEAD_10,
-                };
-                write_all(io, pending, &[head], Event::Other, max_pending, stats)
-            }
+            Sink::Socket { io, pending } => write_all(io, pending, &[head], Event::Other, max_pending, stats),
             Sink::Body(_) => Ok(Written::Done),
         }
     }
@@ -217,29 +196,29 @@ impl Sink {
         }
     }
 
-    /// Ready once the client has gone: EOF or an error on the read side of
-    /// the socket, or actix-web dropping the body. Anything the client sends
-    /// after its request is read into a small stack buffer and discarded.
-    pub(crate) fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// What the client sends after its request head: `Ready(Some(n))` when
+    /// `n` bytes were read into `scratch`, `Ready(None)` once the client has
+    /// gone (EOF or an error on the read side of the socket, or actix-web
+    /// dropping the body), `Pending` until either.
+    pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>, scratch: &mut [u8]) -> Poll<Option<usize>> {
         match self {
             Sink::Socket { io, .. } => loop {
                 match io.poll_read_ready(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
                     Poll::Ready(Ok(())) => {}
                 }
-                let mut scratch = [0u8; 64];
-                match io.try_read(&mut scratch) {
-                    Ok(0) => return Poll::Ready(()),
-                    Ok(_) => {}
+                match io.try_read(scratch) {
+                    Ok(0) => return Poll::Ready(None),
+                    Ok(n) => return Poll::Ready(Some(n)),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return Poll::Ready(()),
+                    Err(_) => return Poll::Ready(None),
                 }
             },
             Sink::Body(queue) => {
                 let mut q = queue.borrow_mut();
                 if q.reader_gone {
-                    Poll::Ready(())
+                    Poll::Ready(None)
                 } else {
                     q.watcher = Some(cx.waker().clone());
                     Poll::Pending

@@ -141,6 +141,19 @@ impl Response {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// A `/send` answer without its `event_id`, which must be there (a
+    /// number: the event id is the publish time, different every run).
+    pub fn json_sans_event(&self) -> Value {
+        let mut v = self.json();
+        let id = v.as_object_mut().and_then(|o| o.remove("event_id"));
+        assert!(
+            id.as_ref().is_some_and(Value::is_u64),
+            "no event_id in {}",
+            self.text()
+        );
+        v
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }

@@ -22,10 +22,38 @@ struct Cli {
     /// Needs cluster.redis_url.
     #[arg(long, value_name = "N")]
     processes: Option<usize>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Print a subscriber token (a JWT signed with auth.subscribe_secret,
+    /// from the same config file and environment as the server) that opens
+    /// streams of the given ids, then exit.
+    Token {
+        /// A stream id the token opens; repeat for several.
+        #[arg(long = "id", value_name = "ID", required = true)]
+        ids: Vec<String>,
+        /// How long the token is valid: "90s", "30m", "1h", "7d".
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// Sign with this secret instead of auth.subscribe_secret.
+        #[arg(long, value_name = "SECRET")]
+        secret: Option<String>,
+    },
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    if let Some(Command::Token { ids, ttl, secret }) = &cli.command {
+        let secret = match secret {
+            Some(s) => s.clone(),
+            None => Settings::load(cli.config.as_deref())?.auth.subscribe_secret,
+        };
+        println!("{}", switchboard::token::mint(&secret, ids, *ttl)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     fleet::follow_parent()?;
     // The flag wins over the file and the environment, and is validated
     // with them.

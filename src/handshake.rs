@@ -1,0 +1,272 @@
+//! What a stream request asks for beyond its id, read from its head once
+//! the head has passed [`crate::classify::HeadCheck`]: the transport
+//! (chunked text, SSE, WebSocket), where to resume, a subscriber token, and
+//! the page origin for CORS. Also the response head each transport starts
+//! with.
+//!
+//! The WebSocket handshake is checked by tungstenite's own server side
+//! (`create_response`: method, version, `Upgrade`, `Connection`,
+//! `Sec-WebSocket-Version: 13`, a valid key), so the rules are RFC 6455's as
+//! a maintained implementation reads them.
+
+use std::io::Write as _;
+
+use tungstenite::error::ProtocolError;
+use tungstenite::http;
+
+use crate::error::ApiError;
+
+/// How a stream's events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// One line per event, in a chunked body (close-delimited on HTTP/1.0).
+    Plain,
+    /// Server-sent events (`Accept: text/event-stream`).
+    Sse,
+    /// One WebSocket text frame per event.
+    Ws,
+}
+
+/// A stream request's options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StreamRequest {
+    /// The transport asked for.
+    pub(crate) transport: Transport,
+    /// `?ids=1`: plain lines and WebSocket frames start with the event id.
+    pub(crate) ids: bool,
+    /// Resume after this event id (`Last-Event-ID`, else `?since=`).
+    pub(crate) since: Option<u64>,
+    /// A subscriber token (`Authorization: Bearer`, else `?token=`).
+    pub(crate) token: Option<String>,
+    /// The `Origin` header.
+    pub(crate) origin: Option<String>,
+    /// WebSocket: the `Sec-WebSocket-Accept` value to answer with.
+    pub(crate) ws_accept: Option<String>,
+}
+
+/// Reads a validated stream request head (request line to blank line).
+pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
+    let request_line = lines.next().unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let (method, target, version) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let mut req = StreamRequest {
+        transport: Transport::Plain,
+        ids: false,
+        since: None,
+        token: None,
+        origin: None,
+        ws_accept: None,
+    };
+    if let Some((_, query)) = target.split_once('?') {
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "since" => req.since = Some(event_id(value, "since")?),
+                "token" if !value.is_empty() => req.token = Some(value.to_owned()),
+                "ids" => req.ids = matches!(value, "" | "1" | "true" | "yes"),
+                _ => {}
+            }
+        }
+    }
+    let mut headers = Vec::new();
+    let mut authorization = None;
+    let mut upgrade = false;
+    for line in lines.take_while(|l| !l.is_empty()) {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim_matches([' ', '\t']);
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        if is("accept") && value.split(',').any(|t| media_type(t) == "text/event-stream") {
+            req.transport = Transport::Sse;
+        } else if is("last-event-id") && !value.is_empty() {
+            req.since = Some(event_id(value, "Last-Event-ID")?);
+        } else if is("authorization") {
+            if authorization.is_some() {
+                return Err(ApiError::RepeatedAuthorization);
+            }
+            authorization = Some(value);
+        } else if is("origin") {
+            req.origin = Some(value.to_owned());
+        } else if is("upgrade")
+            && value
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+        {
+            upgrade = true;
+        }
+        headers.push((name, value));
+    }
+    if let Some(value) = authorization {
+        let token = crate::routes::bearer_credentials(value.as_bytes())
+            .ok_or_else(|| ApiError::BadToken("Authorization is not \"Bearer <token>\"".to_owned()))?;
+        req.token = Some(String::from_utf8_lossy(token).into_owned());
+    }
+    if upgrade {
+        req.transport = Transport::Ws;
+        req.ws_accept = Some(websocket_accept(method, target, version, &headers)?);
+    }
+    Ok(req)
+}
+
+/// A media type without its parameters, lower case.
+fn media_type(t: &str) -> String {
+    t.split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// An event id: a decimal number.
+fn event_id(value: &str, field: &'static str) -> Result<u64, ApiError> {
+    value.trim().parse().map_err(|_| ApiError::BadEventId(field))
+}
+
+/// Checks the upgrade with tungstenite's server handshake and returns the
+/// accept key.
+fn websocket_accept(
+    method: &str,
+    target: &str,
+    version: &str,
+    headers: &[(&str, &str)],
+) -> Result<String, ApiError> {
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(target)
+        .version(match version {
+            "HTTP/1.0" => http::Version::HTTP_10,
+            _ => http::Version::HTTP_11,
+        });
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let request = builder
+        .body(())
+        .map_err(|e| ApiError::BadWebSocket(format!("unreadable request: {e}")))?;
+    match tungstenite::handshake::server::create_response(&request) {
+        Ok(response) => Ok(response
+            .headers()
+            .get("Sec-WebSocket-Accept")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()),
+        Err(tungstenite::Error::Protocol(ProtocolError::MissingSecWebSocketVersionHeader)) => {
+            Err(ApiError::WebSocketVersion)
+        }
+        Err(e) => Err(ApiError::BadWebSocket(e.to_string())),
+    }
+}
+
+/// The response head a lean stream starts with. `cors`: the
+/// `access-control-allow-origin` value, if the page's origin is allowed.
+pub(crate) fn response_head(req: &StreamRequest, http10: bool, cors: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    // unwrap (each write!): writing into a Vec cannot fail.
+    if let Some(accept) = &req.ws_accept {
+        write!(
+            out,
+            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {accept}\r\n\r\n"
+        )
+        .expect("format into Vec");
+        return out;
+    }
+    let content_type = match req.transport {
+        Transport::Sse => "text/event-stream",
+        _ => "text/plain; charset=utf-8",
+    };
+    if http10 {
+        write!(out, "HTTP/1.0 200 OK\r\ncontent-type: {content_type}\r\n").expect("format into Vec");
+    } else {
+        write!(
+            out,
+            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n"
+        )
+        .expect("format into Vec");
+    }
+    out.extend_from_slice(b"cache-control: no-cache\r\nx-accel-buffering: no\r\n");
+    if let Some(origin) = cors {
+        write!(out, "access-control-allow-origin: {origin}\r\nvary: Origin\r\n").expect("format into Vec");
+    }
+    if http10 {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(head: &str) -> Result<StreamRequest, ApiError> {
+        parse(head.as_bytes())
+    }
+
+    #[test]
+    fn plain_sse_and_resume() {
+        let r = p("GET /test/foo HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert_eq!((r.transport, r.since, r.ids), (Transport::Plain, None, false));
+        let r = p("GET /test/foo?since=17&ids=1 HTTP/1.1\r\nHost: a\r\nAccept: text/html, Text/Event-Stream;q=1\r\n\r\n")
+            .unwrap();
+        assert_eq!((r.transport, r.since, r.ids), (Transport::Sse, Some(17), true));
+        // Last-Event-ID is newer than the URL's since (EventSource keeps its URL).
+        let r = p("GET /test/foo?since=17 HTTP/1.1\r\nHost: a\r\nLast-Event-ID: 20\r\n\r\n").unwrap();
+        assert_eq!(r.since, Some(20));
+        assert_eq!(
+            p("GET /test/foo?since=x HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(ApiError::BadEventId("since"))
+        );
+        assert_eq!(
+            p("GET /test/foo HTTP/1.1\r\nHost: a\r\nLast-Event-ID: -1\r\n\r\n"),
+            Err(ApiError::BadEventId("Last-Event-ID"))
+        );
+    }
+
+    #[test]
+    fn tokens() {
+        let r = p("GET /test/foo?token=abc HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert_eq!(r.token.as_deref(), Some("abc"));
+        let r =
+            p("GET /test/foo?token=abc HTTP/1.1\r\nHost: a\r\nAuthorization: bearer xyz\r\n\r\n").unwrap();
+        assert_eq!(r.token.as_deref(), Some("xyz"));
+        assert!(matches!(
+            p("GET /test/foo HTTP/1.1\r\nHost: a\r\nAuthorization: Basic xyz\r\n\r\n"),
+            Err(ApiError::BadToken(_))
+        ));
+        assert_eq!(
+            p(
+                "GET /test/foo HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n"
+            ),
+            Err(ApiError::RepeatedAuthorization)
+        );
+    }
+
+    #[test]
+    fn websocket_handshakes() {
+        let ok = "GET /test/foo HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\
+                  Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+        let r = p(ok).unwrap();
+        assert_eq!(r.transport, Transport::Ws);
+        // RFC 6455 §1.3's example.
+        assert_eq!(r.ws_accept.as_deref(), Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
+        assert_eq!(
+            p(&ok.replace("Version: 13", "Version: 8")),
+            Err(ApiError::WebSocketVersion)
+        );
+        assert!(matches!(
+            p(&ok.replace("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", "")),
+            Err(ApiError::BadWebSocket(_))
+        ));
+        assert!(matches!(
+            p(&ok.replace("Connection: keep-alive, Upgrade", "Connection: keep-alive")),
+            Err(ApiError::BadWebSocket(_))
+        ));
+    }
+}

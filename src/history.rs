@@ -1,0 +1,321 @@
+//! Event ids and the per-id history a reconnecting client resumes from,
+//! both kept by the Router (one actor, so ids and rings need no locks).
+//!
+//! **Event ids** are the Router's clock in microseconds since the Unix
+//! epoch, made unique: a message gets `max(previous + 1, now)`. So they
+//! increase for every id (and across ids), survive being forgotten (an id
+//! whose history expired gets larger ids later, not 1 again), stay above the
+//! previous run's as long as the clock does, and tell the age of a message:
+//! history needs no timestamps of its own.
+//!
+//! **History**: an id gets a ring once a message is sent to it (an id that
+//! is only held costs nothing here), keeping its last `history.size`
+//! messages for `history.ttl_ms`; a sweep drops expired messages and empty
+//! rings. Broadcasts are not kept (every id would pay for each).
+//!
+//! **Resume**: a stream that gives the last event id it saw gets every kept
+//! message after it, in order, before any live one (the Router sends both,
+//! and one mailbox keeps them in order). If messages after it may be gone
+//! (evicted, expired, or sent before this process started), it is told so,
+//! with the first id it will get: a gap is never silent. The check is
+//! conservative: a client away for longer than the TTL is told of a
+//! possible gap even if nothing was sent meanwhile.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// One message kept: its event id and text.
+pub(crate) type Kept = (u64, Arc<str>);
+
+/// The recent messages of one id.
+struct Ring {
+    /// Oldest first.
+    entries: VecDeque<Kept>,
+    /// Messages with ids up to this one may be gone (evicted or expired, or
+    /// sent before the ring was made).
+    lost_before: u64,
+}
+
+/// What a stream resuming after an event id is owed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Resume {
+    /// The event id the stream is at once it has these (its welcome's id).
+    pub(crate) position: u64,
+    /// Kept messages after the given id, oldest first.
+    pub(crate) replay: Vec<Kept>,
+    /// Messages after the given id may be missing.
+    pub(crate) gap: Option<Gap>,
+}
+
+/// A possible hole in what a resuming stream gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gap {
+    /// The id the client gave.
+    pub(crate) after: u64,
+    /// The first id it gets (the first replayed), or `None`: live ones only.
+    pub(crate) next: Option<u64>,
+}
+
+/// Event ids and rings.
+pub(crate) struct History {
+    size: usize,
+    ttl_us: u64,
+    /// The first id this process could give: what came before is not here.
+    started: u64,
+    /// The last id given.
+    last: u64,
+    rings: HashMap<Arc<str>, Ring>,
+    /// Messages kept over all rings.
+    kept: usize,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
+}
+
+impl History {
+    /// Keeps `size` messages per id for `ttl`.
+    pub(crate) fn new(size: usize, ttl: Duration) -> Self {
+        let now = now_us();
+        History {
+            size,
+            ttl_us: ttl.as_micros() as u64,
+            started: now,
+            last: now,
+            rings: HashMap::new(),
+            kept: 0,
+        }
+    }
+
+    /// The next event id.
+    pub(crate) fn next_id(&mut self) -> u64 {
+        self.last = (self.last + 1).max(now_us());
+        self.last
+    }
+
+    /// The last event id given: where a stream that does not resume starts.
+    #[cfg(test)]
+    pub(crate) fn last_id(&self) -> u64 {
+        self.last
+    }
+
+    /// Ids below this may have had messages that are gone now.
+    fn floor(&self, now: u64) -> u64 {
+        self.started.max(now.saturating_sub(self.ttl_us))
+    }
+
+    /// Keeps message `ev` of `id`.
+    pub(crate) fn record(&mut self, id: &str, ev: u64, msg: &Arc<str>) {
+        if self.size == 0 {
+            return;
+        }
+        if !self.rings.contains_key(id) {
+            let lost_before = self.floor(ev);
+            self.rings.insert(
+                Arc::from(id),
+                Ring {
+                    entries: VecDeque::new(),
+                    lost_before,
+                },
+            );
+        }
+        let (size, ttl) = (self.size, self.ttl_us);
+        // unwrap: inserted above if it was missing.
+        let ring = self.rings.get_mut(id).expect("ring exists");
+        ring.entries.push_back((ev, Arc::clone(msg)));
+        self.kept += 1;
+        self.kept -= ring.expire(ev, ttl);
+        while ring.entries.len() > size {
+            if let Some((gone, _)) = ring.entries.pop_front() {
+                ring.lost_before = ring.lost_before.max(gone);
+                self.kept -= 1;
+            }
+        }
+    }
+
+    /// What a stream of `id` that saw everything up to `since` is owed
+    /// (`None`: a new client, which starts at the last id).
+    pub(crate) fn resume(&mut self, id: &str, since: Option<u64>) -> Resume {
+        let Some(since) = since else {
+            return Resume {
+                position: self.last,
+                ..Resume::default()
+            };
+        };
+        if since > self.last {
+            // Not an id this process gave: all it can say is "from here".
+            return Resume {
+                position: self.last,
+                replay: Vec::new(),
+                gap: Some(Gap {
+                    after: since,
+                    next: None,
+                }),
+            };
+        }
+        let now = now_us();
+        let (replay, lost_before) = match self.rings.get_mut(id) {
+            Some(ring) => {
+                self.kept -= ring.expire(now, self.ttl_us);
+                let after = ring.entries.partition_point(|(ev, _)| *ev <= since);
+                (ring.entries.range(after..).cloned().collect(), ring.lost_before)
+            }
+            None if self.size == 0 => (Vec::new(), u64::MAX),
+            None => (Vec::new(), self.floor(now)),
+        };
+        let gap = (since < lost_before && since < self.last).then(|| Gap {
+            after: since,
+            next: replay.first().map(|(ev, _)| *ev),
+        });
+        Resume {
+            position: since,
+            replay,
+            gap,
+        }
+    }
+
+    /// Drops expired messages, and rings left empty.
+    pub(crate) fn sweep(&mut self) {
+        let (now, ttl) = (now_us(), self.ttl_us);
+        let mut dropped = 0;
+        self.rings.retain(|_, ring| {
+            dropped += ring.expire(now, ttl);
+            !ring.entries.is_empty()
+        });
+        self.kept -= dropped;
+        if self.rings.capacity() > 1024 && self.rings.len() < self.rings.capacity() / 4 {
+            self.rings.shrink_to_fit();
+        }
+    }
+
+    /// How often [`History::sweep`] should run.
+    pub(crate) fn sweep_interval(&self) -> Duration {
+        Duration::from_micros(self.ttl_us / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+    }
+
+    /// Ids with a ring, and messages kept.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        (self.rings.len(), self.kept)
+    }
+}
+
+impl Ring {
+    /// Drops messages older than `ttl` at `now`; returns how many.
+    fn expire(&mut self, now: u64, ttl: u64) -> usize {
+        let mut n = 0;
+        while let Some((ev, _)) = self.entries.front() {
+            if ev.saturating_add(ttl) >= now {
+                break;
+            }
+            self.lost_before = self.lost_before.max(*ev);
+            self.entries.pop_front();
+            n += 1;
+        }
+        if self.entries.is_empty() {
+            self.entries = VecDeque::new();
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(s: &str) -> Arc<str> {
+        Arc::from(s)
+    }
+
+    #[test]
+    fn ids_increase_and_resume_replays_what_followed() {
+        let mut h = History::new(3, Duration::from_secs(60));
+        let fresh = h.resume("a", None);
+        assert_eq!(fresh.position, h.last_id());
+        let ids: Vec<u64> = (0..3).map(|_| h.next_id()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        for (ev, text) in ids.iter().zip(["1", "2", "3"]) {
+            h.record("a", *ev, &msg(text));
+        }
+        let r = h.resume("a", Some(ids[0]));
+        assert_eq!(r.position, ids[0]);
+        assert_eq!(r.replay, vec![(ids[1], msg("2")), (ids[2], msg("3"))]);
+        assert_eq!(r.gap, None);
+        // Another id's history is its own.
+        assert_eq!(h.resume("b", Some(ids[2])).replay, vec![]);
+        // Up to date: nothing owed, no gap.
+        assert_eq!(
+            h.resume("a", Some(ids[2])),
+            Resume {
+                position: ids[2],
+                ..Resume::default()
+            }
+        );
+    }
+
+    #[test]
+    fn evicted_messages_are_a_gap_named_by_the_next_id() {
+        let mut h = History::new(2, Duration::from_secs(60));
+        let start = h.resume("a", None).position;
+        let ids: Vec<u64> = (0..5).map(|_| h.next_id()).collect();
+        for ev in &ids {
+            h.record("a", *ev, &msg("m"));
+        }
+        assert_eq!(h.sizes(), (1, 2));
+        let r = h.resume("a", Some(start));
+        assert_eq!(r.replay.len(), 2);
+        assert_eq!(
+            r.gap,
+            Some(Gap {
+                after: start,
+                next: Some(ids[3])
+            })
+        );
+        // From just before the oldest kept one: nothing missing.
+        assert_eq!(h.resume("a", Some(ids[2])).gap, None);
+        // An id this process never gave.
+        assert_eq!(
+            h.resume("a", Some(u64::MAX)).gap,
+            Some(Gap {
+                after: u64::MAX,
+                next: None
+            })
+        );
+        // Before this process started: it cannot know, so it says.
+        assert!(h.resume("z", Some(start - 1)).gap.is_some());
+    }
+
+    #[test]
+    fn expired_messages_go_and_their_ring_with_them() {
+        let mut h = History::new(10, Duration::from_millis(1));
+        let start = h.resume("a", None).position;
+        let ev = h.next_id();
+        h.record("a", ev, &msg("m"));
+        std::thread::sleep(Duration::from_millis(5));
+        h.sweep();
+        assert_eq!(h.sizes(), (0, 0));
+        let r = h.resume("a", Some(start));
+        assert_eq!(r.replay, vec![]);
+        assert_eq!(
+            r.gap,
+            Some(Gap {
+                after: start,
+                next: None
+            })
+        );
+    }
+
+    #[test]
+    fn no_history_means_every_resume_that_missed_something_is_told() {
+        let mut h = History::new(0, Duration::from_secs(60));
+        let start = h.resume("a", None).position;
+        let ev = h.next_id();
+        h.record("a", ev, &msg("m"));
+        assert_eq!(h.sizes(), (0, 0));
+        assert!(h.resume("a", Some(start)).gap.is_some());
+        assert_eq!(h.resume("a", Some(ev)).gap, None);
+    }
+}
