@@ -74,10 +74,9 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
             }
         }
     }
-    let mut headers = Vec::new();
     let mut authorization = None;
     let mut upgrade = false;
-    for line in lines.take_while(|l| !l.is_empty()) {
+    for line in lines.clone().take_while(|l| !l.is_empty()) {
         let Some((name, value)) = line.split_once(':') else {
             continue;
         };
@@ -101,7 +100,6 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
         {
             upgrade = true;
         }
-        headers.push((name, value));
     }
     if let Some(value) = authorization {
         let token = crate::routes::bearer_credentials(value.as_bytes())
@@ -109,6 +107,12 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
         req.token = Some(String::from_utf8_lossy(token).into_owned());
     }
     if upgrade {
+        // Only an upgrade needs the headers gathered (for tungstenite).
+        let headers: Vec<(&str, &str)> = lines
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n, v.trim_matches([' ', '\t'])))
+            .collect();
         req.transport = Transport::Ws;
         req.ws_accept = Some(websocket_accept(method, target, version, &headers)?);
     }
@@ -164,10 +168,9 @@ fn websocket_accept(
     }
 }
 
-/// The response head a lean stream starts with. `cors`: the
-/// `access-control-allow-origin` value, if the page's origin is allowed.
-pub(crate) fn response_head(req: &StreamRequest, http10: bool, cors: Option<&str>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
+/// Writes the response head a lean stream starts with into `out`. `cors`:
+/// the `access-control-allow-origin` value, if the page's origin is allowed.
+pub(crate) fn response_head(out: &mut Vec<u8>, req: &StreamRequest, http10: bool, cors: Option<&str>) {
     // unwrap (each write!): writing into a Vec cannot fail.
     if let Some(accept) = &req.ws_accept {
         write!(
@@ -175,7 +178,7 @@ pub(crate) fn response_head(req: &StreamRequest, http10: bool, cors: Option<&str
             "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {accept}\r\n\r\n"
         )
         .expect("format into Vec");
-        return out;
+        return;
     }
     let content_type = match req.transport {
         Transport::Sse => "text/event-stream",
@@ -198,7 +201,6 @@ pub(crate) fn response_head(req: &StreamRequest, http10: bool, cors: Option<&str
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out
 }
 
 #[cfg(test)]

@@ -132,8 +132,7 @@ async fn stream(
     if state.shutdown.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
-    let http10 = req.version() == Version::HTTP_10;
-    let open = state.open_stream(&id, &rebuilt_head(&req), http10)?;
+    let open = state.open_stream(&id, &rebuilt_head(&req))?;
     if open.req.transport == Transport::Ws {
         state
             .stats

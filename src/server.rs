@@ -477,21 +477,11 @@ where
     let deadline = Instant::now() + settings.head_timeout();
     match classify::classify(&io, deadline, settings.stream.max_id_len).await {
         Class::Stream { id, http10 } => {
-            let max_head = settings.server.max_head_bytes;
-            let head = classify::consume_head(&io, deadline, max_head, http10).await;
-            // Every check (token, handshake, resume point) before any
-            // stream state exists.
-            let open = head.map(|head| state.open_stream(&id, &head, http10));
-            match open.map(|o| o.and_then(|o| admit_stream(&state).map(|()| o))) {
-                Ok(Ok(open)) => {
-                    // A stream is not an HTTP connection: its slot is
-                    // counted by `stream.max_streams` from here on.
-                    drop(permit);
-                    Stream::start_lean(io, id, http10, open, Arc::clone(&state.streams));
-                }
-                Ok(Err(refused)) => socket::refuse(io, &refused).await,
-                Err(e) => state.refuse_head(io, e).await,
-            }
+            // Boxed: reading and checking the head (token, handshake,
+            // resume point) would otherwise grow every connection's task
+            // past 1 KiB, out of the allocator's per-thread cache of freed
+            // blocks; measured, that cost ~50 bytes of RSS per idle stream.
+            Box::pin(serve_stream(io, id, http10, &state, permit, deadline)).await;
         }
         Class::Dispatcher => {
             let _conn = HttpConn::new(permit, &state.stats);
@@ -510,6 +500,34 @@ where
         }
         Class::Timeout => state.refuse_head(io, HeadError::Timeout).await,
         Class::Gone => {}
+    }
+}
+
+/// A lean stream request whose line has been classified: reads and checks
+/// its head (every check before any stream state exists), then starts the
+/// stream or refuses it.
+async fn serve_stream(
+    io: TcpStream,
+    id: Arc<str>,
+    http10: bool,
+    state: &Arc<ServerState>,
+    permit: OwnedSemaphorePermit,
+    deadline: Instant,
+) {
+    let max_head = state.settings.server.max_head_bytes;
+    let open = classify::consume_head(&io, deadline, max_head, http10, |head| {
+        state.open_stream(&id, head)
+    })
+    .await;
+    match open.map(|o| o.and_then(|o| admit_stream(state).map(|()| o))) {
+        Ok(Ok(open)) => {
+            // A stream is not an HTTP connection: its slot is counted by
+            // `stream.max_streams` from here on.
+            drop(permit);
+            Stream::start_lean(io, id, http10, open, Arc::clone(&state.streams));
+        }
+        Ok(Err(refused)) => socket::refuse(io, &refused).await,
+        Err(e) => state.refuse_head(io, e).await,
     }
 }
 

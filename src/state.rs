@@ -70,7 +70,7 @@ impl ServerState {
     /// its transport and resume point ([`handshake::parse`]), its page
     /// origin, and its subscriber token when `auth.subscribe_secret` is set.
     /// Refusals are counted.
-    pub(crate) fn open_stream(&self, id: &str, head: &[u8], http10: bool) -> Result<Open, ApiError> {
+    pub(crate) fn open_stream(&self, id: &str, head: &[u8]) -> Result<Open, ApiError> {
         let refused = |e: ApiError| {
             let counter = match e {
                 ApiError::BadToken(_) => &self.stats.tokens_refused,
@@ -82,13 +82,16 @@ impl ServerState {
         };
         let req = handshake::parse(head).map_err(refused)?;
         let http = &self.settings.http;
-        let cors = req.origin.as_deref().filter(|o| http.allows_origin(o.as_bytes()));
+        let cors = req
+            .origin
+            .as_deref()
+            .is_some_and(|o| http.allows_origin(o.as_bytes()));
         // Browsers apply no CORS to WebSockets: the server checks the
         // origin itself, once a list is configured.
         if req.transport == Transport::Ws
             && !http.cors_origins.trim().is_empty()
             && req.origin.is_some()
-            && cors.is_none()
+            && !cors
         {
             return Err(refused(ApiError::OriginNotAllowed));
         }
@@ -107,7 +110,6 @@ impl ServerState {
                 )
             }
         };
-        let head = handshake::response_head(&req, http10, cors);
-        Ok(Open { req, head, expires })
+        Ok(Open { req, cors, expires })
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use super::flood::{Flood, FloodSpec, FloodSummary};
+use super::flood::{Flood, FloodSpec, FloodSummary, Transport};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
 use super::servers::{Server, ServerKind};
@@ -167,6 +167,7 @@ fn measure(
         send_url: None,
         lifetime: None,
         stats_url: None,
+        transport: Transport::Chunked,
     };
     let label = format!(
         "broadcast-{}-{}",

@@ -19,7 +19,7 @@ use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
+use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir};
 use super::redis::Redis;
@@ -313,6 +313,7 @@ fn measure(
         send_url: Some(server.url("/send/{id}")),
         lifetime: None,
         stats_url: Some(server.url("/cluster")),
+        transport: Transport::Chunked,
     };
     let mut flood = Flood::start(&spec, dir, &format!("cluster-{label}"))?;
     rec.tool(&flood.command);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
+use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
 use super::servers::{Server, ServerKind};
@@ -115,6 +115,7 @@ fn measure(
         send_url: None,
         lifetime: None,
         stats_url: None,
+        transport: Transport::Chunked,
     };
     let mut flood = Flood::start(&spec, dir, &format!("connect-{}", kind.label()))?;
     rec.tool(&flood.command);

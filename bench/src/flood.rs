@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::process::{self, Spawned, display_path, shell_line};
 use super::servers::sibling;
+pub(crate) use switchboard_tools::flood::Transport;
 
 /// Source addresses floodtest spreads its connections over: Linux's connect()
 /// slows to a crawl past ~14k connections between one pair of addresses.
@@ -39,6 +40,8 @@ pub(crate) struct FloodSpec {
     pub lifetime: Option<Duration>,
     /// floodtest's `--stats-url` (None: `none`, no server statistics).
     pub stats_url: Option<String>,
+    /// floodtest's `--transport`.
+    pub transport: Transport,
 }
 
 impl FloodSpec {
@@ -59,6 +62,8 @@ impl FloodSpec {
             SOURCE_IPS.into(),
             "--stats-url".into(),
             self.stats_url.clone().unwrap_or_else(|| "none".into()),
+            "--transport".into(),
+            self.transport.name().into(),
         ];
         if self.msg_rate > 0.0 {
             a.extend(["--msg-rate".into(), self.msg_rate.to_string()]);
@@ -231,6 +236,7 @@ mod tests {
             send_url: Some("http://127.0.0.1:9000/send/{id}".into()),
             lifetime: None,
             stats_url: None,
+            transport: Transport::Chunked,
         };
         let a = spec.args(Path::new("/tmp/f.json")).join(" ");
         assert!(!a.contains("--lifetime"));

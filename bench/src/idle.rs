@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use super::flood::{Flood, FloodSpec};
+use super::flood::{Flood, FloodSpec, Transport};
 use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir, pause};
 use super::servers::{Server, ServerKind};
@@ -62,6 +62,11 @@ pub struct Args {
     /// Servers to measure [default: switchboard,nchan].
     #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
     pub servers: Option<Vec<ServerKind>>,
+    /// How switchboard's streams are opened, comma-separated: floodtest's
+    /// `--transport` (chunked, sse, ws); the peers are measured on chunked
+    /// only [default: chunked; --smoke: chunked,sse,ws].
+    #[arg(long, value_delimiter = ',', value_enum, value_name = "TRANSPORT,...")]
+    pub transports: Option<Vec<Transport>>,
     /// Streams opened per second.
     #[arg(long, default_value_t = 5000.0)]
     pub rate: f64,
@@ -92,6 +97,9 @@ pub(crate) struct IdleData {
 pub(crate) struct IdleRow {
     /// Which server.
     pub server: ServerKind,
+    /// How the streams were opened.
+    #[serde(default)]
+    pub transport: Transport,
     /// Streams asked for.
     pub streams: u64,
     /// Established connections on the server's address at the memory reading.
@@ -146,6 +154,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         vec![100, 300],
     );
     let servers = ServerKind::chosen(&args.servers);
+    let transports = c.pick(
+        args.transports.clone(),
+        vec![Transport::Chunked],
+        vec![Transport::Chunked, Transport::Sse, Transport::Ws],
+    );
     let window = c.pick(args.window, Duration::from_secs(10), Duration::from_secs(1));
     let settle = c.pick(args.settle, Duration::from_secs(2), Duration::from_millis(500));
     let drain = c.pick(args.drain, Duration::from_secs(65), Duration::ZERO);
@@ -161,15 +174,27 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         clock_ticks_per_sec: procfs::clock_ticks_per_sec(),
     };
     let mut failed = 0;
-    for &kind in &servers {
+    let runs = servers.iter().flat_map(|&kind| {
+        transports
+            .iter()
+            .filter(move |&&t| kind == ServerKind::Switchboard || t == Transport::Chunked)
+            .map(move |&t| (kind, t))
+    });
+    for (kind, transport) in runs {
         for &n in &counts {
-            println!("idle: {} with {} streams", kind.label(), thousands(n));
+            println!(
+                "idle: {} with {} streams ({})",
+                kind.label(),
+                thousands(n),
+                transport.name()
+            );
             let phases = Phases {
                 rate: args.rate,
                 drain,
                 settle,
                 window,
                 ticks_per_sec: data.clock_ticks_per_sec,
+                transport,
             };
             match measure(kind, n, &phases, dir.path(), &mut rec) {
                 Ok(row) => {
@@ -210,6 +235,8 @@ struct Phases {
     window: Duration,
     /// Unit of `/proc` CPU times.
     ticks_per_sec: u64,
+    /// How the streams are opened.
+    transport: Transport,
 }
 
 fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder) -> anyhow::Result<IdleRow> {
@@ -237,8 +264,10 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
         send_url: None,
         lifetime: None,
         stats_url: None,
+        transport: p.transport,
     };
-    let mut flood = Flood::start(&spec, dir, &format!("idle-{}-{n}", kind.label()))?;
+    let label = format!("idle-{}-{}-{n}", kind.label(), p.transport.name());
+    let mut flood = Flood::start(&spec, dir, &label)?;
     rec.tool(&flood.command);
     let reached = server.wait_established(n, ramp_limit, || flood.exited())?;
     if !reached.complete {
@@ -291,6 +320,7 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
     let chunks = chunks_before.zip(chunks_after).map(|(b, a)| a.saturating_sub(b));
     Ok(IdleRow {
         server: kind,
+        transport: p.transport,
         streams: n,
         established,
         ramp_s: reached.after.as_secs_f64(),
@@ -362,6 +392,7 @@ fn chunks_sent(server: &Server) -> anyhow::Result<Option<u64>> {
 pub(crate) fn render(o: &Outcome<IdleData>) -> String {
     let mut t = Table::new(&[
         "server",
+        "transport",
         ">streams",
         ">established",
         ">RSS idle MiB",
@@ -377,6 +408,7 @@ pub(crate) fn render(o: &Outcome<IdleData>) -> String {
     for r in &o.data.rows {
         t.row(vec![
             r.server.label().into(),
+            r.transport.name().into(),
             thousands(r.streams),
             thousands(r.established),
             fixed(r.rss_baseline as f64 / (1024.0 * 1024.0), 1),
@@ -404,24 +436,60 @@ pub(crate) fn render(o: &Outcome<IdleData>) -> String {
         ">Nchan B/stream",
         ">Nchan ÷ switchboard",
     ]);
-    let find = |kind, n| {
+    let find = |kind, t, n| {
         o.data
             .rows
             .iter()
-            .find(|r| r.server == kind && r.streams == n)
+            .find(|r| r.server == kind && r.transport == t && r.streams == n)
             .and_then(|r| r.rss_per_stream)
     };
     let mut counts: Vec<u64> = o.data.rows.iter().map(|r| r.streams).collect();
     counts.sort_unstable();
     counts.dedup();
     for n in counts {
-        if let (Some(s), Some(x)) = (find(ServerKind::Switchboard, n), find(ServerKind::Nchan, n)) {
+        let chunked = Transport::Chunked;
+        if let (Some(s), Some(x)) = (
+            find(ServerKind::Switchboard, chunked, n),
+            find(ServerKind::Nchan, chunked, n),
+        ) {
             cmp.row(vec![thousands(n), whole(s), whole(x), times(ratio(x, s))]);
         }
     }
     if !cmp.is_empty() {
         out += "\n";
         out += &cmp.render();
+    }
+    // switchboard over each transport, against its own chunked streams.
+    let mut by_transport = Table::new(&[
+        ">streams",
+        ">chunked B/stream",
+        ">SSE B/stream",
+        ">WebSocket B/stream",
+        ">SSE ÷ chunked",
+        ">WebSocket ÷ chunked",
+    ]);
+    let mut counts: Vec<u64> = o.data.rows.iter().map(|r| r.streams).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    for n in counts {
+        let sb = |t| find(ServerKind::Switchboard, t, n);
+        let (c, e, w) = (sb(Transport::Chunked), sb(Transport::Sse), sb(Transport::Ws));
+        if e.is_none() && w.is_none() {
+            continue;
+        }
+        let r = |x: Option<f64>| times(x.zip(c).and_then(|(x, c)| ratio(x, c)));
+        by_transport.row(vec![
+            thousands(n),
+            opt(c, whole),
+            opt(e, whole),
+            opt(w, whole),
+            r(e),
+            r(w),
+        ]);
+    }
+    if !by_transport.is_empty() {
+        out += "\n";
+        out += &by_transport.render();
     }
     out
 }
@@ -433,6 +501,7 @@ pub(crate) mod tests {
     pub(crate) fn row(server: ServerKind, streams: u64, per_stream: f64) -> IdleRow {
         IdleRow {
             server,
+            transport: Transport::Chunked,
             streams,
             established: streams,
             ramp_s: 2.0,
@@ -482,15 +551,33 @@ pub(crate) mod tests {
                 row(ServerKind::Switchboard, 19_000, 1536.4),
                 row(ServerKind::Nchan, 19_000, 11_300.0),
                 row(ServerKind::Switchboard, 1000, 1700.0),
+                IdleRow {
+                    transport: Transport::Ws,
+                    ..row(ServerKind::Switchboard, 19_000, 1843.7)
+                },
             ],
             clock_ticks_per_sec: 100,
         });
         let text = render(&o);
+        let by_transport = crate::table::cells(&text)
+            .into_iter()
+            .find(|r| r.len() == 6 && r[3] == "1,844")
+            .expect("the by-transport table");
+        assert_eq!(
+            (
+                by_transport[0].as_str(),
+                by_transport[1].as_str(),
+                by_transport[5].as_str()
+            ),
+            ("19,000", "1,536", "1.20×"),
+            "{text}"
+        );
         let rows = crate::table::cells(&text);
         assert_eq!(
             rows[2],
             [
                 "switchboard",
+                "chunked",
                 "19,000",
                 "19,000",
                 "8.0",
@@ -504,9 +591,10 @@ pub(crate) mod tests {
                 "3.5"
             ]
         );
-        assert_eq!(rows[3][7..9], ["n/a", "n/a"]);
-        // Only the count both servers ran gets a ratio: 11,300 ÷ 1,536.4.
+        assert_eq!(rows[3][8..10], ["n/a", "n/a"]);
+        // Only the count both servers ran gets a ratio: 11,300 ÷ 1,536.4;
+        // and the WebSocket row its ratio to chunked.
         assert!(text.contains("7.35×"));
-        assert_eq!(text.matches('×').count(), 1);
+        assert_eq!(text.matches('×').count(), 2);
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
+use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::TempDir;
 use super::servers::{Server, ServerKind};
@@ -54,6 +54,10 @@ pub struct Args {
     /// Servers to measure [default: switchboard,nchan].
     #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
     pub servers: Option<Vec<ServerKind>>,
+    /// How switchboard's streams are opened, comma-separated (chunked, sse,
+    /// ws); the peers are measured on chunked only [default: chunked].
+    #[arg(long, value_delimiter = ',', value_enum, value_name = "TRANSPORT,...")]
+    pub transports: Option<Vec<Transport>>,
 }
 
 /// What `bench latency` measured.
@@ -68,6 +72,9 @@ pub(crate) struct LatencyData {
 pub(crate) struct LatencyRow {
     /// Which server.
     pub server: ServerKind,
+    /// How the streams were opened.
+    #[serde(default)]
+    pub transport: Transport,
     /// Streams asked for.
     pub streams: u64,
     /// Messages per second asked for.
@@ -95,13 +102,28 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = TempDir::new("latency")?;
     let mut rec = Recorder::new("latency", c.smoke);
     let mut rows = Vec::new();
-    for kind in servers {
+    let transports = args.transports.clone().unwrap_or(vec![Transport::Chunked]);
+    let runs = servers.iter().flat_map(|&kind| {
+        transports
+            .iter()
+            .filter(move |&&t| kind == ServerKind::Switchboard || t == Transport::Chunked)
+            .map(move |&t| (kind, t))
+    });
+    for (kind, transport) in runs {
         println!(
-            "latency: {} with {} streams, {msg_rate} messages/s for {send_for:?}",
+            "latency: {} with {} streams ({}), {msg_rate} messages/s for {send_for:?}",
             kind.label(),
-            thousands(streams)
+            thousands(streams),
+            transport.name()
         );
-        let row = measure(kind, streams, msg_rate, args.rate, send_for, dir.path(), &mut rec)?;
+        let load = Load {
+            streams,
+            msg_rate,
+            rate: args.rate,
+            send_for,
+            transport,
+        };
+        let row = measure(kind, &load, dir.path(), &mut rec)?;
         println!(
             "  sent {} received {} p99 {} ms",
             row.flood.messages.sent,
@@ -114,15 +136,24 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     outcome.publish(&c.out, &render(&outcome))
 }
 
-fn measure(
-    kind: ServerKind,
+/// What one measurement puts on a server.
+struct Load {
     streams: u64,
     msg_rate: f64,
+    /// Streams opened per second.
     rate: f64,
     send_for: Duration,
-    dir: &Path,
-    rec: &mut Recorder,
-) -> anyhow::Result<LatencyRow> {
+    transport: Transport,
+}
+
+fn measure(kind: ServerKind, load: &Load, dir: &Path, rec: &mut Recorder) -> anyhow::Result<LatencyRow> {
+    let Load {
+        streams,
+        msg_rate,
+        rate,
+        send_for,
+        transport,
+    } = *load;
     let server = Server::start(kind)?;
     rec.tool(&server.command);
     let ramp = Duration::from_secs_f64(streams as f64 / rate) + CONNECT_SLACK;
@@ -135,8 +166,10 @@ fn measure(
         send_url: Some(server.url("/send/{id}")),
         lifetime: None,
         stats_url: None,
+        transport,
     };
-    let mut flood = Flood::start(&spec, dir, &format!("latency-{}", kind.label()))?;
+    let label = format!("latency-{}-{}", kind.label(), transport.name());
+    let mut flood = Flood::start(&spec, dir, &label)?;
     rec.tool(&flood.command);
     let reached = server.wait_established(streams, spec.duration, || flood.exited())?;
     let all_open_s = reached.complete.then_some(reached.after.as_secs_f64());
@@ -153,6 +186,7 @@ fn measure(
     }
     Ok(LatencyRow {
         server: kind,
+        transport,
         streams,
         msg_rate,
         all_open_s,
@@ -164,6 +198,7 @@ fn measure(
 pub(crate) fn render(o: &Outcome<LatencyData>) -> String {
     let mut t = Table::new(&[
         "server",
+        "transport",
         ">streams",
         ">msg/s",
         ">sent",
@@ -182,6 +217,7 @@ pub(crate) fn render(o: &Outcome<LatencyData>) -> String {
         let ms = |x: Option<f64>| opt(x, |v| fixed(v, 2));
         t.row(vec![
             r.server.label().into(),
+            r.transport.name().into(),
             thousands(r.streams),
             thousands(r.msg_rate.round() as u64),
             thousands(f.messages.sent),
@@ -201,7 +237,7 @@ pub(crate) fn render(o: &Outcome<LatencyData>) -> String {
         o.data
             .rows
             .iter()
-            .find(|r| r.server == k)
+            .find(|r| r.server == k && r.transport == Transport::Chunked)
             .and_then(|r| r.flood.latency_ms.p99)
     });
     out
@@ -215,6 +251,7 @@ pub(crate) mod tests {
     pub(crate) fn row(server: ServerKind, p99: f64) -> LatencyRow {
         LatencyRow {
             server,
+            transport: Transport::Chunked,
             streams: 10_000,
             msg_rate: 1000.0,
             all_open_s: Some(2.1),
@@ -250,6 +287,7 @@ pub(crate) mod tests {
             rows[2],
             [
                 "switchboard",
+                "chunked",
                 "10,000",
                 "1,000",
                 "30,000",

@@ -20,7 +20,7 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
 use super::chart::{Chart, Series};
-use super::flood::{Flood, FloodSpec, FloodSummary, errors_text};
+use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir};
 use super::servers::{Server, ServerKind};
@@ -232,6 +232,7 @@ fn measure(
         send_url: None,
         lifetime: Some(lifetime),
         stats_url: None,
+        transport: Transport::Chunked,
     };
     let mut flood = Flood::start(&spec, dir, "soak")?;
     rec.tool(&flood.command);

@@ -69,13 +69,13 @@ pub(crate) struct Shared {
     pub(crate) verifier: Option<Verifier>,
 }
 
-/// A stream request that passed every check: what it asked for, the
-/// response head to start with, and how long its token has left.
+/// A stream request that passed every check: what it asked for, whether
+/// its page origin gets CORS headers, and how long its token has left.
 pub(crate) struct Open {
     /// Transport, resume point, `ids`.
     pub(crate) req: StreamRequest,
-    /// The lean response head (the fallback path lets actix-web write its own).
-    pub(crate) head: Vec<u8>,
+    /// `req.origin` is allowed: the response head names it.
+    pub(crate) cors: bool,
     /// The stream ends then (its subscriber token expires).
     pub(crate) expires: Option<Duration>,
 }
@@ -187,7 +187,7 @@ impl Stream {
         } else {
             Framing::Chunked
         };
-        Stream::launch(id, Sink::socket(io), framing, open, shared, false);
+        Stream::launch(id, Sink::socket(io), framing, open, shared, Some(http10));
     }
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
@@ -200,13 +200,23 @@ impl Stream {
         close: Option<CloseHandle>,
     ) -> BodyStream {
         let (sink, body) = Sink::body(Arc::clone(&shared.stats), close);
-        Stream::launch(id, sink, Framing::Chunked, open, shared, true);
+        Stream::launch(id, sink, Framing::Chunked, open, shared, None);
         body
     }
 
     /// Writes the response head (and SSE's `retry:`), arms the token's
-    /// expiry, and starts the actor.
-    fn launch(id: Arc<str>, sink: Sink, framing: Framing, open: Open, shared: Arc<Shared>, fallback: bool) {
+    /// expiry, and starts the actor. `lean`: the HTTP version of a lean
+    /// stream, which writes its own response head (`None`: the fallback
+    /// path, where actix-web writes it).
+    fn launch(
+        id: Arc<str>,
+        sink: Sink,
+        framing: Framing,
+        open: Open,
+        shared: Arc<Shared>,
+        lean: Option<bool>,
+    ) {
+        let fallback = lean.is_none();
         let format = Format::of(open.req.transport);
         match format {
             Format::Plain => {}
@@ -226,11 +236,21 @@ impl Stream {
                 closing: false,
             })
         });
-        let Open { head, expires, .. } = open;
+        let Open { req, cors, expires } = open;
         Stream::create(move |ctx| {
             let max = stream.f.shared.settings.max_pending_bytes;
             let stats = Arc::clone(&stream.f.shared.stats);
-            let mut opened = stream.sink.open(&head, max, &stats);
+            // Formatted in the worker's scratch buffer: no allocation per
+            // stream, even a transient one (see `classify::PEEK_BYTES`).
+            let mut opened = Ok(Written::Done);
+            if let Some(http10) = lean {
+                let cors = req.origin.as_deref().filter(|_| cors);
+                opened = LINE.with_borrow_mut(|buf| {
+                    buf.clear();
+                    crate::handshake::response_head(buf, &req, http10, cors);
+                    stream.sink.open(buf, max, &stats)
+                });
+            }
             if let (Ok(_), Some(ms)) = (opened, retry) {
                 let line = format!("retry: {ms}\n\n");
                 opened = stream

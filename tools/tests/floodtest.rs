@@ -446,3 +446,50 @@ fn refuses_non_loopback_targets() {
     ]);
     assert!(!out.status.success());
 }
+
+/// `--transport sse` and `--transport ws`: the same run over each
+/// transport holds every stream, gets every message and times every tick.
+#[test]
+fn every_transport_holds_streams_and_gets_every_message() {
+    let mut s = settings();
+    s.stream.tick_interval_ms = 300;
+    let srv = TestServer::start(s);
+    let url = format!("http://{}/test/x{{n}}", srv.addr);
+    let mut opened = serde_json::Map::new();
+    for transport in ["chunked", "sse", "ws"] {
+        let (out, summary) = flood(&[
+            "--url",
+            &url,
+            "--count",
+            "100",
+            "--rate",
+            "1000",
+            "--duration",
+            "2s",
+            "--interval",
+            "1s",
+            "--msg-rate",
+            "50",
+            "--tick-interval",
+            "300ms",
+            "--transport",
+            transport,
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{transport}: {stdout}");
+        let j = summary.expect("summary");
+        assert_eq!(j["active"], 100, "{transport}: {j}");
+        assert_eq!(j["errors"], serde_json::json!({}), "{transport}: {j}");
+        let sent = j["messages"]["sent"].as_u64().unwrap();
+        assert!(sent >= 40, "{transport}: {j}");
+        assert_eq!(j["messages"]["received"], sent, "{transport}: {j}");
+        assert_eq!(j["messages"]["lost"], 0, "{transport}: {j}");
+        let ticks = j["ticks"].as_u64().unwrap();
+        assert!(ticks >= 300, "{transport}: ticks seen as ticks: {j}");
+        let st = srv.stats();
+        opened.insert(transport.into(), st["transports"].clone());
+    }
+    let last = &opened["ws"];
+    assert_eq!(last["sse_opened"], 100, "{last}");
+    assert_eq!(last["ws_opened"], 100, "{last}");
+}

@@ -112,11 +112,14 @@ async fn open(
         Ok(Err(e)) => return fail(counters, ErrorKind::of(&e)),
         Err(_) => return fail(counters, ErrorKind::Timeout),
     };
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nuser-agent: floodtest\r\n\r\n");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nuser-agent: floodtest\r\n{}\r\n",
+        plan.transport.request_headers()
+    );
     if let Err(e) = stream.write_all(request.as_bytes()).await {
         return fail(counters, ErrorKind::of(&e));
     }
-    let mut parser = EventParser::default();
+    let mut parser = EventParser::new(plan.transport);
     let head = tokio::time::timeout(
         plan.connect_timeout,
         read_until_body(&stream, &mut parser, clock, counters),
@@ -294,6 +297,7 @@ mod tests {
             connect_timeout: std::time::Duration::from_secs(1),
             lifetime: None,
             tick_interval: None,
+            transport: super::super::Transport::Chunked,
         });
         let c = std::rc::Rc::new(super::Counters::new(1));
         let f = super::hold(0, plan, c);

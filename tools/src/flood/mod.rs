@@ -89,6 +89,11 @@ pub struct Args {
     /// p50/p99/max.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub tick_interval: Option<Duration>,
+    /// How each stream is asked for: `chunked` (a plain GET, the default),
+    /// `sse` (`Accept: text/event-stream`: each event's data line is what is
+    /// counted) or `ws` (a WebSocket upgrade: each text frame).
+    #[arg(long, value_enum, default_value_t = Transport::Chunked)]
+    pub transport: Transport,
     /// Messages per second POSTed to random held streams (0: no messages).
     #[arg(long, default_value_t = 0.0)]
     pub msg_rate: f64,
@@ -112,6 +117,45 @@ pub struct Args {
     /// Internal: run as child `I/K` and print JSON snapshots on stdout.
     #[arg(long, hide = true, value_name = "I/K")]
     pub child: Option<String>,
+}
+
+/// How a stream is asked for and read.
+#[derive(
+    clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// A plain GET; events are chunks (or lines of a raw body).
+    #[default]
+    Chunked,
+    /// Server-sent events.
+    Sse,
+    /// WebSocket text frames.
+    Ws,
+}
+
+impl Transport {
+    /// Its `--transport` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Chunked => "chunked",
+            Transport::Sse => "sse",
+            Transport::Ws => "ws",
+        }
+    }
+
+    /// What the request adds to its head for this transport.
+    pub fn request_headers(self) -> &'static str {
+        match self {
+            Transport::Chunked => "",
+            Transport::Sse => "accept: text/event-stream\r\n",
+            // A fixed key is valid: it only proves the server read it.
+            Transport::Ws => {
+                "upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\n\
+                 sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            }
+        }
+    }
 }
 
 /// Everything a process needs to open its share of the streams.
@@ -138,6 +182,8 @@ pub struct Plan {
     pub lifetime: Option<Duration>,
     /// `--tick-interval`: measure tick lag.
     pub tick_interval: Option<Duration>,
+    /// `--transport`.
+    pub transport: Transport,
 }
 
 impl Plan {
@@ -294,6 +340,7 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
         connect_timeout: args.connect_timeout,
         lifetime: args.lifetime,
         tick_interval: args.tick_interval,
+        transport: args.transport,
     })
 }
 

@@ -1,9 +1,12 @@
 //! An incremental parser for one long-lived streaming response: status line,
 //! headers, then events — chunks of a chunked body, or lines of a raw body
-//! (Nchan's `http-raw-stream`, HTTP/1.0). It keeps a few bytes of state per
-//! connection and never buffers a whole event: only its first
-//! [`CAPTURE`] bytes, enough to find a message's send timestamp.
+//! (Nchan's `http-raw-stream`, HTTP/1.0), or the text frames of a WebSocket
+//! (`--transport ws`, after a `101`). With `--transport sse` an event is a
+//! chunk too, and what is inspected is its `data:` line. It keeps a few
+//! bytes of state per connection and never buffers a whole event: only its
+//! first [`CAPTURE`] bytes, enough to find a message's send timestamp.
 
+use super::Transport;
 use crate::http::head_end_step;
 
 /// Bytes of each event kept for inspection.
@@ -41,7 +44,10 @@ enum State {
     DataEnd,
     /// Raw body: inside a line.
     Line,
-    /// Final chunk seen.
+    /// WebSocket frame header: `step` 0 is the opcode byte, 1 the length
+    /// byte, then the extended length bytes left (counting down from 10).
+    WsHead { step: u8 },
+    /// Final chunk (or close frame) seen.
     Done,
 }
 
@@ -59,10 +65,25 @@ pub(super) struct EventParser {
     cap: [u8; CAPTURE],
     /// How many of `cap` are filled.
     cap_len: u8,
+    /// The transport read.
+    transport: Transport,
+    /// SSE: how much of `data: ` this event has matched (6: capturing).
+    /// WebSocket: the current frame's opcode.
+    aux: u8,
 }
 
 impl Default for EventParser {
     fn default() -> Self {
+        EventParser::new(Transport::Chunked)
+    }
+}
+
+/// What an SSE event's text follows.
+const SSE_DATA: &[u8] = b"data: ";
+
+impl EventParser {
+    /// A parser for a response of this transport.
+    pub(super) fn new(transport: Transport) -> Self {
         EventParser {
             state: State::Status { spaces: 0 },
             num: 0,
@@ -70,11 +91,11 @@ impl Default for EventParser {
             chunked: false,
             cap: [0; CAPTURE],
             cap_len: 0,
+            transport,
+            aux: 0,
         }
     }
-}
 
-impl EventParser {
     /// True once the head was read and was `200`.
     pub(super) fn in_body(&self) -> bool {
         !matches!(self.state, State::Status { .. } | State::Headers { .. })
@@ -89,7 +110,8 @@ impl EventParser {
             match self.state {
                 State::Status { spaces } => {
                     if b == b'\n' {
-                        if self.num != 200 {
+                        let expected = if self.transport == Transport::Ws { 101 } else { 200 };
+                        if self.num != expected {
                             return Err(ParseError::Status(self.num as u16));
                         }
                         self.state = State::Headers { matched: 2 };
@@ -117,7 +139,10 @@ impl EventParser {
                     self.state = if matched == 4 {
                         self.num = 0;
                         self.cap_len = 0;
-                        if self.chunked {
+                        self.aux = 0;
+                        if self.transport == Transport::Ws {
+                            State::WsHead { step: 0 }
+                        } else if self.chunked {
                             State::Size { ext: false }
                         } else {
                             State::Line
@@ -135,6 +160,7 @@ impl EventParser {
                         }
                         b'\n' => {
                             self.cap_len = 0;
+                            self.aux = 0;
                             self.state = State::Data;
                         }
                         b'\r' => {}
@@ -156,6 +182,12 @@ impl EventParser {
                     self.num -= take as u64;
                     i += take;
                     if self.num == 0 {
+                        if self.transport == Transport::Ws {
+                            if self.ws_frame_done(&mut on_event) {
+                                return Ok(Fed::Ended);
+                            }
+                            continue;
+                        }
                         let cap = &self.cap[..self.cap_len as usize];
                         on_event(cap.strip_suffix(b"\n").unwrap_or(cap));
                         self.state = State::DataEnd;
@@ -180,13 +212,79 @@ impl EventParser {
                         self.cap_len = 0;
                     }
                 }
+                State::WsHead { step } => {
+                    i += 1;
+                    match step {
+                        0 => {
+                            self.aux = b & 0x0f;
+                            self.state = State::WsHead { step: 1 };
+                            continue;
+                        }
+                        1 => {
+                            self.num = u64::from(b & 0x7f);
+                            self.state = match self.num {
+                                126 => State::WsHead { step: 10 - 2 },
+                                127 => State::WsHead { step: 10 - 8 },
+                                _ => State::Data,
+                            };
+                            if self.num >= 126 {
+                                self.num = 0;
+                            }
+                        }
+                        _ => {
+                            // `step` counts the extended length bytes up to 10.
+                            self.num = (self.num << 8) | u64::from(b);
+                            self.state = if step == 9 {
+                                State::Data
+                            } else {
+                                State::WsHead { step: step + 1 }
+                            };
+                        }
+                    }
+                    if self.state == State::Data {
+                        self.cap_len = 0;
+                        if self.num == 0 && self.ws_frame_done(&mut on_event) {
+                            return Ok(Fed::Ended);
+                        }
+                    }
+                }
                 State::Done => return Ok(Fed::Ended),
             }
         }
         Ok(Fed::More)
     }
 
-    fn capture(&mut self, bytes: &[u8]) {
+    /// A WebSocket frame's payload is complete: a text frame is an event,
+    /// a close frame ends the stream (true).
+    fn ws_frame_done(&mut self, on_event: &mut impl FnMut(&[u8])) -> bool {
+        match self.aux {
+            0x1 => on_event(&self.cap[..self.cap_len as usize]),
+            0x8 => {
+                self.state = State::Done;
+                return true;
+            }
+            _ => {}
+        }
+        self.state = State::WsHead { step: 0 };
+        false
+    }
+
+    fn capture(&mut self, mut bytes: &[u8]) {
+        if self.transport == Transport::Sse {
+            // Only the data line's text: skip `id:`, `event:` and the
+            // `data: ` prefix.
+            while (self.aux as usize) < SSE_DATA.len() {
+                let Some((&b, rest)) = bytes.split_first() else {
+                    return;
+                };
+                bytes = rest;
+                self.aux = if b == SSE_DATA[self.aux as usize] {
+                    self.aux + 1
+                } else {
+                    u8::from(b == SSE_DATA[0])
+                };
+            }
+        }
         let at = self.cap_len as usize;
         let n = bytes.len().min(CAPTURE - at);
         self.cap[at..at + n].copy_from_slice(&bytes[..n]);
@@ -246,6 +344,74 @@ mod tests {
             assert_eq!(ev, vec!["hello", "Chunk 1"], "split at {split}");
             assert_eq!(last, Ok(Fed::Ended));
         }
+    }
+
+    fn feed_all(mut p: EventParser, input: &[u8], bytewise: bool) -> (Vec<String>, Result<Fed, ParseError>) {
+        let mut got = Vec::new();
+        let mut last = Ok(Fed::More);
+        let pieces: Vec<&[u8]> = if bytewise {
+            input.chunks(1).collect()
+        } else {
+            vec![input]
+        };
+        for piece in pieces {
+            last = p.feed(piece, |e| got.push(String::from_utf8_lossy(e).into_owned()));
+            if last != Ok(Fed::More) {
+                break;
+            }
+        }
+        (got, last)
+    }
+
+    #[test]
+    fn sse_events_are_read_by_their_data_line() {
+        let mut body =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                .to_vec();
+        for event in [
+            "retry: 2000\n\n",
+            "id: 17\nevent: welcome\ndata: Switchboard welcomes you! x\n\n",
+            "id: 1796145112131677\nevent: message\ndata: Recvd msg #2: '@123'\n\n",
+        ] {
+            body.extend(format!("{:x}\r\n{event}\r\n", event.len()).into_bytes());
+        }
+        body.extend(b"0\r\n\r\n");
+        let body = &body[..];
+        for bytewise in [false, true] {
+            let (got, end) = feed_all(EventParser::new(Transport::Sse), body, bytewise);
+            assert_eq!(end, Ok(Fed::Ended));
+            assert_eq!(
+                got,
+                ["", "Switchboard welcomes you! x\n", "Recvd msg #2: '@123'\n"]
+            );
+            // The welcome starts the tick clock as on a plain stream.
+            assert!(got[1].starts_with("Switchboard welcomes you!"));
+            assert_eq!(stamp_of(got[2].as_bytes()), Some(123));
+        }
+    }
+
+    #[test]
+    fn websocket_text_frames_are_events_and_close_ends() {
+        let mut body = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n".to_vec();
+        body.extend([0x81, 5]);
+        body.extend(b"hello");
+        body.extend([0x8a, 0]); // a pong: not an event
+        let long = vec![b'x'; 300];
+        body.extend([0x81, 126, 1, 44]);
+        body.extend(&long);
+        body.extend([0x81, 127, 0, 0, 0, 0, 0, 0, 0, 2]);
+        body.extend(b"@9");
+        body.extend([0x88, 2, 0x03, 0xe9]);
+        for bytewise in [false, true] {
+            let (got, end) = feed_all(EventParser::new(Transport::Ws), &body, bytewise);
+            assert_eq!(end, Ok(Fed::Ended));
+            assert_eq!(got.len(), 3, "{got:?}");
+            assert_eq!(got[0], "hello");
+            assert_eq!(got[1].len(), CAPTURE);
+            assert_eq!(got[2], "@9");
+        }
+        let (_, end) = feed_all(EventParser::new(Transport::Ws), b"HTTP/1.1 200 OK\r\n\r\n", false);
+        assert_eq!(end, Err(ParseError::Status(200)), "a WebSocket needs a 101");
     }
 
     #[test]
