@@ -406,13 +406,25 @@ pub(crate) struct Login<S: Actor> {
     pub(crate) conn: ConnId,
     /// Where to deliver.
     pub(crate) addr: WeakAddr<S>,
-    /// Resume after this event id (the replay comes with the [`Welcome`]).
-    pub(crate) since: Option<u64>,
-    /// Send it a [`Welcome`] (always sent in cluster mode).
-    pub(crate) welcome: bool,
 }
 
 impl<S: Actor> Message for Login<S> {
+    type Result = ();
+}
+
+/// A [`Login`] of a stream that carries event ids (SSE, WebSocket,
+/// `?ids=1`) or resumes: it gets a [`Welcome`] with its position (and what
+/// it missed) in single mode too. A message of its own, so that the Login
+/// of every plain stream stays as small as it was (its envelope is one
+/// more short-lived allocation per stream).
+pub(crate) struct LoginAt<S: Actor> {
+    /// The login.
+    pub(crate) login: Login<S>,
+    /// Resume after this event id (`None`: start at the last one).
+    pub(crate) since: Option<u64>,
+}
+
+impl<S: Actor> Message for LoginAt<S> {
     type Result = ();
 }
 
@@ -564,37 +576,51 @@ impl<S: StreamActor> Handler<Login<S>> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: Login<S>, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, _| {
-            if r.closing {
-                tell(&m.addr, Close);
-            }
-            if r.interest.is_some() {
-                // Cluster mode: a new id waits for its SUBSCRIBE.
-                if let Some(streams) = r.table.get_mut(&m.id) {
-                    let resume = r.history.resume(&m.id, m.since);
-                    tell(&m.addr, Welcome::new(resume, &r.stats));
-                    streams.push((m.conn, m.addr));
-                    r.streams += 1;
-                } else {
-                    let waiting = r.awaiting.entry(Arc::clone(&m.id)).or_default();
-                    waiting.push(Waiting {
-                        conn: m.conn,
-                        addr: m.addr,
-                        since: m.since,
-                    });
-                    if waiting.len() == 1 {
-                        r.notify(|| Interest::Held(m.id));
-                    }
+        guarded(self, ctx, |r, _| r.login(m, None, false));
+    }
+}
+
+impl<S: StreamActor> Handler<LoginAt<S>> for Router<S> {
+    type Result = ();
+
+    fn handle(&mut self, m: LoginAt<S>, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |r, _| r.login(m.login, m.since, true));
+    }
+}
+
+impl<S: StreamActor> Router<S> {
+    /// Registers a stream (`welcome`: it waits for its [`Welcome`] even
+    /// without a bus).
+    fn login(&mut self, m: Login<S>, since: Option<u64>, welcome: bool) {
+        if self.closing {
+            tell(&m.addr, Close);
+        }
+        if self.interest.is_some() {
+            // Cluster mode: a new id waits for its SUBSCRIBE.
+            if let Some(streams) = self.table.get_mut(&m.id) {
+                let resume = self.history.resume(&m.id, since);
+                tell(&m.addr, Welcome::new(resume, &self.stats));
+                streams.push((m.conn, m.addr));
+                self.streams += 1;
+            } else {
+                let waiting = self.awaiting.entry(Arc::clone(&m.id)).or_default();
+                waiting.push(Waiting {
+                    conn: m.conn,
+                    addr: m.addr,
+                    since,
+                });
+                if waiting.len() == 1 {
+                    self.notify(|| Interest::Held(m.id));
                 }
-                return;
             }
-            if m.welcome {
-                let resume = r.history.resume(&m.id, m.since);
-                tell(&m.addr, Welcome::new(resume, &r.stats));
-            }
-            r.table.entry(m.id).or_default().push((m.conn, m.addr));
-            r.streams += 1;
-        });
+            return;
+        }
+        if welcome {
+            let resume = self.history.resume(&m.id, since);
+            tell(&m.addr, Welcome::new(resume, &self.stats));
+        }
+        self.table.entry(m.id).or_default().push((m.conn, m.addr));
+        self.streams += 1;
     }
 }
 

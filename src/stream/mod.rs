@@ -39,7 +39,7 @@ use crate::config::StreamSettings;
 use crate::handshake::{StreamRequest, Transport};
 use crate::history::Resume;
 use crate::id::{ConnId, next_conn_id};
-use crate::router::{Close, Cut, Deliver, Login, Logout, Router, Welcome};
+use crate::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
 use crate::token::Verifier;
@@ -480,13 +480,18 @@ impl Actor for Stream {
         // ticker hold weak ones (see `router::tell`), and the Watch future
         // keeps the actor running until the client goes.
         let me = ctx.address().downgrade();
-        self.f.shared.router.do_send(Login {
+        let login = Login {
             id: Arc::clone(&self.f.id),
             conn: self.f.conn,
             addr: me.clone(),
-            since: self.x.as_ref().and_then(|x| x.since),
-            welcome: self.x.is_some(),
-        });
+        };
+        match &self.x {
+            None => self.f.shared.router.do_send(login),
+            Some(x) => self.f.shared.router.do_send(LoginAt {
+                login,
+                since: x.since,
+            }),
+        }
         ctx.spawn(Watch);
         // A stream with event ids waits for the Router's Welcome, which
         // says where it starts (and what it missed).
