@@ -547,6 +547,28 @@ mod tests {
     }
 
     #[test]
+    fn browser_settings_are_checked() {
+        let mut s = Settings::defaults();
+        assert!(s.http.cors_origins.is_empty() && s.auth.subscribe_secret.is_empty());
+        assert_eq!((s.history.size, s.history.ttl_ms), (64, 300_000));
+        s.http.cors_origins = "https://a.example, http://127.0.0.1:3000".into();
+        s.validate().unwrap();
+        assert!(s.http.allows_origin(b"http://127.0.0.1:3000"));
+        assert!(!s.http.allows_origin(b"http://127.0.0.1:3001"));
+        s.http.cors_origins = "a.example".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("http.cors_origins") && e.contains("a.example"), "{e}");
+        s.http.cors_origins = "*".into();
+        assert!(s.http.allows_origin(b"http://anything"));
+        s.history.ttl_ms = 0;
+        assert!(s.validate().unwrap_err().to_string().contains("history.ttl_ms"));
+        s.history.size = 0;
+        s.validate().unwrap();
+        s.history.size = 100_001;
+        assert!(s.validate().unwrap_err().to_string().contains("history.size"));
+    }
+
+    #[test]
     fn extra_ports_may_not_repeat() {
         let mut s = Settings::defaults();
         s.server.extra_ports = "8001,8000".into();

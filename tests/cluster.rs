@@ -1104,3 +1104,39 @@ fn a_redis_that_stops_answering_is_noticed_and_survived() {
     assert_eq!(post(n.addr, "/send/after", "back").status, 200);
     assert_eq!(c.line(), "Recvd msg #1: 'back'");
 }
+
+/// Cluster mode keeps history on each node, messages from other nodes
+/// included: a stream that reconnects to its node with the last event id
+/// it saw gets, in order, what was published meanwhile on either node.
+#[test]
+fn a_stream_resumes_on_its_node_with_messages_published_elsewhere() {
+    let redis = RedisServer::start();
+    let p = prefix("resume");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let path = "/test/res?ids=1";
+    let req = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n");
+    let mut s = StreamClient::open_raw(a.addr, &req(path));
+    s.line();
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "res"), 1, WAIT), 1);
+    assert_eq!(post(b.addr, "/send/res", "one").status, 200);
+    let seen = s.line();
+    assert!(seen.ends_with("Recvd msg #1: 'one'"), "{seen}");
+    let last = seen.split(' ').next().unwrap().to_owned();
+    drop(s);
+    // While it is away (a lingers on the id): one from each node.
+    assert_eq!(post(b.addr, "/send/res", "two").status, 200);
+    assert_eq!(post(a.addr, "/send/res", "three").status, 200);
+    let mut s = StreamClient::open_raw(a.addr, &req(&format!("{path}&since={last}")));
+    assert_eq!(s.line(), format!("{last} Switchboard welcomes you! Your Id: res"));
+    let two = s.line();
+    let three = s.line();
+    assert!(two.ends_with("Recvd msg #1: 'two'"), "{two}");
+    assert!(three.ends_with("Recvd msg #2: 'three'"), "{three}");
+    let ids: Vec<u64> = [&last, &two, &three]
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert_eq!(a.stats()["history"]["gaps"], 0);
+}

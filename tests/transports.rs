@@ -687,3 +687,28 @@ fn fallback_path_speaks_sse_too() {
     assert_eq!(c.next_event().id, Some(ev.to_string()));
     assert_eq!(srv.stats()["connections"]["fallback"], 1);
 }
+
+#[test]
+fn a_websocket_closes_with_1008_when_its_token_expires() {
+    let mut s = settings();
+    s.auth.subscribe_secret = "k".into();
+    let srv = TestServer::start(s);
+    let token = mint("k", "wt", Duration::from_secs(2));
+    let addr = srv.addr;
+    ws_runtime().block_on(async {
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/test/wt?token={token}"))
+            .await
+            .unwrap();
+        assert_eq!(ws_text(&mut ws).await, "Switchboard welcomes you! Your Id: wt");
+        match tokio::time::timeout(Duration::from_secs(4), ws.next())
+            .await
+            .unwrap()
+        {
+            Some(Ok(Message::Close(Some(f)))) => {
+                assert_eq!(f.code, CloseCode::Policy);
+                assert_eq!(f.reason, "token expired");
+            }
+            other => panic!("expected close 1008, got {other:?}"),
+        }
+    });
+}

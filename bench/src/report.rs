@@ -12,6 +12,7 @@ use super::chart::{Chart, Series, svg};
 use super::cluster::{self, ClusterData};
 use super::connect::{self, ConnectData};
 use super::dispatcher::{self, DispatcherData, cpu_by_connections, ratios_by_connections};
+use super::flood::Transport;
 use super::idle::{self, IdleData};
 use super::latency::{self, LatencyData};
 use super::machine::{self, Machine};
@@ -32,6 +33,10 @@ pub(crate) const SOAK_FDS_CHART: &str = "docs/soak-fds.svg";
 
 /// Goal: server RSS per idle stream at 19,000 streams, bytes.
 pub(crate) const GOAL_RSS_PER_STREAM: f64 = 1500.0;
+/// Goal: server RSS per idle SSE stream and per idle WebSocket at 19,000
+/// streams, bytes (issue 12).
+const GOAL_RSS_PER_SSE_STREAM: f64 = 1500.0;
+const GOAL_RSS_PER_WEBSOCKET: f64 = 2000.0;
 /// Goal: switchboard /dispatcher req/s ÷ nginx's.
 pub(crate) const GOAL_DISPATCHER_RATIO: f64 = 1.0;
 /// Goal: routed-message p99 at 10,000 streams and 1,000 messages/s, ms.
@@ -173,19 +178,24 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
 /// Bytes per idle stream against stream count, one line per server.
 pub(crate) fn bytes_chart(idle: &IdleData) -> Chart {
-    let series = [ServerKind::Switchboard, ServerKind::Nchan]
-        .into_iter()
-        .map(|k| Series {
-            name: k.label().into(),
-            points: idle
-                .rows
-                .iter()
-                .filter(|r| r.server == k)
-                .filter_map(|r| Some((r.streams as f64, r.rss_per_stream?)))
-                .collect(),
-        })
-        .filter(|s| !s.points.is_empty())
-        .collect();
+    let series = [
+        (ServerKind::Switchboard, Transport::Chunked, "switchboard"),
+        (ServerKind::Switchboard, Transport::Sse, "switchboard, SSE"),
+        (ServerKind::Switchboard, Transport::Ws, "switchboard, WebSocket"),
+        (ServerKind::Nchan, Transport::Chunked, "Nchan"),
+    ]
+    .into_iter()
+    .map(|(k, t, name)| Series {
+        name: name.into(),
+        points: idle
+            .rows
+            .iter()
+            .filter(|r| r.server == k && r.transport == t)
+            .filter_map(|r| Some((r.streams as f64, r.rss_per_stream?)))
+            .collect(),
+    })
+    .filter(|s| !s.points.is_empty())
+    .collect();
     Chart {
         title: "Server RSS per idle stream".into(),
         x_label: "idle streams held".into(),
@@ -221,25 +231,38 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
     };
     let mut out = Vec::new();
 
-    let idle_sb = r.idle.as_ref().and_then(|o| {
-        o.data
-            .rows
-            .iter()
-            .filter(|x| x.server == ServerKind::Switchboard)
-            .max_by_key(|x| x.streams)
-            .map(|x| (o.smoke, x))
-    });
-    let full = thousands(idle_sb.map_or(19_000, |(_, x)| x.streams));
-    let (measured, met) = match idle_sb.and_then(|(s, x)| Some((s, x.rss_per_stream?))) {
-        Some((smoke, b)) => judge(smoke, format!("{} B", whole(b)), b <= GOAL_RSS_PER_STREAM),
-        None => (not_run(&format!("idle run at {full} streams")), None),
+    let idle_sb = |t: Transport| {
+        r.idle.as_ref().and_then(|o| {
+            o.data
+                .rows
+                .iter()
+                .filter(|x| x.server == ServerKind::Switchboard && x.transport == t)
+                .max_by_key(|x| x.streams)
+                .map(|x| (o.smoke, x))
+        })
     };
-    out.push(Judged {
-        target: format!("switchboard RSS per idle stream at {full} streams"),
-        goal: format!("≤ {} B", whole(GOAL_RSS_PER_STREAM)),
-        measured,
-        met,
-    });
+    let full = thousands(idle_sb(Transport::Chunked).map_or(19_000, |(_, x)| x.streams));
+    for (t, what, goal) in [
+        (Transport::Chunked, "stream", GOAL_RSS_PER_STREAM),
+        (Transport::Sse, "SSE stream", GOAL_RSS_PER_SSE_STREAM),
+        (Transport::Ws, "WebSocket", GOAL_RSS_PER_WEBSOCKET),
+    ] {
+        let row = idle_sb(t);
+        let full = thousands(row.map_or(19_000, |(_, x)| x.streams));
+        let (measured, met) = match row.and_then(|(s, x)| Some((s, x.rss_per_stream?))) {
+            Some((smoke, b)) => judge(smoke, format!("{} B", whole(b)), b <= goal),
+            None => (
+                not_run(&format!("idle run ({}) at {full} streams", t.name())),
+                None,
+            ),
+        };
+        out.push(Judged {
+            target: format!("switchboard RSS per idle {what} at {full} streams"),
+            goal: format!("≤ {} B", whole(goal)),
+            measured,
+            met,
+        });
+    }
 
     let (measured, met) = match &r.dispatcher {
         Some(o) if !o.data.pairs.is_empty() => {
@@ -265,11 +288,12 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
 
     let (n, rate) = LATENCY_GOAL_AT;
     let lat = r.latency.as_ref().and_then(|o| {
-        let row = o
-            .data
-            .rows
-            .iter()
-            .find(|x| x.server == ServerKind::Switchboard && x.streams == n && x.msg_rate == rate)?;
+        let row = o.data.rows.iter().find(|x| {
+            x.server == ServerKind::Switchboard
+                && x.transport == Transport::Chunked
+                && x.streams == n
+                && x.msg_rate == rate
+        })?;
         Some((o.smoke, row.flood.latency_ms.p99?, row.flood.messages.lost))
     });
     let (measured, met) = match lat {
@@ -372,7 +396,7 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
         met,
     });
 
-    let (measured, met) = match idle_sb.and_then(|(s, x)| Some((s, x.us_per_chunk?))) {
+    let (measured, met) = match idle_sb(Transport::Chunked).and_then(|(s, x)| Some((s, x.us_per_chunk?))) {
         Some((smoke, us)) => judge(smoke, format!("{} µs", fixed(us, 2)), us <= GOAL_US_PER_CHUNK),
         None => (not_run(&format!("idle run at {full} streams")), None),
     };
@@ -736,33 +760,35 @@ mod tests {
     #[test]
     fn judges_every_target() {
         let t = targets(&full_results());
-        assert_eq!(t.len(), 7);
+        assert_eq!(t.len(), 9);
+        // No SSE or WebSocket rows in these results: not judged.
+        assert!(t[1].measured.starts_with("not measured") && t[2].met.is_none());
         // 1,536 B > 1,500 B.
         assert_eq!((t[0].measured.as_str(), t[0].met), ("1,536 B", Some(false)));
         // 1.20× at 64 but 0.80× at 256.
-        assert_eq!(t[1].met, Some(false));
+        assert_eq!(t[3].met, Some(false));
         assert_eq!(
-            t[1].measured,
+            t[3].measured,
             "1.20× at 64 connections, 0.80× at 256 connections; \
              CPU/request 0.80× nginx's at 64, 0.80× at 256 (lower is better)"
         );
         assert_eq!(
-            (t[2].measured.as_str(), t[2].met),
+            (t[4].measured.as_str(), t[4].met),
             ("2.50 ms (lost 10)", Some(true))
         );
         // Over 4 processes 3.00 ms > 2 ms.
-        assert_eq!(t[3].met, Some(false), "{}", t[3].measured);
-        assert!(t[3].measured.starts_with("3.00 ms (lost "), "{}", t[3].measured);
+        assert_eq!(t[5].met, Some(false), "{}", t[5].measured);
+        assert!(t[5].measured.starts_with("3.00 ms (lost "), "{}", t[5].measured);
         assert!(
-            t[3].measured.ends_with("one process in the same run 2.00 ms"),
+            t[5].measured.ends_with("one process in the same run 2.00 ms"),
             "{}",
-            t[3].measured
+            t[5].measured
         );
-        assert_eq!(t[4].met, Some(true));
-        assert!(t[4].measured.contains("150.0 ms, received by 19,000 of 19,000"));
-        assert_eq!((t[5].measured.as_str(), t[5].met), ("2.63 µs", Some(true)));
-        assert_eq!(t[6].met, Some(true), "{}", t[6].measured);
-        assert!(t[6].target.contains("(1,800 s)"), "{}", t[6].target);
+        assert_eq!(t[6].met, Some(true));
+        assert!(t[6].measured.contains("150.0 ms, received by 19,000 of 19,000"));
+        assert_eq!((t[7].measured.as_str(), t[7].met), ("2.63 µs", Some(true)));
+        assert_eq!(t[8].met, Some(true), "{}", t[8].measured);
+        assert!(t[8].target.contains("(1,800 s)"), "{}", t[8].target);
         // A soak that lost a message, or drifted, or left descriptors, is not met.
         for spoil in [
             (|d: &mut SoakData| d.flood.messages.lost = 1) as fn(&mut SoakData),
@@ -773,7 +799,7 @@ mod tests {
             if let Some(o) = r.soak.as_mut() {
                 spoil(&mut o.data);
             }
-            assert_eq!(targets(&r)[6].met, Some(false));
+            assert_eq!(targets(&r)[8].met, Some(false));
         }
     }
 
@@ -789,8 +815,8 @@ mod tests {
             o.smoke = true;
         }
         let t = targets(&r);
-        assert_eq!(t[1].met, None);
-        assert!(t[1].measured.ends_with("(smoke run)"));
+        assert_eq!(t[3].met, None);
+        assert!(t[3].measured.ends_with("(smoke run)"));
         // Results from before CPU time was measured: req/s only.
         let mut r = full_results();
         if let Some(o) = r.dispatcher.as_mut() {
@@ -801,7 +827,7 @@ mod tests {
         }
         let t = targets(&r);
         assert_eq!(
-            (t[1].measured.as_str(), t[1].met),
+            (t[3].measured.as_str(), t[3].met),
             ("1.20× at 64 connections, 0.80× at 256 connections", Some(false))
         );
         // A broadcast that missed one stream is not met even if fast.
