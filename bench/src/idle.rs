@@ -174,13 +174,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         clock_ticks_per_sec: procfs::clock_ticks_per_sec(),
     };
     let mut failed = 0;
-    let runs = servers.iter().flat_map(|&kind| {
-        transports
-            .iter()
-            .filter(move |&&t| kind == ServerKind::Switchboard || t == Transport::Chunked)
-            .map(move |&t| (kind, t))
-    });
-    for (kind, transport) in runs {
+    for (kind, transport) in ServerKind::runs(&servers, &transports) {
         for &n in &counts {
             println!(
                 "idle: {} with {} streams ({})",

@@ -103,13 +103,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut rec = Recorder::new("latency", c.smoke);
     let mut rows = Vec::new();
     let transports = args.transports.clone().unwrap_or(vec![Transport::Chunked]);
-    let runs = servers.iter().flat_map(|&kind| {
-        transports
-            .iter()
-            .filter(move |&&t| kind == ServerKind::Switchboard || t == Transport::Chunked)
-            .map(move |&t| (kind, t))
-    });
-    for (kind, transport) in runs {
+    for (kind, transport) in ServerKind::runs(&servers, &transports) {
         println!(
             "latency: {} with {} streams ({}), {msg_rate} messages/s for {send_for:?}",
             kind.label(),

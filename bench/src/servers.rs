@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
+use super::flood::Transport;
 use super::process::{self, Spawned, TempDir, display_path, shell_line};
 use super::{client, procfs};
 
@@ -42,6 +43,20 @@ pub enum ServerKind {
 }
 
 impl ServerKind {
+    /// What a benchmark over `servers` and `transports` measures, in order:
+    /// switchboard over each transport, a peer on chunked streams only.
+    pub(crate) fn runs(servers: &[ServerKind], transports: &[Transport]) -> Vec<(ServerKind, Transport)> {
+        servers
+            .iter()
+            .flat_map(|&kind| {
+                transports
+                    .iter()
+                    .filter(move |&&t| kind == ServerKind::Switchboard || t == Transport::Chunked)
+                    .map(move |&t| (kind, t))
+            })
+            .collect()
+    }
+
     /// The servers a `--servers` flag chose: both when it was not given.
     pub fn chosen(flag: &Option<Vec<ServerKind>>) -> Vec<ServerKind> {
         flag.clone()

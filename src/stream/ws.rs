@@ -193,10 +193,16 @@ mod tests {
 
     /// A masked client frame, as tungstenite's client side writes it.
     fn client(opcode: OpCode, payload: &[u8], is_final: bool) -> Vec<u8> {
-        let mut frame = Frame::message(payload.to_vec(), opcode, is_final);
-        frame.header_mut().mask = Some([1, 2, 3, 4]);
+        let header = FrameHeader {
+            is_final,
+            opcode,
+            mask: Some([1, 2, 3, 4]),
+            ..FrameHeader::default()
+        };
         let mut out = Vec::new();
-        frame.format(&mut out).unwrap();
+        Frame::from_payload(header, payload.to_vec().into())
+            .format(&mut out)
+            .unwrap();
         out
     }
 
