@@ -53,6 +53,10 @@ pub struct Args {
     /// Servers to measure [default: switchboard,nchan].
     #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
     pub servers: Option<Vec<ServerKind>>,
+    /// How switchboard's streams are opened: floodtest's `--transport`
+    /// (chunked, sse, ws); a peer stays on chunked.
+    #[arg(long, value_enum, default_value_t = Transport::Chunked)]
+    pub transport: Transport,
 }
 
 /// One way of reaching every stream.
@@ -135,7 +139,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for case in CASES.iter().filter(|k| servers.contains(&k.server)) {
         println!("broadcast: {} to {} streams", case.label, thousands(streams));
-        let row = measure(case, streams, args.rate, dir.path(), &mut rec)?;
+        let row = measure(case, streams, args.rate, args.transport, dir.path(), &mut rec)?;
         println!(
             "  received by {} streams, last after {} ms",
             thousands(row.received),
@@ -151,6 +155,7 @@ fn measure(
     case: &Case,
     streams: u64,
     rate: f64,
+    transport: Transport,
     dir: &Path,
     rec: &mut Recorder,
 ) -> anyhow::Result<BroadcastRow> {
@@ -167,7 +172,11 @@ fn measure(
         send_url: None,
         lifetime: None,
         stats_url: None,
-        transport: Transport::Chunked,
+        transport: if case.server == ServerKind::Switchboard {
+            transport
+        } else {
+            Transport::Chunked
+        },
     };
     let label = format!(
         "broadcast-{}-{}",

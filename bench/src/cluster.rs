@@ -88,6 +88,10 @@ pub struct Args {
     /// Worker threads of each cluster process (the single process has 2).
     #[arg(long, default_value_t = 1)]
     pub workers: u32,
+    /// How the streams are opened: floodtest's `--transport` (chunked,
+    /// sse, ws).
+    #[arg(long, value_enum, default_value_t = Transport::Chunked)]
+    pub transport: Transport,
 }
 
 /// What `bench cluster` measured.
@@ -214,6 +218,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         rate: args.rate,
         send_for,
         ticks_per_sec: procfs::clock_ticks_per_sec(),
+        transport: args.transport,
     };
     let dir = TempDir::new("cluster")?;
     let mut rec = Recorder::new("cluster", c.smoke);
@@ -263,6 +268,7 @@ struct Load {
     rate: f64,
     send_for: Duration,
     ticks_per_sec: u64,
+    transport: Transport,
 }
 
 fn print_row(row: &ClusterRow) {
@@ -313,7 +319,7 @@ fn measure(
         send_url: Some(server.url("/send/{id}")),
         lifetime: None,
         stats_url: Some(server.url("/cluster")),
-        transport: Transport::Chunked,
+        transport: load.transport,
     };
     let mut flood = Flood::start(&spec, dir, &format!("cluster-{label}"))?;
     rec.tool(&flood.command);

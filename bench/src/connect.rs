@@ -47,6 +47,10 @@ pub struct Args {
     /// Servers to measure [default: switchboard,nchan].
     #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
     pub servers: Option<Vec<ServerKind>>,
+    /// How switchboard's streams are opened: floodtest's `--transport`
+    /// (chunked, sse, ws); a peer stays on chunked.
+    #[arg(long, value_enum, default_value_t = Transport::Chunked)]
+    pub transport: Transport,
 }
 
 /// What `bench connect` measured.
@@ -84,7 +88,20 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for kind in servers {
         println!("connect: {} streams to {}", thousands(streams), kind.label());
-        let row = measure(kind, streams, args.rate, duration, dir.path(), &mut rec)?;
+        let transport = if kind == ServerKind::Switchboard {
+            args.transport
+        } else {
+            Transport::Chunked
+        };
+        let row = measure(
+            kind,
+            streams,
+            args.rate,
+            duration,
+            transport,
+            dir.path(),
+            &mut rec,
+        )?;
         println!(
             "  {} connects/s, {} held at the server",
             whole(row.flood.connect_rate),
@@ -101,6 +118,7 @@ fn measure(
     streams: u64,
     rate: f64,
     duration: Duration,
+    transport: Transport,
     dir: &Path,
     rec: &mut Recorder,
 ) -> anyhow::Result<ConnectRow> {
@@ -115,7 +133,7 @@ fn measure(
         send_url: None,
         lifetime: None,
         stats_url: None,
-        transport: Transport::Chunked,
+        transport,
     };
     let mut flood = Flood::start(&spec, dir, &format!("connect-{}", kind.label()))?;
     rec.tool(&flood.command);

@@ -65,7 +65,13 @@ pub struct Args {
     /// How switchboard's streams are opened, comma-separated: floodtest's
     /// `--transport` (chunked, sse, ws); the peers are measured on chunked
     /// only [default: chunked; --smoke: chunked,sse,ws].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "TRANSPORT,...")]
+    #[arg(
+        long,
+        alias = "transport",
+        value_delimiter = ',',
+        value_enum,
+        value_name = "TRANSPORT,..."
+    )]
     pub transports: Option<Vec<Transport>>,
     /// Streams opened per second.
     #[arg(long, default_value_t = 5000.0)]

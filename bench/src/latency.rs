@@ -56,7 +56,13 @@ pub struct Args {
     pub servers: Option<Vec<ServerKind>>,
     /// How switchboard's streams are opened, comma-separated (chunked, sse,
     /// ws); the peers are measured on chunked only [default: chunked].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "TRANSPORT,...")]
+    #[arg(
+        long,
+        alias = "transport",
+        value_delimiter = ',',
+        value_enum,
+        value_name = "TRANSPORT,..."
+    )]
     pub transports: Option<Vec<Transport>>,
 }
 

@@ -99,6 +99,10 @@ pub struct Args {
     /// the duration, at least 30 s; --smoke: half].
     #[arg(long, value_parser = parse_duration)]
     pub warmup: Option<Duration>,
+    /// How the streams are opened: floodtest's `--transport` (chunked,
+    /// sse, ws).
+    #[arg(long, value_enum, default_value_t = Transport::Chunked)]
+    pub transport: Transport,
 }
 
 /// What `bench soak` measured.
@@ -232,7 +236,7 @@ fn measure(
         send_url: None,
         lifetime: Some(lifetime),
         stats_url: None,
-        transport: Transport::Chunked,
+        transport: args.transport,
     };
     let mut flood = Flood::start(&spec, dir, "soak")?;
     rec.tool(&flood.command);
