@@ -38,7 +38,8 @@
 //! - `socket`: socket helpers for the lean paths (refusing, writing, handing
 //!   a connection to actix-web with bytes put back in front).
 //! - `error`: the one error vocabulary, for actix-web and the lean paths.
-//! - `stats`: the counters behind `/stats`.
+//! - `stats`: the counters behind `/stats`; `metrics`: the same in the
+//!   Prometheus text format (`/metrics`).
 //! - `id`: stream id rules.
 //! - [`config`]: typed settings from `config/default.toml`, a file, and
 //!   `SWITCHBOARD__*` environment variables.
@@ -57,6 +58,7 @@ mod handshake;
 mod history;
 mod http_date;
 mod id;
+mod metrics;
 mod router;
 mod routes;
 mod server;

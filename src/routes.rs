@@ -7,6 +7,7 @@
 //! | `POST /broadcast` | message to every stream → `{"delivered":n}` (+ `"nodes":m`) |
 //! | `GET /dispatcher` | the Counter's next value, as text |
 //! | `GET /stats` | counters, JSON (+ a `cluster` section in cluster mode) |
+//! | `GET /metrics` | the same counters in the Prometheus text format |
 //! | `GET /cluster` | every live node and the totals |
 //! | `GET /healthz` | `ok` (liveness) |
 //! | `GET /readyz` | `ok`, or 503 while shutting down or while the cluster bus is down |
@@ -47,6 +48,7 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
         .service(post("/broadcast", web::post().to(broadcast)))
         .service(get("/dispatcher", web::get().to(next_count)))
         .service(get("/stats", web::get().to(stats)))
+        .service(get("/metrics", web::get().to(metrics)))
         .service(get("/cluster", web::get().to(cluster_view)))
         .service(get("/healthz", web::get().to(healthz)))
         .service(get("/readyz", web::get().to(readyz)));
@@ -291,6 +293,14 @@ async fn stats(state: Data<ServerState>) -> HttpResponse {
         snapshot["cluster"] = cluster.snapshot();
     }
     HttpResponse::Ok().json(snapshot)
+}
+
+/// `GET /metrics`: the same counters in the Prometheus text format.
+async fn metrics(state: Data<ServerState>) -> HttpResponse {
+    let node = state.cluster.as_ref().map(|c| c.node.as_str());
+    HttpResponse::Ok()
+        .content_type(crate::metrics::CONTENT_TYPE)
+        .body(crate::metrics::render(&state.stats, node))
 }
 
 /// `GET /cluster`: every live node (from their heartbeats in Redis) and the

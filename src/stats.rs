@@ -11,18 +11,18 @@ use serde_json::{Value, json};
 #[derive(Debug)]
 pub(crate) struct Stats {
     /// When the server started, for `uptime_s`.
-    started: Instant,
+    pub(crate) started: Instant,
     /// RSS once the server was ready and held no connection; the base of
     /// `memory.bytes_per_connection`.
-    baseline_rss: AtomicU64,
+    pub(crate) baseline_rss: AtomicU64,
     /// Streams open now (lean and fallback); also the stream-limit gate.
-    streams_active: AtomicUsize,
+    pub(crate) streams_active: AtomicUsize,
     /// Streams ever opened.
-    streams_opened: AtomicU64,
+    pub(crate) streams_opened: AtomicU64,
     /// Streams ever closed, for any reason.
-    streams_closed: AtomicU64,
+    pub(crate) streams_closed: AtomicU64,
     /// Streams served through actix-web's streaming body (not the lean path).
-    streams_fallback: AtomicU64,
+    pub(crate) streams_fallback: AtomicU64,
     /// Streams closed because the client stopped reading (pending bound hit).
     pub(crate) slow_disconnects: AtomicU64,
     /// Event chunks written to streams (welcome, ticks, messages).

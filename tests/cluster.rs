@@ -1140,3 +1140,18 @@ fn a_stream_resumes_on_its_node_with_messages_published_elsewhere() {
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
     assert_eq!(a.stats()["history"]["gaps"], 0);
 }
+
+/// In cluster mode every metric carries this node's name.
+#[test]
+fn metrics_carry_the_node_name_in_cluster_mode() {
+    let redis = RedisServer::start();
+    let a = start_node(node_settings(&redis, &prefix("metrics"), "node-a"));
+    let body = get(a.addr, "/metrics").text();
+    let samples: Vec<&str> = body.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(!samples.is_empty(), "{body}");
+    assert!(samples.iter().all(|l| l.contains("node=\"node-a\"")), "{body}");
+    assert!(
+        body.contains("switchboard_streams_active{node=\"node-a\"} 0"),
+        "{body}"
+    );
+}

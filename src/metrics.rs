@@ -1,0 +1,232 @@
+//! `GET /metrics`: the `/stats` counters and gauges in the Prometheus text
+//! format (0.0.4), through `prometheus-client`.
+//!
+//! Nothing is counted twice: a collector reads the same atomics `/stats`
+//! reads, at scrape time, so an idle stream touches no more than it did.
+//! Counter names get `_total` from the encoder; units are in the names. In
+//! cluster mode every metric carries this node's name as a `node` label.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::stats::{Stats, rss_bytes};
+
+/// The content type of the answer.
+pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The exposition of `stats`; `node`: this node's name in cluster mode.
+pub(crate) fn render(stats: &Arc<Stats>, node: Option<&str>) -> String {
+    let labels = node.map(|n| ("node".into(), n.to_owned().into()));
+    let mut registry = Registry::with_prefix_and_labels("switchboard", labels.into_iter());
+    registry.register_collector(Box::new(StatsCollector(Arc::clone(stats))));
+    let mut out = String::new();
+    // unwrap: writing into a String cannot fail.
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).expect("encode into String");
+    out
+}
+
+/// Reads [`Stats`] at scrape time.
+#[derive(Debug)]
+struct StatsCollector(Arc<Stats>);
+
+/// One counter: its name (without `_total`), help, and atomic.
+type CounterSpec<'a> = (&'a str, &'a str, &'a AtomicU64);
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let s = &*self.0;
+        let counters: [CounterSpec<'_>; 25] = [
+            (
+                "streams_closed",
+                "Streams ended, for any reason.",
+                &s.streams_closed,
+            ),
+            (
+                "streams_fallback_opened",
+                "Streams served through actix-web's streaming body instead of the lean path.",
+                &s.streams_fallback,
+            ),
+            (
+                "slow_disconnects",
+                "Streams cut because the client stopped reading.",
+                &s.slow_disconnects,
+            ),
+            (
+                "chunks_sent",
+                "Events written to streams (welcome, ticks, messages).",
+                &s.chunks_sent,
+            ),
+            (
+                "messages_routed",
+                "Messages accepted by the Router.",
+                &s.messages_routed,
+            ),
+            (
+                "messages_delivered",
+                "Message events handed to a stream.",
+                &s.messages_delivered,
+            ),
+            (
+                "messages_written",
+                "Message events whose bytes all reached the kernel.",
+                &s.messages_written,
+            ),
+            (
+                "messages_dropped",
+                "Message events whose stream ended before writing them.",
+                &s.messages_dropped,
+            ),
+            (
+                "connections_accepted",
+                "Connections accepted, all kinds.",
+                &s.accepted,
+            ),
+            (
+                "bad_heads",
+                "Request heads refused by switchboard's own checks (400, 408, 431).",
+                &s.bad_heads,
+            ),
+            (
+                "accept_fd_limit_errors",
+                "accept() failures for lack of file descriptors.",
+                &s.accept_fd_limit,
+            ),
+            ("accept_errors", "Other accept() failures.", &s.accept_errors),
+            (
+                "router_restarts",
+                "Supervised restarts of the Router after a crash.",
+                &s.router_restarts,
+            ),
+            (
+                "dispatcher_restarts",
+                "Supervised restarts of the Counter actor behind /dispatcher after a crash.",
+                &s.counter_restarts,
+            ),
+            (
+                "ws_frames_ignored",
+                "Data messages WebSocket clients sent (read past).",
+                &s.ws_frames_ignored,
+            ),
+            ("ws_pings", "WebSocket pings answered.", &s.ws_pings),
+            (
+                "ws_protocol_errors",
+                "WebSockets closed with 1002 or 1009 for a client's frame.",
+                &s.ws_protocol_errors,
+            ),
+            (
+                "tokens_refused",
+                "Streams refused 401 for their subscriber token.",
+                &s.tokens_refused,
+            ),
+            (
+                "tokens_expired",
+                "Streams ended when their token expired.",
+                &s.tokens_expired,
+            ),
+            (
+                "origins_refused",
+                "WebSockets refused 403 for their Origin.",
+                &s.origins_refused,
+            ),
+            (
+                "history_replayed",
+                "Kept messages sent to resuming streams.",
+                &s.history_replayed,
+            ),
+            ("history_gaps", "Resumes told of a possible gap.", &s.history_gaps),
+            (
+                "streams_opened_sse",
+                "Streams opened as server-sent events.",
+                &s.streams_sse,
+            ),
+            (
+                "streams_opened_ws",
+                "Streams opened as WebSockets.",
+                &s.streams_ws,
+            ),
+            (
+                "dispatcher_count",
+                "The /dispatcher Counter's last value.",
+                &s.counter,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value.load(Relaxed)).encode(m)?;
+        }
+        // Streams opened, by transport: the plain ones are the rest.
+        let (opened, sse, ws) = (
+            s.streams_opened.load(Relaxed),
+            s.streams_sse.load(Relaxed),
+            s.streams_ws.load(Relaxed),
+        );
+        let mut m = enc.encode_descriptor(
+            "streams_opened",
+            "Streams opened, by transport.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (transport, n) in [
+            ("chunked", opened.saturating_sub(sse + ws)),
+            ("sse", sse),
+            ("ws", ws),
+        ] {
+            ConstCounter::new(n).encode(m.encode_family(&[("transport", transport)])?)?;
+        }
+        let active = s.streams_active.load(Relaxed) as i64;
+        let rss = rss_bytes().unwrap_or(0) as i64;
+        let baseline = s.baseline_rss.load(Relaxed) as i64;
+        let gauges: [(&str, &str, i64); 6] = [
+            ("streams_active", "Streams open now.", active),
+            (
+                "http_connections_active",
+                "HTTP connections being served (not streams).",
+                s.http_active.load(Relaxed) as i64,
+            ),
+            ("rss_bytes", "Resident set size of this process.", rss),
+            ("baseline_rss_bytes", "RSS when ready and idle.", baseline),
+            (
+                "history_ids",
+                "Ids with a history ring now.",
+                s.history_ids.load(Relaxed) as i64,
+            ),
+            (
+                "history_messages",
+                "Messages kept in history now.",
+                s.history_messages.load(Relaxed) as i64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(m)?;
+        }
+        let per_stream = if active > 0 {
+            (rss - baseline).max(0) as f64 / active as f64
+        } else {
+            0.0
+        };
+        let m = enc.encode_descriptor(
+            "stream_rss_bytes",
+            "(RSS - baseline RSS) / streams open now; 0 without streams.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(per_stream).encode(m)?;
+        let m = enc.encode_descriptor(
+            "uptime_seconds",
+            "Time since the server started.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(s.started.elapsed().as_secs_f64()).encode(m)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,167 @@
+//! `GET /metrics` against the ecosystem's own tools: `promtool check
+//! metrics` lints the exposition, and a real `prometheus` server scrapes a
+//! real switchboard and answers a query through its HTTP API.
+//!
+//! Needs Debian's `prometheus` package (`promtool` and `prometheus`;
+//! `apt-get install -y prometheus`, as `.ci/run` does). Without it these
+//! tests fail and say so: they never skip.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{TestServer, free_port, request, settings};
+
+fn tool(name: &str) -> String {
+    let path = format!("/usr/bin/{name}");
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} not found: install Debian's prometheus package (apt-get install -y prometheus); .ci/run does"
+    );
+    path
+}
+
+/// The value of the sample `line` starts with (name and labels), if any.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l[series.len()..].trim().parse().ok())
+}
+
+#[test]
+fn metrics_are_typed_named_and_pass_promtool() {
+    let srv = TestServer::start(settings());
+    let mut plain = srv.open("m1");
+    plain.line();
+    let _sse = common::StreamClient::open_raw(
+        srv.addr,
+        "GET /test/m2 HTTP/1.1\r\nhost: t\r\naccept: text/event-stream\r\n\r\n",
+    );
+    assert_eq!(srv.post("/send/m1", "hello").status, 200);
+    assert_eq!(plain.line(), "Recvd msg #1: 'hello'");
+    let r = srv.get("/metrics");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let body = r.text();
+    assert_eq!(sample(&body, "switchboard_streams_active"), Some(2.0), "{body}");
+    assert_eq!(
+        sample(&body, "switchboard_streams_opened_total{transport=\"chunked\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&body, "switchboard_streams_opened_total{transport=\"sse\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&body, "switchboard_streams_opened_total{transport=\"ws\"}"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&body, "switchboard_messages_routed_total"), Some(1.0));
+    assert_eq!(sample(&body, "switchboard_messages_written_total"), Some(1.0));
+    assert!(body.contains("# TYPE switchboard_streams_active gauge"), "{body}");
+    assert!(
+        body.contains("# TYPE switchboard_messages_routed_total counter"),
+        "{body}"
+    );
+    assert!(sample(&body, "switchboard_rss_bytes").unwrap() > 0.0);
+    // What /stats says, /metrics says.
+    let st = srv.stats();
+    assert_eq!(
+        sample(&body, "switchboard_chunks_sent_total"),
+        st["chunks_sent"].as_f64(),
+        "{st}"
+    );
+
+    let mut lint = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A `prometheus` process, stopped by PID, and its data directory.
+struct Prometheus {
+    child: Child,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_and_answers_a_query() {
+    let srv = TestServer::start(settings());
+    let mut s = srv.open("scraped");
+    s.line();
+    let dir = std::env::temp_dir().join(format!("switchboard-prometheus-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs: [{{job_name: switchboard, static_configs: [{{targets: ['{}']}}]}}]\n",
+            srv.addr
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let child = Command::new(tool("prometheus"))
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    let prom = Prometheus { child, dir, port };
+    let query = "/api/v1/query?query=switchboard_streams_active";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        if let Ok(r) = request(([127, 0, 0, 1], prom.port).into(), "GET", query, &[], b"")
+            && r.status == 200
+        {
+            let v = r.json();
+            if v["data"]["result"].as_array().is_some_and(|a| !a.is_empty()) {
+                break v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never had a sample of the server"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(answer["status"], "success", "{answer}");
+    let result = &answer["data"]["result"][0];
+    assert_eq!(result["metric"]["job"], "switchboard", "{answer}");
+    assert_eq!(result["value"][1], "1", "one stream held: {answer}");
+}
