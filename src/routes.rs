@@ -73,20 +73,15 @@ async fn preflight() -> HttpResponse {
         .finish()
 }
 
-/// Adds `access-control-allow-origin` (and `vary: Origin`) to a response
-/// when the request's `Origin` is one `http.cors_origins` allows: for the
-/// fallback stream route, the publish API and its preflight, `/stats`.
-pub(crate) fn cors(
-    settings: &crate::config::HttpSettings,
-    origin: Option<&header::HeaderValue>,
-    res: &mut HttpResponse,
-) {
-    if let Some(origin) = origin.filter(|o| settings.allows_origin(o.as_bytes())) {
-        res.headers_mut()
-            .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-        res.headers_mut()
-            .insert(header::VARY, header::HeaderValue::from_static("Origin"));
-    }
+/// Adds `access-control-allow-origin: <origin>` (and `vary: Origin`) to a
+/// response whose request came from an origin `http.cors_origins` allows
+/// (the server's middleware decides): the fallback stream route, the
+/// publish API and its preflight, `/stats`.
+pub(crate) fn cors(origin: header::HeaderValue, res: &mut HttpResponse) {
+    res.headers_mut()
+        .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    res.headers_mut()
+        .insert(header::VARY, header::HeaderValue::from_static("Origin"));
 }
 
 /// A resource's answer to any method it does not serve.

@@ -335,12 +335,19 @@ fn http_service(
     let http_settings = state.settings.http.clone();
     let app = App::new()
         .wrap_fn(move |req, srv| {
-            let origin = req.headers().get(header::ORIGIN).cloned();
-            let http_settings = http_settings.clone();
+            // Decided before the call, so nothing of the settings is copied
+            // per request: only an allowed origin's header value.
+            let allowed = req
+                .headers()
+                .get(header::ORIGIN)
+                .filter(|o| http_settings.allows_origin(o.as_bytes()))
+                .cloned();
             let served = srv.call(req);
             async move {
                 let mut res = served.await?;
-                crate::routes::cors(&http_settings, origin.as_ref(), res.response_mut());
+                if let Some(origin) = allowed {
+                    crate::routes::cors(origin, res.response_mut());
+                }
                 Ok(res)
             }
         })
