@@ -47,7 +47,12 @@ impl Actor for Counter {
 impl Supervised for Counter {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.stats.counter_restarts.fetch_add(1, Relaxed);
-        tracing::warn!(count = self.count, "counter restarted; count kept");
+        tracing::warn!(
+            event = "restart",
+            actor = "counter",
+            count = self.count,
+            "counter restarted; count kept"
+        );
     }
 }
 

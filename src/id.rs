@@ -1,6 +1,7 @@
 //! Stream ids: what a client names its stream and a publisher addresses.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Why an id was refused; the text goes into the 400 response.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,17 +40,54 @@ pub(crate) fn validate(id: &str, max_len: usize) -> Result<(), IdError> {
 }
 
 /// Identifies one stream connection (several may share a stream id).
+///
+/// It also says when the stream started: the high 40 bits are milliseconds
+/// since the first id of the process (34 years), the low 24 a counter. So a
+/// stream's lifetime costs no field of its own: the stream's fields are a
+/// 40-byte allocation, and 8 bytes more would make it the next size class
+/// (16 bytes more per idle stream), while its task cell has 8 bytes to
+/// spare, not 16. Two ids are equal only if 2^24 streams started within
+/// the same millisecond.
 pub(crate) type ConnId = u64;
 
-/// Hands out process-unique connection ids.
+/// Bits of a [`ConnId`] that count; the rest is its start time.
+const COUNTER_BITS: u32 = 24;
+
+/// When the process handed out its first connection id.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+/// Hands out process-unique connection ids, stamped with the time.
 pub(crate) fn next_conn_id() -> ConnId {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    let count = NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << COUNTER_BITS) - 1);
+    let ms = EPOCH.elapsed().as_millis() as u64;
+    (ms << COUNTER_BITS) | count
+}
+
+/// How long ago connection `conn` was given its id (to the millisecond).
+pub(crate) fn conn_age(conn: ConnId) -> Duration {
+    let started = Duration::from_millis(conn >> COUNTER_BITS);
+    EPOCH.elapsed().saturating_sub(started)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_ids_are_unique_and_tell_their_age() {
+        let ids: Vec<ConnId> = (0..100_000).map(|_| next_conn_id()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len(), "duplicate connection ids");
+        let old = ids[0];
+        std::thread::sleep(Duration::from_millis(30));
+        let age = conn_age(old);
+        assert!(age >= Duration::from_millis(29), "{age:?}");
+        assert!(age < Duration::from_secs(5), "{age:?}");
+        assert!(conn_age(next_conn_id()) < age, "a new id is younger");
+    }
 
     #[test]
     fn rules() {

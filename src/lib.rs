@@ -39,11 +39,13 @@
 //!   a connection to actix-web with bytes put back in front).
 //! - `error`: the one error vocabulary, for actix-web and the lean paths.
 //! - `stats`: the counters behind `/stats`; `metrics`: the same in the
-//!   Prometheus text format (`/metrics`).
+//!   Prometheus text format (`/metrics`), with the latency and lifetime
+//!   histograms; `dashboard`: the live page at `/` and its feed.
 //! - `id`: stream id rules.
 //! - [`config`]: typed settings from `config/default.toml`, a file, and
 //!   `SWITCHBOARD__*` environment variables.
-//! - [`telemetry`]: logging setup for the binary.
+//! - [`telemetry`]: logging setup for the binary, with the `event` field
+//!   names and the per-statement rate limit.
 //!
 //! There is no `unsafe` in this crate.
 #![forbid(unsafe_code)]
@@ -52,6 +54,7 @@ mod classify;
 mod cluster;
 pub mod config;
 mod counter;
+mod dashboard;
 mod dispatcher;
 mod error;
 mod handshake;

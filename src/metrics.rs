@@ -17,16 +17,20 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::cluster::Cluster;
 use crate::stats::{Stats, rss_bytes};
 
 /// The content type of the answer.
 pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// The exposition of `stats`; `node`: this node's name in cluster mode.
-pub(crate) fn render(stats: &Arc<Stats>, node: Option<&str>) -> String {
-    let labels = node.map(|n| ("node".into(), n.to_owned().into()));
+pub(crate) fn render(stats: &Arc<Stats>, cluster: Option<&Arc<Cluster>>) -> String {
+    let labels = cluster.map(|c| ("node".into(), c.node.clone().into()));
     let mut registry = Registry::with_prefix_and_labels("switchboard", labels.into_iter());
     registry.register_collector(Box::new(StatsCollector(Arc::clone(stats))));
+    if let Some(c) = cluster {
+        registry.register_collector(Box::new(ClusterCollector(Arc::clone(c))));
+    }
     let mut out = String::new();
     // unwrap: writing into a String cannot fail.
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).expect("encode into String");
@@ -43,6 +47,28 @@ type CounterSpec<'a> = (&'a str, &'a str, &'a AtomicU64);
 impl Collector for StatsCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &*self.0;
+        let suppressed = crate::telemetry::suppressed();
+        let m = enc.encode_descriptor(
+            "log_lines_suppressed",
+            "Log lines the rate limit dropped (each log statement writes at most 20 lines per 10 s).",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(suppressed).encode(m)?;
+        let m = enc.encode_descriptor(
+            "message_latency_seconds",
+            "Routed message, from being accepted by this node (its body read, or its arrival from the cluster bus) to all its bytes being written to a stream's socket; one sample per stream written.",
+            None,
+            MetricType::Histogram,
+        )?;
+        s.message_latency.encode(m)?;
+        let m = enc.encode_descriptor(
+            "stream_lifetime_seconds",
+            "How long streams lived, observed when they end.",
+            None,
+            MetricType::Histogram,
+        )?;
+        s.stream_lifetime.encode(m)?;
         let counters: [CounterSpec<'_>; 25] = [
             (
                 "streams_closed",
@@ -227,6 +253,102 @@ impl Collector for StatsCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(s.started.elapsed().as_secs_f64()).encode(m)?;
+        Ok(())
+    }
+}
+
+/// Reads the cluster bus's counters (`/stats` `cluster`) at scrape time.
+struct ClusterCollector(Arc<Cluster>);
+
+impl std::fmt::Debug for ClusterCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ClusterCollector").field(&self.0.node).finish()
+    }
+}
+
+impl Collector for ClusterCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let s = &self.0.stats;
+        let counters: [CounterSpec<'_>; 11] = [
+            (
+                "cluster_subscribe_commands",
+                "SUBSCRIBE and UNSUBSCRIBE commands sent (each carries many ids).",
+                &s.subscribe_commands,
+            ),
+            (
+                "cluster_publishes",
+                "PUBLISH commands Redis answered.",
+                &s.publishes,
+            ),
+            (
+                "cluster_publish_errors",
+                "PUBLISH commands that failed, timed out, or were not tried because the bus was down.",
+                &s.publish_errors,
+            ),
+            (
+                "cluster_received",
+                "Messages from other nodes handed to the Router.",
+                &s.received,
+            ),
+            (
+                "cluster_echoes",
+                "This node's own publishes, back from Redis and ignored.",
+                &s.echoes,
+            ),
+            (
+                "cluster_malformed",
+                "Bus messages that were not \"<instance> <one line>\", dropped.",
+                &s.malformed,
+            ),
+            (
+                "cluster_reconnects",
+                "Times the pub/sub link to Redis was lost and made again.",
+                &s.reconnects,
+            ),
+            (
+                "cluster_resubscribed",
+                "Ids subscribed again after reconnects.",
+                &s.resubscribed,
+            ),
+            (
+                "cluster_errors",
+                "Failed Redis operations of any kind (connects, commands, heartbeats).",
+                &s.errors,
+            ),
+            ("cluster_heartbeats", "Heartbeats written.", &s.heartbeats),
+            (
+                "cluster_name_conflicts",
+                "Heartbeats that found another node's entry under this node's name.",
+                &s.name_conflicts,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value.load(Relaxed)).encode(m)?;
+        }
+        let m = enc.encode_descriptor(
+            "cluster_bus_restarts",
+            "Supervised restarts of the cluster Bus actor after a crash.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.restarts.load(Relaxed)).encode(m)?;
+        let gauges: [(&str, &str, i64); 2] = [
+            (
+                "cluster_bus_connected",
+                "1 while the pub/sub link to Redis is up and subscribed, else 0.",
+                i64::from(s.connected.load(Relaxed)),
+            ),
+            (
+                "cluster_subscriptions",
+                "Ids this node is subscribed to (held, or lingering).",
+                s.subscriptions.load(Relaxed) as i64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(m)?;
+        }
         Ok(())
     }
 }

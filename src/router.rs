@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::{
     Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, Supervised, WeakAddr,
@@ -90,36 +90,40 @@ pub(crate) struct Deliver {
     books: Option<Arc<Stats>>,
     /// A broadcast's deliveries in flight, less this one once it is gone.
     window: Option<Arc<Window>>,
+    /// When this node accepted the message (for the latency histogram).
+    accepted: Instant,
 }
 
 impl Deliver {
     /// A message for one stream, counted dropped in `stats` unless handled.
-    fn new(msg: &Arc<str>, event: Option<u64>, stats: &Arc<Stats>) -> Self {
+    fn new(msg: &Arc<str>, event: Option<u64>, accepted: Instant, stats: &Arc<Stats>) -> Self {
         Deliver {
             msg: Arc::clone(msg),
             event,
             books: Some(Arc::clone(stats)),
             window: None,
+            accepted,
         }
     }
 
     /// A broadcast's delivery, counted in `window` until it is handled or
     /// dropped.
-    fn in_window(msg: &Arc<str>, stats: &Arc<Stats>, window: &Arc<Window>) -> Self {
+    fn in_window(msg: &Arc<str>, accepted: Instant, stats: &Arc<Stats>, window: &Arc<Window>) -> Self {
         window.in_flight.fetch_add(1, Relaxed);
         Deliver {
             msg: Arc::clone(msg),
             event: None,
             books: Some(Arc::clone(stats)),
             window: Some(Arc::clone(window)),
+            accepted,
         }
     }
 
     /// The handler has it: the stream's sink keeps the books from here.
-    /// Returns the text and the event id.
-    pub(crate) fn arrived(mut self) -> (Arc<str>, Option<u64>) {
+    /// Returns the text, the event id and when it was accepted.
+    pub(crate) fn arrived(mut self) -> (Arc<str>, Option<u64>, Instant) {
         self.books = None;
-        (Arc::clone(&self.msg), self.event)
+        (Arc::clone(&self.msg), self.event, self.accepted)
     }
 }
 
@@ -210,14 +214,14 @@ where
 /// dropped, as it would have been had it been in its mailbox.
 fn hand<S: StreamActor>(
     target: &WeakAddr<S>,
-    msg: &Arc<str>,
+    f: &Fanout<S>,
     stats: &Arc<Stats>,
     window: Option<&Arc<Window>>,
 ) {
     match target.upgrade() {
         Some(addr) => addr.do_send(match window {
-            Some(w) => Deliver::in_window(msg, stats, w),
-            None => Deliver::new(msg, None, stats),
+            Some(w) => Deliver::in_window(&f.msg, f.accepted, stats, w),
+            None => Deliver::new(&f.msg, None, f.accepted, stats),
         }),
         None => {
             stats.messages_dropped.fetch_add(1, Relaxed);
@@ -228,6 +232,8 @@ fn hand<S: StreamActor>(
 /// A broadcast being handed out, [`FANOUT_WINDOW`] deliveries at a time.
 struct Fanout<S: Actor> {
     msg: Arc<str>,
+    /// When this node accepted it.
+    accepted: Instant,
     /// The streams held when it came.
     targets: Vec<WeakAddr<S>>,
     /// How many of `targets` have been handed theirs.
@@ -296,7 +302,7 @@ impl<S: StreamActor> Router<S> {
         self.pumping = false;
         while let Some(f) = self.fanouts.front_mut() {
             while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < FANOUT_WINDOW {
-                hand(&f.targets[f.next], &f.msg, &self.stats, Some(&self.window));
+                hand(&f.targets[f.next], f, &self.stats, Some(&self.window));
                 f.next += 1;
             }
             if f.next < f.targets.len() {
@@ -394,7 +400,12 @@ impl<S: StreamActor> Supervised for Router<S> {
         for id in &waiting {
             self.admit(id);
         }
-        tracing::warn!(streams = self.streams, "router restarted; registrations kept");
+        tracing::warn!(
+            event = "restart",
+            actor = "router",
+            streams = self.streams,
+            "router restarted; registrations kept"
+        );
     }
 }
 
@@ -447,6 +458,9 @@ pub(crate) struct Publish {
     pub(crate) id: String,
     /// One line of text, already validated.
     pub(crate) msg: Arc<str>,
+    /// When this node accepted it: its body read, or its arrival from the
+    /// cluster bus.
+    pub(crate) accepted: Instant,
 }
 
 /// What became of a [`Publish`].
@@ -464,6 +478,8 @@ pub(crate) struct Published {
 pub(crate) struct Broadcast {
     /// One line of text, already validated.
     pub(crate) msg: Arc<str>,
+    /// When this node accepted it (as [`Publish::accepted`]).
+    pub(crate) accepted: Instant,
 }
 
 /// Tell every stream to end (server shutdown). Answers how many were told.
@@ -661,7 +677,7 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let delivered = match r.table.get(m.id.as_str()) {
                 Some(streams) => {
                     for (_, stream) in streams {
-                        tell(stream, Deliver::new(&m.msg, Some(event), &r.stats));
+                        tell(stream, Deliver::new(&m.msg, Some(event), m.accepted, &r.stats));
                     }
                     streams.len()
                 }
@@ -681,6 +697,7 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
             r.stats.messages_routed.fetch_add(1, Relaxed);
             r.fanouts.push_back(Fanout {
                 msg: m.msg,
+                accepted: m.accepted,
                 targets: r.table.values().flatten().map(|(_, s)| s.clone()).collect(),
                 next: 0,
             });
@@ -704,7 +721,7 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
             // the final chunk, as they did before broadcasts were paced.
             for f in std::mem::take(&mut r.fanouts) {
                 for target in &f.targets[f.next..] {
-                    hand(target, &f.msg, &r.stats, None);
+                    hand(target, &f, &r.stats, None);
                 }
             }
             for (_, stream) in r.table.values().flatten() {

@@ -8,6 +8,8 @@
 //! | `GET /dispatcher` | the Counter's next value, as text |
 //! | `GET /stats` | counters, JSON (+ a `cluster` section in cluster mode) |
 //! | `GET /metrics` | the same counters in the Prometheus text format |
+//! | `GET /` | the live dashboard page (`crate::dashboard`) |
+//! | `GET /dashboard/events` | its feed: one SSE event per second with `/stats` (and the cluster's nodes) |
 //! | `GET /cluster` | every live node and the totals |
 //! | `GET /healthz` | `ok` (liveness) |
 //! | `GET /readyz` | `ok`, or 503 while shutting down or while the cluster bus is down |
@@ -49,6 +51,8 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
         .service(get("/dispatcher", web::get().to(next_count)))
         .service(get("/stats", web::get().to(stats)))
         .service(get("/metrics", web::get().to(metrics)))
+        .service(get("/", web::get().to(crate::dashboard::page)))
+        .service(get("/dashboard/events", web::get().to(crate::dashboard::events)))
         .service(get("/cluster", web::get().to(cluster_view)))
         .service(get("/healthz", web::get().to(healthz)))
         .service(get("/readyz", web::get().to(readyz)));
@@ -210,6 +214,7 @@ async fn send(
         .send(Publish {
             id: id.clone(),
             msg: Arc::clone(&msg),
+            accepted: std::time::Instant::now(),
         })
         .await
         .ok()
@@ -249,6 +254,7 @@ async fn broadcast(
         .router()
         .send(Broadcast {
             msg: Arc::clone(&msg),
+            accepted: std::time::Instant::now(),
         })
         .await
         .ok()
@@ -292,10 +298,9 @@ async fn stats(state: Data<ServerState>) -> HttpResponse {
 
 /// `GET /metrics`: the same counters in the Prometheus text format.
 async fn metrics(state: Data<ServerState>) -> HttpResponse {
-    let node = state.cluster.as_ref().map(|c| c.node.as_str());
     HttpResponse::Ok()
         .content_type(crate::metrics::CONTENT_TYPE)
-        .body(crate::metrics::render(&state.stats, node))
+        .body(crate::metrics::render(&state.stats, state.cluster.as_ref()))
 }
 
 /// `GET /cluster`: every live node (from their heartbeats in Redis) and the

@@ -220,8 +220,9 @@ impl Server {
         }
 
         state.stats.set_baseline();
-        tracing::info!(?addrs, workers, "switchboard listening");
-        tracing::info!(settings = ?state.settings, "effective configuration");
+        tracing::info!(event = "bind", ?addrs, workers, "switchboard listening");
+        tracing::info!(event = "config", settings = ?state.settings, "effective configuration");
+        actix_rt::spawn(report_slow_disconnects(Arc::clone(&state)));
 
         shutdown.await;
         shut_down(&state).await;
@@ -249,11 +250,43 @@ fn listen(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<std::n
     Ok(socket.into())
 }
 
+/// How often slow disconnects are summed up in the log.
+const SLOW_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One `slow_disconnects` log line per [`SLOW_REPORT_INTERVAL`] in which
+/// streams were cut for not reading (one line per stream would flood the
+/// log in exactly the storm it reports), until shutdown.
+async fn report_slow_disconnects(state: Arc<ServerState>) {
+    let stats = &state.stats;
+    let mut last = stats.slow_disconnects.load(Relaxed);
+    let mut tick = tokio::time::interval(SLOW_REPORT_INTERVAL);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let total = stats.slow_disconnects.load(Relaxed);
+        if total > last {
+            tracing::warn!(
+                event = "slow_disconnects",
+                count = total - last,
+                total,
+                interval_s = SLOW_REPORT_INTERVAL.as_secs(),
+                dropped_total = stats.messages_dropped.load(Relaxed),
+                "streams cut because their clients stopped reading"
+            );
+        }
+        last = total;
+    }
+}
+
 /// Steps 1-3 of the module docs.
 async fn shut_down(state: &ServerState) {
     let started = Instant::now();
     let deadline = started + state.settings.shutdown_timeout();
     tracing::info!(
+        event = "stop",
         streams = state.stats.streams_active(),
         connections = state.stats.http_active(),
         "shutting down"
@@ -269,11 +302,14 @@ async fn shut_down(state: &ServerState) {
     sleep(DRAIN_POLL).await;
     if gone(state) {
         tracing::info!(
+            event = "stopped",
             elapsed_ms = started.elapsed().as_millis() as u64,
             "shutdown complete"
         );
     } else {
         tracing::warn!(
+            event = "stopped",
+            elapsed_ms = started.elapsed().as_millis() as u64,
             streams = state.stats.streams_active(),
             connections = state.stats.http_active(),
             "shutdown timeout reached; dropping what is left"
@@ -411,6 +447,7 @@ where
                 state.stats.accepted.fetch_add(1, Relaxed);
                 if let Some(since) = fd_limit_since.take() {
                     tracing::info!(
+                        event = "fd_limit_cleared",
                         paused_ms = since.elapsed().as_millis() as u64,
                         "file descriptors available again; accepting"
                     );
@@ -422,6 +459,7 @@ where
                 if fd_limit_since.is_none() {
                     fd_limit_since = Some(Instant::now());
                     tracing::warn!(
+                        event = "fd_limit",
                         cause = %e,
                         streams = state.stats.streams_active(),
                         connections = state.stats.http_active(),
@@ -439,7 +477,7 @@ where
                 ) => {}
             Err(e) => {
                 state.stats.accept_errors.fetch_add(1, Relaxed);
-                tracing::warn!(cause = %e, "accept failed");
+                tracing::warn!(event = "accept_error", cause = %e, "accept failed");
                 sleep(ACCEPT_ERROR_BACKOFF).await;
             }
         }

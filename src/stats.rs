@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
+use prometheus_client::metrics::histogram::Histogram;
+
 use serde_json::{Value, json};
 
 /// Counters for one server. Shared by `Arc`; each field is bumped where the
@@ -81,7 +83,24 @@ pub(crate) struct Stats {
     pub(crate) history_replayed: AtomicU64,
     /// Resumes told of a gap (messages after their id may be gone).
     pub(crate) history_gaps: AtomicU64,
+    /// Seconds from a routed message being accepted by this node (its
+    /// `/send` or `/broadcast` body read, or its arrival from the cluster
+    /// bus) to all its bytes being with a stream's socket; one sample per
+    /// stream written. Replays from history are not in it.
+    pub(crate) message_latency: Histogram,
+    /// Seconds each stream lived, observed when it ends.
+    pub(crate) stream_lifetime: Histogram,
 }
+
+/// Upper bounds of the message latency buckets, in seconds: 100 µs to 5 s.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// Upper bounds of the stream lifetime buckets, in seconds: 1 s to a day.
+const LIFETIME_BUCKETS: [f64; 12] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 10800.0, 21600.0, 86400.0,
+];
 
 impl Default for Stats {
     fn default() -> Self {
@@ -125,6 +144,8 @@ impl Stats {
             history_messages: AtomicU64::new(0),
             history_replayed: AtomicU64::new(0),
             history_gaps: AtomicU64::new(0),
+            message_latency: Histogram::new(LATENCY_BUCKETS),
+            stream_lifetime: Histogram::new(LIFETIME_BUCKETS),
         }
     }
 
@@ -149,10 +170,21 @@ impl Stats {
         }
     }
 
-    /// A running stream ended.
-    pub(crate) fn stream_closed(&self) {
+    /// A running stream ended; it lived `lifetime`.
+    pub(crate) fn stream_closed(&self, lifetime: std::time::Duration) {
         self.streams_active.fetch_sub(1, Relaxed);
         self.streams_closed.fetch_add(1, Relaxed);
+        self.stream_lifetime.observe(lifetime.as_secs_f64());
+    }
+
+    /// A message's bytes are all with a stream's socket; `accepted`: when
+    /// this node took it (`None` for a replay from history, which is
+    /// counted but not timed).
+    pub(crate) fn message_written(&self, accepted: Option<Instant>) {
+        self.messages_written.fetch_add(1, Relaxed);
+        if let Some(t) = accepted {
+            self.message_latency.observe(t.elapsed().as_secs_f64());
+        }
     }
 
     /// Streams open now.
@@ -250,7 +282,7 @@ mod tests {
         assert!(s.try_reserve_stream(2));
         assert!(s.try_reserve_stream(2));
         assert!(!s.try_reserve_stream(2));
-        s.stream_closed();
+        s.stream_closed(std::time::Duration::from_secs(1));
         assert!(s.try_reserve_stream(2));
         assert_eq!(s.streams_active(), 2);
     }

@@ -30,7 +30,8 @@ where
         Ok(r) => Some(r),
         Err(payload) => {
             tracing::error!(
-                actor = std::any::type_name::<A>(),
+                event = "actor_panic",
+                actor = %actor_name::<A>(),
                 cause = panic_message(&*payload),
                 "actor panicked in a handler; restarting it"
             );
@@ -40,10 +41,29 @@ where
     }
 }
 
+/// `A`'s name as the `restart` lines give it: `router`, `counter`, `bus`.
+fn actor_name<A>() -> String {
+    let full = std::any::type_name::<A>();
+    let bare = full.split('<').next().unwrap_or(full);
+    bare.rsplit("::").next().unwrap_or(bare).to_ascii_lowercase()
+}
+
 fn panic_message(payload: &(dyn Any + Send)) -> &str {
     payload
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("non-string panic payload")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn actors_are_named_as_in_restart_lines() {
+        assert_eq!(super::actor_name::<crate::counter::Counter>(), "counter");
+        assert_eq!(
+            super::actor_name::<crate::router::Router<crate::stream::Stream>>(),
+            "router"
+        );
+    }
 }

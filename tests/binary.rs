@@ -247,6 +247,8 @@ fn at_the_open_file_limit_streams_survive_and_accepting_resumes() {
         welcomed.len()
     );
     assert!(p.log_contains("open-file limit reached"));
+    let hit = &p.events("fd_limit")[0];
+    assert!(hit["cause"].as_str().unwrap().contains("open files"), "{hit}");
 
     // Existing streams keep ticking.
     for r in welcomed.iter_mut().take(5) {
@@ -275,6 +277,103 @@ fn at_the_open_file_limit_streams_survive_and_accepting_resumes() {
     let stats = p.stats();
     assert!(stats["accept"]["fd_limit"].as_u64().unwrap() > 0, "{stats}");
     assert!(p.log_contains("accepting again"));
+    assert!(p.events("fd_limit_cleared")[0]["paused_ms"].is_u64());
+}
+
+/// JSON logs: the notable events by their stable `event` names, a
+/// summary of slow disconnects per interval rather than a line each, and
+/// the rate limit: a storm of one error writes at most 20 lines per 10 s,
+/// and the rest is counted and reported.
+#[test]
+fn json_logs_name_their_events_and_a_storm_is_rate_limited() {
+    let mut cmd = server();
+    cmd.env("SWITCHBOARD__DEBUG__FAULT_INJECTION", "true")
+        .env("SWITCHBOARD__STREAM__MAX_PENDING_BYTES", "8192");
+    let mut p = Running::start(cmd);
+    let addr = p.addrs[0];
+    let start = &p.events("start")[0];
+    assert_eq!(start["pid"], p.pid(), "{start}");
+    assert_eq!(start["version"], env!("CARGO_PKG_VERSION"));
+    assert!(start["open_files"].as_u64().unwrap() > 64, "{start}");
+    assert_eq!(p.events("bind")[0]["workers"].as_u64().map(|w| w > 0), Some(true));
+    assert_eq!(p.events("config").len(), 1);
+
+    // A storm: 60 Router crashes, each an actor_panic and a restart line.
+    let crashes = 60;
+    let storm = Instant::now();
+    for _ in 0..crashes {
+        let _ = request(addr, "POST", "/admin/crash/router", &[], b"");
+    }
+    let stats = p.stats();
+    assert_eq!(stats["actors"]["router"]["restarts"], crashes, "{stats}");
+    let windows = 1 + storm.elapsed().as_secs() / 10;
+    let written = p.events("restart").len() as u64;
+    assert!(written <= 20 * windows, "{written} restart lines");
+    // Panic messages go through the log too, as JSON, under the same limit.
+    let panics = p.events("panic");
+    assert!(
+        !panics.is_empty() && panics.len() as u64 <= 20 * windows,
+        "{} panic lines",
+        panics.len()
+    );
+    assert!(
+        panics[0]["cause"].as_str().unwrap().contains("fault injection"),
+        "{}",
+        panics[0]
+    );
+    // The report comes within one window and accounts for every line.
+    let report = p.wait_event("log_suppressed", Duration::from_secs(15), |f| {
+        f["statement"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("src/router.rs:"))
+    });
+    assert_eq!(
+        written + report["lines"].as_u64().unwrap(),
+        crashes,
+        "written + suppressed = every restart: {report}"
+    );
+    assert_eq!(report["window_s"], 10);
+    let metrics = request(addr, "GET", "/metrics", &[], b"").unwrap().text();
+    let suppressed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("switchboard_log_lines_suppressed_total "))
+        .expect("the suppressed counter")
+        .parse()
+        .unwrap();
+    assert!(suppressed >= 2 * crashes - 2 * written, "{suppressed}");
+
+    // A client that stops reading is cut; the log sums it up.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut slow: TcpStream = sock.into();
+    std::io::Write::write_all(&mut slow, b"GET /test/slowlog HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+    let msg = "x".repeat(4000);
+    let mut sent = 0;
+    while sent < 2000 && p.stats()["connections"]["slow_disconnects"] == 0 {
+        let r = request(addr, "POST", "/send/slowlog", &[], msg.as_bytes()).unwrap();
+        assert_eq!(r.status, 200);
+        sent += 1;
+    }
+    let summary = p.wait_event("slow_disconnects", Duration::from_secs(15), |_| true);
+    assert_eq!(summary["count"], 1, "{summary}");
+    assert_eq!(summary["total"], 1, "{summary}");
+    assert_eq!(summary["interval_s"], 10);
+    drop(slow);
+
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(10)).success());
+    assert_eq!(p.events("signal")[0]["signal"], "SIGTERM");
+    assert!(p.events("stop")[0]["streams"].is_u64());
+    assert!(p.events("stopped")[0]["elapsed_ms"].is_u64());
+    // Every line is JSON, and every line of switchboard's that is info or
+    // louder names its event.
+    for line in p.log_text().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if v["target"].as_str().is_some_and(|t| t.starts_with("switchboard")) {
+            assert!(v["fields"]["event"].is_string(), "no event: {line}");
+        }
+    }
 }
 
 /// `switchboard token` mints what the server, with the same secret from the

@@ -8,16 +8,18 @@
 //! installs it). Without it the test fails and says so: it never skips.
 
 mod common;
+// Only the browser tests: the other test crates (tools' too) share
+// `common` but not Chromium's dependencies.
+#[path = "common/chromium.rs"]
+mod chromium;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use chromium::Browser;
 use common::{TestServer, settings};
-
-const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Serves the page at `/` and takes the DOM the page posts to `/result`.
 fn page_server(page: Arc<Mutex<String>>) -> (u16, mpsc::Receiver<String>) {
@@ -63,80 +65,6 @@ fn page_server(page: Arc<Mutex<String>>) -> (u16, mpsc::Receiver<String>) {
         }
     });
     (port, rx)
-}
-
-/// Chromium, in its own process group so that stopping it stops its
-/// renderer and helper processes too; and its profile directory.
-struct Browser(Child, #[allow(dead_code)] tempdir::Dir);
-
-impl Browser {
-    fn open(url: &str) -> Self {
-        assert!(
-            std::path::Path::new(CHROMIUM).exists(),
-            "{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); .ci/run does"
-        );
-        let profile = tempdir::Dir::new();
-        use std::os::unix::process::CommandExt;
-        let child = Command::new(CHROMIUM)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--remote-debugging-port=0",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path()))
-            .arg(url)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("start chromium");
-        Browser(child, profile)
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let group = nix::unistd::Pid::from_raw(-(self.0.id() as i32));
-        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM);
-        for _ in 0..50 {
-            if matches!(self.0.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
-}
-
-/// A fresh directory for Chromium's profile, removed afterwards.
-mod tempdir {
-    pub(crate) struct Dir(std::path::PathBuf);
-
-    impl Dir {
-        pub(crate) fn new() -> Self {
-            let p = std::env::temp_dir().join(format!("switchboard-chromium-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-
-        pub(crate) fn path(&self) -> String {
-            self.0.display().to_string()
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// The text of each `<li>` in the list with this `id`.

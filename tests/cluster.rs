@@ -1145,13 +1145,46 @@ fn a_stream_resumes_on_its_node_with_messages_published_elsewhere() {
 #[test]
 fn metrics_carry_the_node_name_in_cluster_mode() {
     let redis = RedisServer::start();
-    let a = start_node(node_settings(&redis, &prefix("metrics"), "node-a"));
+    let p = prefix("metrics");
+    let a = start_node(node_settings(&redis, &p, "node-a"));
+    let b = start_node(node_settings(&redis, &p, "node-b"));
+    let mut on_b = open(b.addr, "far");
+    redis.wait_numsub(&id_channel(&p, "far"), 1, WAIT);
+    assert_eq!(post(a.addr, "/send/far", "over the bus").status, 200);
+    assert!(on_b.message().ends_with("'over the bus'"));
     let body = get(a.addr, "/metrics").text();
     let samples: Vec<&str> = body.lines().filter(|l| !l.starts_with('#')).collect();
     assert!(!samples.is_empty(), "{body}");
     assert!(samples.iter().all(|l| l.contains("node=\"node-a\"")), "{body}");
+    for line in [
+        "switchboard_streams_active{node=\"node-a\"} 0",
+        "switchboard_cluster_bus_connected{node=\"node-a\"} 1",
+        "switchboard_cluster_publishes_total{node=\"node-a\"} 1",
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} in\n{body}");
+    }
+    // The message crossed to b: b timed it from its arrival off the bus.
+    let far = get(b.addr, "/metrics").text();
+    for line in [
+        "switchboard_cluster_received_total{node=\"node-b\"} 1",
+        "switchboard_message_latency_seconds_count{node=\"node-b\"} 1",
+    ] {
+        assert!(far.lines().any(|l| l == line), "{line} in\n{far}");
+    }
+    // promtool accepts the cluster's exposition too.
+    let mut lint = Command::new("/usr/bin/promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/promtool (apt-get install -y prometheus)");
+    std::io::Write::write_all(&mut lint.stdin.take().unwrap(), far.as_bytes()).unwrap();
+    let out = lint.wait_with_output().unwrap();
     assert!(
-        body.contains("switchboard_streams_active{node=\"node-a\"} 0"),
-        "{body}"
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -77,6 +77,45 @@ fn metrics_are_typed_named_and_pass_promtool() {
         "{st}"
     );
 
+    // The histograms: the message was timed once (it reached one stream);
+    // a stream's lifetime is observed when it ends.
+    assert!(
+        body.contains("# TYPE switchboard_message_latency_seconds histogram"),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "switchboard_message_latency_seconds_count"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&body, "switchboard_message_latency_seconds_bucket{le=\"+Inf\"}"),
+        Some(1.0)
+    );
+    let took = sample(&body, "switchboard_message_latency_seconds_sum").unwrap();
+    assert!(took > 0.0 && took < 1.0, "{took} s");
+    assert_eq!(
+        sample(&body, "switchboard_stream_lifetime_seconds_count"),
+        Some(0.0)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    drop(plain);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let ended = loop {
+        let now = srv.get("/metrics").text();
+        if sample(&now, "switchboard_stream_lifetime_seconds_count") == Some(1.0) {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "no lifetime observed: {now}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let lived = sample(&ended, "switchboard_stream_lifetime_seconds_sum").unwrap();
+    assert!((0.3..5.0).contains(&lived), "lived {lived} s");
+    assert_eq!(
+        sample(&ended, "switchboard_stream_lifetime_seconds_bucket{le=\"1\"}"),
+        Some(1.0),
+        "{ended}"
+    );
+
     let mut lint = Command::new(tool("promtool"))
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

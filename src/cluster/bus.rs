@@ -167,6 +167,7 @@ impl Bus {
             // SUBSCRIBEs in flight are lost with the link.
             self.subscribed.do_send(Subscribed::All);
             tracing::warn!(
+                event = "bus_down",
                 cause = why,
                 "cluster bus lost its Redis link; local delivery goes on, publishing answers 503"
             );
@@ -221,6 +222,7 @@ impl Bus {
                     bus.cluster.stats.errors.fetch_add(1, Relaxed);
                     if bus.attempts == 0 || bus.attempts.is_power_of_two() {
                         tracing::warn!(
+                            event = "bus_down",
                             cause,
                             attempts = bus.attempts + 1,
                             "cluster bus cannot reach Redis; retrying"
@@ -278,7 +280,12 @@ impl Bus {
                 bus.set_subscriptions(ids.len() as u64);
                 if !reconnect && !after_failures {
                     bus.cluster.stats.connected.store(true, Relaxed);
-                    tracing::info!(ids = ids.len(), reconnect, "cluster bus connected and subscribed");
+                    tracing::info!(
+                        event = "bus_up",
+                        ids = ids.len(),
+                        reconnect,
+                        "cluster bus connected and subscribed"
+                    );
                     return;
                 }
                 bus.cluster
@@ -292,6 +299,7 @@ impl Bus {
                 // answering 503 (and /readyz 503) that long.
                 let settle = bus.settle();
                 tracing::info!(
+                    event = "bus_up",
                     ids = ids.len(),
                     reconnect,
                     settle_ms = settle.as_millis() as u64,
@@ -599,7 +607,11 @@ impl Supervised for Bus {
         self.generation += 1;
         self.attempts = 0;
         self.subscribed.do_send(Subscribed::All);
-        tracing::warn!("cluster bus restarted; reconnecting and resubscribing");
+        tracing::warn!(
+            event = "restart",
+            actor = "bus",
+            "cluster bus restarted; reconnecting and resubscribing"
+        );
     }
 }
 
@@ -646,6 +658,7 @@ impl Bus {
         let Some((origin, text)) = parse_payload(payload) else {
             if stats.malformed.fetch_add(1, Relaxed) == 0 {
                 tracing::warn!(
+                    event = "bus_malformed",
                     channel = %channel,
                     "a bus message is not \"<instance> <one line>\"; dropped (counted in /stats cluster.malformed)"
                 );
@@ -657,12 +670,14 @@ impl Bus {
             return;
         }
         let text: Arc<str> = Arc::from(text);
+        let accepted = std::time::Instant::now();
         if channel == self.cluster.names.broadcast() {
-            self.broadcast.do_send(Broadcast { msg: text });
+            self.broadcast.do_send(Broadcast { msg: text, accepted });
         } else if let Some(id) = self.cluster.names.id_of(&channel) {
             self.publish.do_send(Publish {
                 id: id.to_owned(),
                 msg: text,
+                accepted,
             });
         } else {
             stats.malformed.fetch_add(1, Relaxed);

@@ -139,6 +139,44 @@ pub(crate) struct NodeInfo {
     streams: u64,
     uptime_s: u64,
     addr: String,
+    /// The figures the dashboard shows per node, as of `at_ms` (default 0
+    /// from a node of an older version, which does not write them).
+    #[serde(flatten)]
+    figures: NodeFigures,
+}
+
+/// A node's counters in its heartbeat, for the dashboard's row per node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct NodeFigures {
+    /// Streams ever opened.
+    opened: u64,
+    /// Messages accepted by its Router.
+    routed: u64,
+    /// Message events dropped.
+    dropped: u64,
+    /// Streams cut for not reading.
+    slow_disconnects: u64,
+    /// Its resident set size.
+    rss_bytes: u64,
+    /// Router, Counter and Bus restarts.
+    restarts: u64,
+    /// When these were read (ms since the epoch), for rates.
+    at_ms: u64,
+}
+
+impl NodeFigures {
+    fn of(s: &Stats, bus_restarts: u64) -> Self {
+        NodeFigures {
+            opened: s.streams_opened.load(Relaxed),
+            routed: s.messages_routed.load(Relaxed),
+            dropped: s.messages_dropped.load(Relaxed),
+            slow_disconnects: s.slow_disconnects.load(Relaxed),
+            rss_bytes: crate::stats::rss_bytes().unwrap_or(0),
+            restarts: s.router_restarts.load(Relaxed) + s.counter_restarts.load(Relaxed) + bus_restarts,
+            at_ms: now_ms(),
+        }
+    }
 }
 
 /// This node's side of the cluster: names, the command connection, its
@@ -205,6 +243,7 @@ impl Cluster {
             settings.node_name.clone()
         };
         tracing::info!(
+            event = "cluster",
             node = %node,
             redis = %redact_url(&settings.redis_url),
             prefix = %settings.prefix,
@@ -339,6 +378,7 @@ impl Cluster {
             streams: self.server_stats.streams_active() as u64,
             uptime_s: self.started.elapsed().as_secs(),
             addr: self.addr.clone(),
+            figures: NodeFigures::of(&self.server_stats, self.stats.restarts.load(Relaxed)),
         }
     }
 
@@ -383,6 +423,7 @@ impl Cluster {
             && self.stats.name_conflicts.fetch_add(1, Relaxed).is_multiple_of(60)
         {
             tracing::error!(
+                event = "name_conflict",
                 node = %self.node,
                 other_pid = other.pid,
                 other_host = %other.host,
@@ -485,6 +526,7 @@ pub(crate) fn single_view(stats: &Stats, addr: &str) -> Value {
         streams: stats.streams_active() as u64,
         uptime_s: stats.uptime().as_secs(),
         addr: addr.to_owned(),
+        figures: NodeFigures::of(stats, 0),
     };
     view_json("single", &me.name.clone(), &[me])
 }

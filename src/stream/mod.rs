@@ -25,7 +25,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{self, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handler, WeakAddr};
 use actix_rt::net::TcpStream;
@@ -38,7 +38,7 @@ use tungstenite::protocol::frame::coding::Control;
 use crate::config::StreamSettings;
 use crate::handshake::{StreamRequest, Transport};
 use crate::history::Resume;
-use crate::id::{ConnId, next_conn_id};
+use crate::id::{ConnId, conn_age, next_conn_id};
 use crate::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
@@ -510,7 +510,7 @@ impl Actor for Stream {
         stats
             .messages_dropped
             .fetch_add(self.sink.pending_messages() as u64, Relaxed);
-        stats.stream_closed();
+        stats.stream_closed(conn_age(self.f.conn));
     }
 }
 
@@ -556,7 +556,7 @@ impl Stream {
                 self.f.shared.stats.messages_dropped.fetch_add(left, Relaxed);
                 break;
             }
-            ok = self.message(ctx, &msg, Some(event));
+            ok = self.message(ctx, &msg, Some(event), None);
         }
         if ok {
             ticker::register(me, self.f.shared.settings.tick_interval());
@@ -565,7 +565,15 @@ impl Stream {
 
     /// Writes one message; one refused is counted dropped here (one
     /// written is counted by the sink).
-    fn message(&mut self, ctx: &mut Context<Self>, msg: &str, event: Option<u64>) -> bool {
+    /// `accepted`: when this node took it, for the latency histogram
+    /// (`None`: a replay from history).
+    fn message(
+        &mut self,
+        ctx: &mut Context<Self>,
+        msg: &str,
+        event: Option<u64>,
+        accepted: Option<Instant>,
+    ) -> bool {
         if let (Some(x), Some(event)) = (&mut self.x, event) {
             x.position = x.position.max(event);
         }
@@ -574,7 +582,7 @@ impl Stream {
         let ok = self.emit(
             ctx,
             Kind::Message,
-            Event::Message,
+            Event::Message(accepted),
             format_args!("Recvd msg #{seq}: '{msg}'"),
         );
         if !ok {
@@ -598,8 +606,8 @@ impl Handler<Deliver> for Stream {
     type Result = ();
 
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
-        let (msg, event) = m.arrived();
-        self.message(ctx, &msg, event);
+        let (msg, event, accepted) = m.arrived();
+        self.message(ctx, &msg, event, Some(accepted));
     }
 }
 

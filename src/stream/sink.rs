@@ -22,6 +22,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use actix_rt::net::TcpStream;
 use bytes::Bytes;
@@ -68,8 +69,9 @@ pub(crate) enum Framing {
 pub(crate) enum Event {
     /// A routed message: counted written once all its bytes reach the
     /// kernel (or actix-web takes it from the body queue), dropped if the
-    /// stream ends first.
-    Message,
+    /// stream ends first. When this node accepted it, for the latency
+    /// histogram; `None` for a replay from history.
+    Message(Option<Instant>),
     /// The welcome line or a tick.
     Other,
 }
@@ -82,8 +84,9 @@ pub(crate) struct Pending {
     /// Bytes already moved from `bytes` to the kernel.
     drained: usize,
     /// For each message not yet wholly with the kernel: `drained` plus its
-    /// end within `bytes` at the time, i.e. where it ends in the same count.
-    ends: VecDeque<usize>,
+    /// end within `bytes` at the time, i.e. where it ends in the same count;
+    /// and when it was accepted.
+    ends: VecDeque<(usize, Option<Instant>)>,
 }
 
 impl Pending {
@@ -91,9 +94,11 @@ impl Pending {
     fn drain(&mut self, n: usize, stats: &Stats) {
         self.bytes.drain(..n);
         self.drained += n;
-        while self.ends.front().is_some_and(|&end| end <= self.drained) {
+        while let Some(&(end, accepted)) = self.ends.front()
+            && end <= self.drained
+        {
             self.ends.pop_front();
-            stats.messages_written.fetch_add(1, Relaxed);
+            stats.message_written(accepted);
         }
     }
 }
@@ -300,8 +305,8 @@ fn write_all(
             std::array::from_fn(|i| IoSlice::new(parts.get(i).copied().unwrap_or_default()));
         match io.try_write_vectored(&slices[..parts.len()]) {
             Ok(n) if n == total => {
-                if event == Event::Message {
-                    stats.messages_written.fetch_add(1, Relaxed);
+                if let Event::Message(accepted) = event {
+                    stats.message_written(accepted);
                 }
                 return Ok(Written::Done);
             }
@@ -320,8 +325,8 @@ fn write_all(
         p.bytes.extend_from_slice(&part[s..]);
         skip -= s;
     }
-    if event == Event::Message {
-        p.ends.push_back(p.drained + p.bytes.len());
+    if let Event::Message(accepted) = event {
+        p.ends.push_back((p.drained + p.bytes.len(), accepted));
     }
     Ok(Written::Pending)
 }
@@ -340,8 +345,8 @@ fn chunk_head(len: usize, buf: &mut [u8; 18]) -> &[u8] {
 /// the same worker thread, hence `Rc<RefCell<_>>` and no channel.
 pub(crate) struct BodyQueue {
     /// Event lines not yet taken by actix-web's HTTP/1 dispatcher; each
-    /// becomes one chunk. `true` marks a message.
-    lines: VecDeque<(Bytes, bool)>,
+    /// becomes one chunk. What each is, for the message books.
+    lines: VecDeque<(Bytes, Event)>,
     /// Total bytes in `lines`, held under the pending bound.
     bytes: usize,
     /// The Stream has ended; the body ends once `lines` is drained.
@@ -387,8 +392,7 @@ impl BodyQueue {
             return Err(SinkError::Full);
         }
         self.bytes += line.len();
-        self.lines
-            .push_back((Bytes::copy_from_slice(line), event == Event::Message));
+        self.lines.push_back((Bytes::copy_from_slice(line), event));
         if let Some(w) = self.reader.take() {
             w.wake();
         }
@@ -398,7 +402,11 @@ impl BodyQueue {
 
 impl Drop for BodyQueue {
     fn drop(&mut self) {
-        let left = self.lines.iter().filter(|(_, message)| *message).count();
+        let left = self
+            .lines
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::Message(_)))
+            .count();
         self.stats.messages_dropped.fetch_add(left as u64, Relaxed);
     }
 }
@@ -419,10 +427,10 @@ impl futures_core::Stream for BodyStream {
         if q.aborted {
             return Poll::Ready(Some(Err(Aborted)));
         }
-        if let Some((line, message)) = q.lines.pop_front() {
+        if let Some((line, event)) = q.lines.pop_front() {
             q.bytes -= line.len();
-            if message {
-                q.stats.messages_written.fetch_add(1, Relaxed);
+            if let Event::Message(accepted) = event {
+                q.stats.message_written(accepted);
             }
             Poll::Ready(Some(Ok(line)))
         } else if q.done {

@@ -57,6 +57,34 @@ impl Proc {
             .collect()
     }
 
+    /// The `fields` of every JSON log line whose `event` is `event`.
+    pub fn events(&self, event: &str) -> Vec<Value> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["fields"]["event"] == event)
+            .map(|v| v["fields"].clone())
+            .collect()
+    }
+
+    /// Waits up to `within` for a log line of `event` that `ok` accepts.
+    pub fn wait_event(&self, event: &str, within: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(f) = self.events(event).into_iter().find(&ok) {
+                return f;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {event} line within {within:?}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }

@@ -131,7 +131,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
     let mut slots = Vec::with_capacity(n);
     for index in 0..n {
         let pid = start(index)?;
-        tracing::info!(index, pid, "started server process");
+        tracing::info!(event = "process_start", index, pid, "started server process");
         slots.push(Slot {
             pid: Some(pid),
             started: Instant::now(),
@@ -140,7 +140,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
             delay: RESTART_MIN,
         });
     }
-    tracing::info!(processes = n, pids = ?slots.iter().filter_map(|s| s.pid).collect::<Vec<_>>(), "fleet running");
+    tracing::info!(event = "fleet", processes = n, pids = ?slots.iter().filter_map(|s| s.pid).collect::<Vec<_>>(), "fleet running");
     let signal = loop {
         let event = tokio::select! {
             _ = int.recv() => break "SIGINT",
@@ -159,6 +159,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
                     .filter(|c| *c != 0);
                 if slot.first_start && lived < FAILED_START && failed_code.is_some() {
                     tracing::error!(
+                        event = "process_failed",
                         index,
                         pid,
                         code = failed_code,
@@ -174,6 +175,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
                 };
                 slot.restarts += 1;
                 tracing::warn!(
+                    event = "process_exit",
                     index,
                     pid,
                     status = %describe(&status),
@@ -192,10 +194,22 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
                 Ok(pid) => {
                     let slot = &mut slots[index];
                     (slot.pid, slot.started, slot.first_start) = (Some(pid), Instant::now(), false);
-                    tracing::info!(index, pid, restarts = slot.restarts, "restarted server process");
+                    tracing::info!(
+                        event = "restart",
+                        actor = "process",
+                        index,
+                        pid,
+                        restarts = slot.restarts,
+                        "restarted server process"
+                    );
                 }
                 Err(e) => {
-                    tracing::error!(index, cause = %e, "could not start a server process; retrying");
+                    tracing::error!(
+                        event = "process_failed",
+                        index,
+                        cause = %e,
+                        "could not start a server process; retrying"
+                    );
                     let tx = tx.clone();
                     let delay = slots[index].delay;
                     tokio::spawn(async move {
@@ -207,7 +221,11 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
             None => unreachable!("the parent holds a sender"),
         }
     };
-    tracing::info!(signal, "signal received; stopping every server process");
+    tracing::info!(
+        event = "stop",
+        signal,
+        "signal received; stopping every server process"
+    );
     Ok(if stop_all(&mut slots, &mut rx, settings).await {
         ExitCode::SUCCESS
     } else {
@@ -228,7 +246,7 @@ async fn stop_all(slots: &mut [Slot], rx: &mut mpsc::UnboundedReceiver<Event>, s
             e = rx.recv() => e,
             () = tokio::time::sleep_until(deadline), if !killed => {
                 for pid in slots.iter().filter_map(|s| s.pid) {
-                    tracing::error!(pid, "server process did not exit in time; killing it");
+                    tracing::error!(event = "process_killed", pid, "server process did not exit in time; killing it");
                     signal_pid(pid, Signal::SIGKILL);
                 }
                 (clean, killed) = (false, true);
@@ -240,7 +258,13 @@ async fn stop_all(slots: &mut [Slot], rx: &mut mpsc::UnboundedReceiver<Event>, s
                 slots[index].pid = None;
                 let ok = status.as_ref().is_ok_and(ExitStatus::success);
                 clean &= ok;
-                tracing::info!(index, pid, status = %describe(&status), "server process exited");
+                tracing::info!(
+                    event = "process_exit",
+                    index,
+                    pid,
+                    status = %describe(&status),
+                    "server process exited"
+                );
             }
             Some(Event::Restart(_)) => {}
             None => break,

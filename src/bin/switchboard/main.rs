@@ -63,13 +63,27 @@ fn main() -> anyhow::Result<ExitCode> {
         }
     })?;
     switchboard::telemetry::init(&settings.log)?;
+    let (version, pid) = (env!("CARGO_PKG_VERSION"), std::process::id());
     if settings.server.processes > 1 {
+        tracing::info!(
+            event = "start",
+            version,
+            pid,
+            processes = settings.server.processes,
+            "switchboard fleet starting"
+        );
         return fleet::run(&settings, cli.config.as_deref());
     }
     // Streams are file descriptors: use the whole hard limit, not the soft one.
     match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(n) => tracing::info!(open_files = n, "open-file limit"),
-        Err(e) => tracing::warn!(cause = %e, "could not read or raise the open-file limit"),
+        Ok(open_files) => tracing::info!(event = "start", version, pid, open_files, "switchboard starting"),
+        Err(e) => tracing::warn!(
+            event = "start",
+            version,
+            pid,
+            cause = %e,
+            "switchboard starting; could not read or raise the open-file limit"
+        ),
     }
     let server = Server::bind(settings)?;
     actix::System::new().block_on(server.run(shutdown_signal()))?;
@@ -85,7 +99,7 @@ async fn shutdown_signal() {
         return std::future::pending().await;
     };
     tokio::select! {
-        _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
-        _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
+        _ = int.recv() => tracing::info!(event = "signal", signal = "SIGINT", "signal received"),
+        _ = term.recv() => tracing::info!(event = "signal", signal = "SIGTERM", "signal received"),
     }
 }
