@@ -25,6 +25,10 @@ const PAGE: &str = include_str!("dashboard.html");
 /// How often the feed sends a sample.
 const INTERVAL: Duration = Duration::from_secs(1);
 
+/// How old a cluster view a sample may show: so that every open dashboard
+/// together costs one read from Redis a second.
+const VIEW_MAX_AGE: Duration = Duration::from_millis(900);
+
 /// `GET /`: the page, with the figures of the moment.
 pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
     let s = state.stats.snapshot();
@@ -38,10 +42,7 @@ pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
         n(&s["actors"]["router"]["restarts"]),
         n(&s["actors"]["counter"]["restarts"]),
     );
-    let bus = state
-        .cluster
-        .as_ref()
-        .map_or(0, |c| c.stats.restarts.load(Relaxed));
+    let bus = state.cluster.as_ref().map(|c| c.stats.restarts.load(Relaxed));
     let fill: [(&str, String); 15] = [
         ("node", escape(&node)),
         ("uptime", format!("{} s", n(&s["uptime_s"]))),
@@ -55,10 +56,13 @@ pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
         ("rss_text", bytes(n(&s["memory"]["rss_bytes"]))),
         ("per_stream", per.map_or_else(String::new, |b| b.to_string())),
         ("per_stream_text", per.map_or_else(|| "–".to_owned(), bytes)),
-        ("restarts", (router + counter + bus).to_string()),
+        ("restarts", (router + counter + bus.unwrap_or(0)).to_string()),
         (
             "restarts_detail",
-            format!("router {router} · dispatcher {counter} · bus {bus}"),
+            match bus {
+                Some(bus) => format!("router {router} · dispatcher {counter} · bus {bus}"),
+                None => format!("router {router} · dispatcher {counter}"),
+            },
         ),
         (
             "cluster_hidden",
@@ -105,7 +109,8 @@ async fn sample(state: &Arc<ServerState>) -> Value {
     let (node, cluster) = match &state.cluster {
         Some(c) => {
             stats["cluster"] = c.snapshot();
-            let view = match c.view().await {
+            // Shared by every open dashboard: one read from Redis a second.
+            let view = match c.recent_view(VIEW_MAX_AGE).await {
                 Ok(v) => v,
                 Err(e) => json!({ "error": e.to_string() }),
             };

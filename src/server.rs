@@ -328,7 +328,10 @@ async fn run_worker(
     let http = match http_service(&state, local_addr).new_service(()).await {
         Ok(s) => Rc::new(s),
         Err(()) => {
-            tracing::error!("worker could not build its HTTP service; it serves nothing");
+            tracing::error!(
+                event = "worker_failed",
+                "worker could not build its HTTP service; it serves nothing"
+            );
             return;
         }
     };
@@ -342,7 +345,11 @@ async fn run_worker(
                     Arc::clone(&slots),
                 ));
             }
-            Err(e) => tracing::error!(cause = %e, "worker could not register a listener"),
+            Err(e) => tracing::error!(
+                event = "worker_failed",
+                cause = %e,
+                "worker could not register a listener"
+            ),
         }
     }
     let _ = ready.send(()).await;

@@ -12,10 +12,13 @@
 //! So a storm of one error (a client flood, Redis gone) cannot flood the
 //! log, and what it hid is still visible.
 //!
-//! Hand-written on tracing-subscriber's own `Filter` trait (about 60
+//! Hand-written on tracing-subscriber's own `Filter` trait (about 100
 //! lines) rather than through `tracing-throttle`: that crate throttles by
 //! signature, the event's field values included, so a storm whose lines
 //! differ in one field (a stream id, a peer address) would pass it.
+//! A statement is a `file:line` (lines of crates that log through the `log`
+//! crate, such as actix, are told apart by their own file and line); a
+//! panic counts by its location.
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -23,8 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use tracing::callsite::Identifier;
 use tracing::{Event, Metadata};
+use tracing_log::NormalizeEvent;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
@@ -82,11 +85,17 @@ pub fn init(log: &LogSettings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends panic messages through the log (one JSON line, rate-limited, with
+/// The target of panic lines; they are limited by the panic hook itself
+/// (per panic location), not again by the filter.
+const PANIC_TARGET: &str = "switchboard::panic";
+
+/// Sends panic messages through the log (one JSON line with
 /// `event = "panic"`) instead of the default hook's lines of plain text on
 /// stderr. The supervised actors recover from a panic in a handler, so a
 /// panic is not the end of the process, and a storm of them must not flood
-/// the log either. `RUST_BACKTRACE=1` adds the backtrace as a field.
+/// the log either: they are limited like any statement, but per panic
+/// location, so a storm of one panic cannot hide a different one (such as
+/// the one that ends the process). `RUST_BACKTRACE=1` adds the backtrace.
 fn log_panics() {
     let backtraces = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
     std::panic::set_hook(Box::new(move |info| {
@@ -100,18 +109,49 @@ fn log_panics() {
             .location()
             .map(|l| format!("{}:{}", l.file(), l.line()))
             .unwrap_or_default();
+        if !LIMITER.admit(Statement {
+            at: format!("panic at {location}"),
+            level: tracing::Level::ERROR,
+            target: PANIC_TARGET.to_owned(),
+        }) {
+            return;
+        }
         let thread = std::thread::current();
         let thread = thread.name().unwrap_or("unnamed");
         if backtraces {
             let backtrace = std::backtrace::Backtrace::force_capture().to_string();
-            tracing::error!(event = "panic", cause, location, thread, backtrace, "panic");
+            tracing::error!(target: PANIC_TARGET, event = "panic", cause, location, thread, backtrace, "panic");
         } else {
-            tracing::error!(event = "panic", cause, location, thread, "panic");
+            tracing::error!(target: PANIC_TARGET, event = "panic", cause, location, thread, "panic");
         }
     }));
 }
 
-/// One log statement's window.
+/// What the limit counts lines of: a log statement (`file:line`; for a
+/// panic, its location), with its level and target for the report.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Statement {
+    at: String,
+    level: tracing::Level,
+    target: String,
+}
+
+impl Statement {
+    /// The statement that wrote `event`. Lines from crates that use the
+    /// `log` crate (actix, actix-web) all come through one callsite per
+    /// level; their own target, file and line tell them apart.
+    fn of(event: &Event<'_>) -> Self {
+        let normalized = event.normalized_metadata();
+        let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
+        Statement {
+            at: format!("{}:{}", meta.file().unwrap_or("?"), meta.line().unwrap_or(0)),
+            level: *meta.level(),
+            target: meta.target().to_owned(),
+        }
+    }
+}
+
+/// One statement's window.
 struct Window {
     /// When it began.
     start: Instant,
@@ -119,24 +159,21 @@ struct Window {
     lines: u64,
     /// Lines dropped and not yet reported.
     dropped: u64,
-    /// The statement, for the report.
-    meta: &'static Metadata<'static>,
 }
 
-/// Every log statement's window, by callsite.
+/// Every statement's window.
 #[derive(Default)]
-struct Limiter(Mutex<HashMap<Identifier, Window>>);
+struct Limiter(Mutex<HashMap<Statement, Window>>);
 
 impl Limiter {
-    /// Whether one more line of `meta`'s statement may be written now.
-    fn admit(&self, meta: &'static Metadata<'static>) -> bool {
+    /// Whether one more line of `statement` may be written now.
+    fn admit(&self, statement: Statement) -> bool {
         let now = Instant::now();
         let mut windows = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let w = windows.entry(meta.callsite()).or_insert(Window {
+        let w = windows.entry(statement).or_insert(Window {
             start: now,
             lines: 0,
             dropped: 0,
-            meta,
         });
         if now.duration_since(w.start) >= WINDOW {
             w.start = now;
@@ -156,21 +193,21 @@ impl Limiter {
     /// many. (The lock is not held while logging: the line goes through
     /// [`Limiter::admit`] too.)
     fn report(&self) {
-        let lost: Vec<(&'static Metadata<'static>, u64)> = {
+        let lost: Vec<(Statement, u64)> = {
             let mut windows = self.0.lock().unwrap_or_else(|p| p.into_inner());
             windows
-                .values_mut()
-                .filter(|w| w.dropped > 0)
-                .map(|w| (w.meta, std::mem::take(&mut w.dropped)))
+                .iter_mut()
+                .filter(|(_, w)| w.dropped > 0)
+                .map(|(s, w)| (s.clone(), std::mem::take(&mut w.dropped)))
                 .collect()
         };
-        for (meta, lines) in lost {
+        for (statement, lines) in lost {
             tracing::warn!(
                 event = "log_suppressed",
                 lines,
-                statement = %format_args!("{}:{}", meta.file().unwrap_or("?"), meta.line().unwrap_or(0)),
-                level = %meta.level(),
-                target = meta.target(),
+                statement = %statement.at,
+                level = %statement.level,
+                target = %statement.target,
                 window_s = WINDOW.as_secs(),
                 "log lines dropped by the rate limit ({BURST} per statement per {}s)",
                 WINDOW.as_secs()
@@ -193,7 +230,7 @@ impl<S> Filter<S> for RateLimit {
     }
 
     fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
-        LIMITER.admit(event.metadata())
+        event.metadata().target() == PANIC_TARGET || LIMITER.admit(Statement::of(event))
     }
 }
 
@@ -221,10 +258,21 @@ mod tests {
         );
         let limiter = Limiter::default();
         let before = suppressed();
-        let admitted = (0..BURST + 30).filter(|_| limiter.admit(&META)).count() as u64;
+        let values = META.fields().value_set(&[]);
+        let event = Event::new(&META, &values);
+        let admitted = (0..BURST + 30)
+            .filter(|_| limiter.admit(Statement::of(&event)))
+            .count() as u64;
         assert_eq!(admitted, BURST);
         assert!(suppressed() - before >= 30);
+        // Another statement has its own budget.
+        let other = Statement {
+            at: "elsewhere:1".into(),
+            level: tracing::Level::WARN,
+            target: "t".into(),
+        };
+        assert!(limiter.admit(other));
         let windows = limiter.0.lock().unwrap();
-        assert_eq!(windows[&META.callsite()].dropped, 30);
+        assert_eq!(windows[&Statement::of(&event)].dropped, 30);
     }
 }

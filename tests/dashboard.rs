@@ -23,7 +23,10 @@ use common::{RedisServer, StreamClient, TestServer, request, settings};
 /// Where screenshots go.
 fn artifacts() -> PathBuf {
     let dir = std::env::var_os("SWITCHBOARD_ARTIFACTS").map_or_else(
-        || PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../artifacts"),
+        || {
+            let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+            tmp.parent().unwrap_or(&tmp).join("artifacts")
+        },
         PathBuf::from,
     );
     std::fs::create_dir_all(&dir).unwrap();
@@ -110,10 +113,26 @@ fn open(addr: std::net::SocketAddr, id: &str) -> StreamClient {
     c
 }
 
+/// The real binary (so that the page shows its own memory, not a test
+/// process's), with JSON logs.
+fn binary() -> (common::process::Proc, std::net::SocketAddr) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__SERVER__WORKERS", "2")
+        .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "60000");
+    let (p, addrs) = common::process::Proc::start(cmd);
+    (p, addrs[0])
+}
+
+fn stats(addr: std::net::SocketAddr) -> serde_json::Value {
+    request(addr, "GET", "/stats", &[], b"").unwrap().json()
+}
+
 #[test]
 fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
-    let srv = TestServer::start(settings());
-    let browser = Browser::open(&format!("http://{}/", srv.addr));
+    const STREAMS: usize = 1000;
+    let (_server, addr) = binary();
+    let browser = Browser::open(&format!("http://{addr}/"));
     let mut dt = browser.devtools();
     let before = dom_until(&mut dt, Duration::from_secs(30), "two samples", |d| {
         samples(d) >= 2
@@ -126,19 +145,19 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
     assert_eq!(attr(&before, "f-streams", "data-value"), "0");
     assert_eq!(text(&before, "f-routed"), "0 routed");
 
-    // Traffic: 25 streams, then 60 messages over about 3 s.
-    let streams: Vec<StreamClient> = (0..25).map(|i| open(srv.addr, &format!("dash{i}"))).collect();
+    // Traffic: 1,000 streams, then 60 messages over about 3 s.
+    let streams: Vec<StreamClient> = (0..STREAMS).map(|i| open(addr, &format!("dash{i}"))).collect();
     for n in 0..60 {
-        let r = request(srv.addr, "POST", &format!("/send/dash{}", n % 25), &[], b"hi").unwrap();
+        let r = request(addr, "POST", &format!("/send/dash{}", n % 25), &[], b"hi").unwrap();
         assert_eq!(r.status, 200);
         std::thread::sleep(Duration::from_millis(50));
     }
     let during = dom_until(
         &mut dt,
         Duration::from_secs(10),
-        "25 streams and 60 messages",
+        "1,000 streams and 60 messages",
         |d| {
-            attr(d, "f-streams", "data-value") == "25"
+            attr(d, "f-streams", "data-value") == STREAMS.to_string()
                 && text(d, "f-routed") == "60 routed"
                 && text(d, "f-delivered-total") == "60 delivered"
         },
@@ -147,8 +166,8 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
     let column = |i: usize| -> Vec<f64> { table.iter().map(|r| r[i].parse().unwrap()).collect() };
     let (live, connects, messages) = (column(1), column(2), column(3));
     assert!(
-        live.contains(&0.0) && live.contains(&25.0),
-        "live streams went 0 -> 25: {table:?}"
+        live.contains(&0.0) && live.contains(&(STREAMS as f64)),
+        "live streams went 0 -> {STREAMS}: {table:?}"
     );
     assert!(connects.iter().any(|&c| c > 0.0), "connects/s moved: {table:?}");
     assert!(messages.iter().any(|&m| m > 0.0), "messages/s moved: {table:?}");
@@ -159,10 +178,16 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
         "one chart point per sample"
     );
     let desc = text(&during, "chart-desc");
-    assert!(desc.contains("live streams 0 to 25"), "{desc}");
-    assert_ne!(attr(&during, "f-rss", "data-value"), "0");
+    assert!(desc.contains(&format!("live streams 0 to {STREAMS}")), "{desc}");
+    // The memory figures are the server's own.
+    let now = stats(addr)["memory"]["rss_bytes"].as_u64().unwrap();
+    let rss: u64 = attr(&during, "f-rss", "data-value").parse().unwrap();
+    assert!(rss > 0 && rss.abs_diff(now) < now / 4, "page {rss}, /stats {now}");
     let per_stream: u64 = attr(&during, "f-per-stream", "data-value").parse().unwrap();
-    assert!(per_stream > 0, "bytes per stream shown with streams open");
+    assert!(
+        (100..20_000).contains(&per_stream),
+        "{per_stream} bytes per stream"
+    );
     assert_eq!(attr(&during, "f-restarts", "data-value"), "0");
 
     let png = dt.screenshot();
@@ -180,8 +205,8 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
     let after = dom_until(&mut dt, Duration::from_secs(10), "0 streams again", |d| {
         attr(d, "f-streams", "data-value") == "0"
     });
-    assert_eq!(text(&after, "f-opened"), "25 opened");
-    let st = srv.stats();
+    assert_eq!(text(&after, "f-opened"), format!("{STREAMS} opened"));
+    let st = stats(addr);
     assert!(
         st["connections"]["http_active"].as_u64().unwrap() >= 1,
         "the page's feed is one HTTP connection: {st}"
@@ -238,14 +263,14 @@ fn the_page_reads_without_javascript_and_the_feed_is_sse() {
 
 #[test]
 fn in_cluster_mode_the_page_has_a_row_per_node() {
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
     let prefix = format!("sbt-dash-{}", std::process::id());
     let node = |name: &str| {
         let mut s = settings();
-        s.cluster.redis_url = redis.url();
+        s.cluster.redis_url = url.clone();
         s.cluster.prefix = prefix.clone();
         s.cluster.node_name = name.to_owned();
-        s.cluster.heartbeat_interval_ms = 200;
         let srv = TestServer::start(s);
         let deadline = Instant::now() + Duration::from_secs(10);
         while request(srv.addr, "GET", "/readyz", &[], b"").map_or(true, |r| r.status != 200) {
@@ -273,15 +298,46 @@ fn in_cluster_mode_the_page_has_a_row_per_node() {
         let rows = rows(d, "nodes");
         rows.len() == 2 && rows[0][1] == "2" && rows[1][1] == "3"
     });
-    let rows = rows(&dom, "nodes");
-    assert_eq!(rows[0][0], "dash-a (this one)", "{rows:?}");
-    assert_eq!(rows[1][0], "dash-b", "{rows:?}");
+    let table = rows(&dom, "nodes");
+    assert_eq!(table[0][0], "dash-a (this one)", "{table:?}");
+    assert_eq!(table[1][0], "dash-b", "{table:?}");
     assert_eq!(text(&dom, "node"), "dash-a");
     assert!(
         text(&dom, "cluster-caption").contains("2 nodes, 5 streams"),
         "{dom}"
     );
+
+    // Rates per node, from its heartbeats (once a second by default): more
+    // streams on b show as connects/s in b's row, and stay shown between
+    // heartbeats.
+    let _more: Vec<StreamClient> = (0..6)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(200));
+            open(b.addr, &format!("cb-more{i}"))
+        })
+        .collect();
+    let moving = dom_until(&mut dt, Duration::from_secs(15), "b's connects/s", |d| {
+        let rows = rows(d, "nodes");
+        rows.len() == 2 && rows[1][2].parse::<f64>().is_ok_and(|r| r > 0.0)
+    });
+    let later = dom_until(&mut dt, Duration::from_secs(5), "a later sample", |d| {
+        samples(d) > samples(&moving)
+    });
+    let b_row = &rows(&later, "nodes")[1];
+    assert!(b_row[2].parse::<f64>().is_ok(), "b's rate stays shown: {b_row:?}");
     let shot = artifacts().join("dashboard-cluster.png");
     std::fs::write(&shot, dt.screenshot()).unwrap();
     println!("screenshot: {}", shot.display());
+
+    // Redis gone: the page says the nodes are unknown, and why.
+    redis.kill();
+    let gone = dom_until(&mut dt, Duration::from_secs(20), "nodes unknown", |d| {
+        text(d, "cluster-caption").starts_with("Nodes unknown")
+    });
+    assert!(
+        text(&gone, "cluster-caption").contains("cluster bus unavailable"),
+        "{}",
+        text(&gone, "cluster-caption")
+    );
+    assert!(rows(&gone, "nodes").is_empty());
 }

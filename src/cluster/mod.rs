@@ -199,6 +199,10 @@ pub(crate) struct Cluster {
     addr: String,
     host: String,
     started: Instant,
+    /// The last [`Cluster::view`] for the dashboard and when it was read:
+    /// every open dashboard reads the view once a second, and they share
+    /// one read from Redis a second rather than one each.
+    view_cache: tokio::sync::Mutex<Option<(Instant, Value)>>,
     /// The command connection.
     conn: ConnectionManager,
     /// The client the Bus opens its pub/sub connections with.
@@ -259,6 +263,7 @@ impl Cluster {
             addr,
             host,
             started: Instant::now(),
+            view_cache: tokio::sync::Mutex::new(None),
             conn,
             client,
             lingering: Mutex::new(HashMap::new()),
@@ -458,6 +463,7 @@ impl Cluster {
             .await;
         if left.is_err() {
             tracing::warn!(
+                event = "leave_failed",
                 "could not remove this node from /cluster; it drops out when its heartbeat expires"
             );
         }
@@ -487,6 +493,19 @@ impl Cluster {
             .collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(view_json("cluster", &self.node, &nodes))
+    }
+
+    /// [`Cluster::view`], at most `max_age` old (for the dashboard).
+    pub(crate) async fn recent_view(&self, max_age: Duration) -> Result<Value, ApiError> {
+        let mut cache = self.view_cache.lock().await;
+        if let Some((at, view)) = cache.as_ref()
+            && at.elapsed() < max_age
+        {
+            return Ok(view.clone());
+        }
+        let view = self.view().await?;
+        *cache = Some((Instant::now(), view.clone()));
+        Ok(view)
     }
 
     /// The `cluster` section of `/stats`.

@@ -85,8 +85,14 @@ fn main() -> anyhow::Result<ExitCode> {
             "switchboard starting; could not read or raise the open-file limit"
         ),
     }
-    let server = Server::bind(settings)?;
-    actix::System::new().block_on(server.run(shutdown_signal()))?;
+    // From here the log is set up: a failure (the port taken, say) is a
+    // log line like any other, not plain text on stderr.
+    let served = Server::bind(settings)
+        .and_then(|server| actix::System::new().block_on(server.run(shutdown_signal())));
+    if let Err(e) = served {
+        tracing::error!(event = "fatal", cause = %format!("{e:#}"), "switchboard cannot serve; exiting");
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -95,7 +101,10 @@ async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
     else {
-        tracing::error!("cannot install signal handlers; stop the server with SIGKILL");
+        tracing::error!(
+            event = "signal_handlers",
+            "cannot install signal handlers; stop the server with SIGKILL"
+        );
         return std::future::pending().await;
     };
     tokio::select! {
