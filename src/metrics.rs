@@ -44,6 +44,25 @@ struct StatsCollector(Arc<Stats>);
 /// One counter: its name (without `_total`), help, and atomic.
 type CounterSpec<'a> = (&'a str, &'a str, &'a AtomicU64);
 
+/// One gauge: its name, help, and value now.
+type GaugeSpec<'a> = (&'a str, &'a str, i64);
+
+fn encode_counters(enc: &mut DescriptorEncoder<'_>, counters: &[CounterSpec<'_>]) -> std::fmt::Result {
+    for &(name, help, value) in counters {
+        let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+        ConstCounter::new(value.load(Relaxed)).encode(m)?;
+    }
+    Ok(())
+}
+
+fn encode_gauges(enc: &mut DescriptorEncoder<'_>, gauges: &[GaugeSpec<'_>]) -> std::fmt::Result {
+    for &(name, help, value) in gauges {
+        let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        ConstGauge::new(value).encode(m)?;
+    }
+    Ok(())
+}
+
 impl Collector for StatsCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &*self.0;
@@ -184,10 +203,7 @@ impl Collector for StatsCollector {
                 &s.counter,
             ),
         ];
-        for (name, help, value) in counters {
-            let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
-            ConstCounter::new(value.load(Relaxed)).encode(m)?;
-        }
+        encode_counters(&mut enc, &counters)?;
         // Streams opened, by transport: the plain ones are the rest.
         let (opened, sse, ws) = (
             s.streams_opened.load(Relaxed),
@@ -210,7 +226,7 @@ impl Collector for StatsCollector {
         let active = s.streams_active.load(Relaxed) as i64;
         let rss = rss_bytes().unwrap_or(0) as i64;
         let baseline = s.baseline_rss.load(Relaxed) as i64;
-        let gauges: [(&str, &str, i64); 6] = [
+        let gauges: [GaugeSpec<'_>; 6] = [
             ("streams_active", "Streams open now.", active),
             (
                 "http_connections_active",
@@ -230,10 +246,7 @@ impl Collector for StatsCollector {
                 s.history_messages.load(Relaxed) as i64,
             ),
         ];
-        for (name, help, value) in gauges {
-            let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            ConstGauge::new(value).encode(m)?;
-        }
+        encode_gauges(&mut enc, &gauges)?;
         let per_stream = if active > 0 {
             (rss - baseline).max(0) as f64 / active as f64
         } else {
@@ -269,7 +282,12 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 11] = [
+        let counters: [CounterSpec<'_>; 12] = [
+            (
+                "cluster_bus_restarts",
+                "Supervised restarts of the cluster Bus actor after a crash.",
+                &s.restarts,
+            ),
             (
                 "cluster_subscribe_commands",
                 "SUBSCRIBE and UNSUBSCRIBE commands sent (each carries many ids).",
@@ -322,18 +340,8 @@ impl Collector for ClusterCollector {
                 &s.name_conflicts,
             ),
         ];
-        for (name, help, value) in counters {
-            let m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
-            ConstCounter::new(value.load(Relaxed)).encode(m)?;
-        }
-        let m = enc.encode_descriptor(
-            "cluster_bus_restarts",
-            "Supervised restarts of the cluster Bus actor after a crash.",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(s.restarts.load(Relaxed)).encode(m)?;
-        let gauges: [(&str, &str, i64); 2] = [
+        encode_counters(&mut enc, &counters)?;
+        let gauges: [GaugeSpec<'_>; 2] = [
             (
                 "cluster_bus_connected",
                 "1 while the pub/sub link to Redis is up and subscribed, else 0.",
@@ -345,10 +353,7 @@ impl Collector for ClusterCollector {
                 s.subscriptions.load(Relaxed) as i64,
             ),
         ];
-        for (name, help, value) in gauges {
-            let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            ConstGauge::new(value).encode(m)?;
-        }
+        encode_gauges(&mut enc, &gauges)?;
         Ok(())
     }
 }

@@ -45,28 +45,26 @@ impl Proc {
         self.child.id()
     }
 
-    /// The `fields` of every JSON log line whose message is `message`.
-    pub fn log_fields(&self, message: &str) -> Vec<Value> {
+    /// The `fields` of every JSON log line whose `fields.<key>` is `value`.
+    fn fields_where(&self, key: &str, value: &str) -> Vec<Value> {
         self.log
             .lock()
             .unwrap()
             .iter()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["fields"]["message"] == message)
+            .filter(|v| v["fields"][key] == value)
             .map(|v| v["fields"].clone())
             .collect()
     }
 
+    /// The `fields` of every JSON log line whose message is `message`.
+    pub fn log_fields(&self, message: &str) -> Vec<Value> {
+        self.fields_where("message", message)
+    }
+
     /// The `fields` of every JSON log line whose `event` is `event`.
     pub fn events(&self, event: &str) -> Vec<Value> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["fields"]["event"] == event)
-            .map(|v| v["fields"].clone())
-            .collect()
+        self.fields_where("event", event)
     }
 
     /// Waits up to `within` for a log line of `event` that `ok` accepts.
