@@ -308,7 +308,7 @@ impl Histogram {
             .bounds
             .iter()
             .copied()
-            .chain([f64::MAX])
+            .chain([f64::INFINITY])
             .zip(self.counts.iter().map(|c| c.load(Relaxed)))
             .collect();
         let count = buckets.iter().map(|(_, n)| n).sum();

@@ -91,6 +91,21 @@ fn metrics_are_typed_named_and_pass_promtool() {
         sample(&body, "switchboard_message_latency_seconds_bucket{le=\"+Inf\"}"),
         Some(1.0)
     );
+    let inf: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("switchboard_message_latency_seconds_bucket"))
+        .filter(|l| {
+            !l.contains("le=\"0.")
+                && !l.contains("le=\"1\"")
+                && !l.contains("le=\"2.5\"")
+                && !l.contains("le=\"5\"")
+        })
+        .collect();
+    assert_eq!(
+        inf,
+        ["switchboard_message_latency_seconds_bucket{le=\"+Inf\"} 1"],
+        "one bucket above the bounds: +Inf"
+    );
     let took = sample(&body, "switchboard_message_latency_seconds_sum").unwrap();
     assert!(took > 0.0 && took < 1.0, "{took} s");
     assert_eq!(
