@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::flood::{Flood, FloodSpec, Transport};
 use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir, pause};
-use super::servers::{Server, ServerKind};
+use super::servers::{Matrix, Server, ServerKind};
 use super::table::{Table, fixed, opt, ratio, thousands, times, whole};
 use super::{Common, client, max_streams, procfs};
 use switchboard_tools::cli::parse_duration;
@@ -59,20 +59,9 @@ pub struct Args {
     /// [default: 1000,10000 and the most (19,000 here); --smoke: 100,300].
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
     pub counts: Option<Vec<u64>>,
-    /// Servers to measure [default: switchboard,nchan].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
-    pub servers: Option<Vec<ServerKind>>,
-    /// How switchboard's streams are opened, comma-separated: floodtest's
-    /// `--transport` (chunked, sse, ws); the peers are measured on chunked
-    /// only [default: chunked; --smoke: chunked,sse,ws].
-    #[arg(
-        long,
-        alias = "transport",
-        value_delimiter = ',',
-        value_enum,
-        value_name = "TRANSPORT,..."
-    )]
-    pub transports: Option<Vec<Transport>>,
+    /// Servers and transports.
+    #[command(flatten)]
+    pub matrix: Matrix,
     /// Streams opened per second.
     #[arg(long, default_value_t = 5000.0)]
     pub rate: f64,
@@ -159,9 +148,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         vec![1000, 10_000, max_streams()],
         vec![100, 300],
     );
-    let servers = ServerKind::chosen(&args.servers);
+    let servers = ServerKind::chosen(&args.matrix.servers);
     let transports = c.pick(
-        args.transports.clone(),
+        args.matrix.transports.clone(),
         vec![Transport::Chunked],
         vec![Transport::Chunked, Transport::Sse, Transport::Ws],
     );

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::TempDir;
-use super::servers::{Server, ServerKind};
+use super::servers::{Matrix, Server, ServerKind};
 use super::table::{Table, fixed, opt, thousands, vs_nchan};
 use super::{Common, max_streams};
 use switchboard_tools::cli::parse_duration;
@@ -51,19 +51,9 @@ pub struct Args {
     /// Streams opened per second.
     #[arg(long, default_value_t = 5000.0)]
     pub rate: f64,
-    /// Servers to measure [default: switchboard,nchan].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
-    pub servers: Option<Vec<ServerKind>>,
-    /// How switchboard's streams are opened, comma-separated (chunked, sse,
-    /// ws); the peers are measured on chunked only [default: chunked].
-    #[arg(
-        long,
-        alias = "transport",
-        value_delimiter = ',',
-        value_enum,
-        value_name = "TRANSPORT,..."
-    )]
-    pub transports: Option<Vec<Transport>>,
+    /// Servers and transports.
+    #[command(flatten)]
+    pub matrix: Matrix,
 }
 
 /// What `bench latency` measured.
@@ -98,7 +88,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let streams = c.pick(args.streams, 10_000, 300);
     let msg_rate = c.pick(args.msg_rate, 1000.0, 100.0);
     let send_for = c.pick(args.send_for, Duration::from_secs(30), Duration::from_secs(3));
-    let servers = ServerKind::chosen(&args.servers);
+    let servers = ServerKind::chosen(&args.matrix.servers);
     let max = max_streams();
     if !(2..=max).contains(&streams) {
         bail!("--streams must be between 2 and {max} (the open-file limit less a margin)");
@@ -108,7 +98,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = TempDir::new("latency")?;
     let mut rec = Recorder::new("latency", c.smoke);
     let mut rows = Vec::new();
-    let transports = args.transports.clone().unwrap_or(vec![Transport::Chunked]);
+    let transports = args.matrix.transports.clone().unwrap_or(vec![Transport::Chunked]);
     for (kind, transport) in ServerKind::runs(&servers, &transports) {
         println!(
             "latency: {} with {} streams ({}), {msg_rate} messages/s for {send_for:?}",

@@ -42,6 +42,26 @@ pub enum ServerKind {
     Nchan,
 }
 
+/// Which servers a benchmark measures, and over which transports
+/// switchboard's streams are opened (`bench idle` and `bench latency`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Matrix {
+    /// Servers to measure [default: switchboard,nchan].
+    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
+    pub servers: Option<Vec<ServerKind>>,
+    /// How switchboard's streams are opened, comma-separated: floodtest's
+    /// `--transport` (chunked, sse, ws); the peers are measured on chunked
+    /// only [default: chunked; `bench idle --smoke`: chunked,sse,ws].
+    #[arg(
+        long,
+        alias = "transport",
+        value_delimiter = ',',
+        value_enum,
+        value_name = "TRANSPORT,..."
+    )]
+    pub transports: Option<Vec<Transport>>,
+}
+
 impl ServerKind {
     /// What a benchmark over `servers` and `transports` measures, in order:
     /// switchboard over each transport, a peer on chunked streams only.
