@@ -172,19 +172,23 @@ impl Stats {
 
     /// A running stream ended; it lived `lifetime`.
     pub(crate) fn stream_closed(&self, lifetime: std::time::Duration) {
+        // Timed before it is counted, so a reader that sees it counted
+        // sees it timed too (on x86; the counters are Relaxed, not an order).
+        self.stream_lifetime.observe(lifetime);
         self.streams_active.fetch_sub(1, Relaxed);
         self.streams_closed.fetch_add(1, Relaxed);
-        self.stream_lifetime.observe(lifetime);
     }
 
     /// A message's bytes are all with a stream's socket; `accepted`: when
     /// this node took it (`None` for a replay from history, which is
     /// counted but not timed).
     pub(crate) fn message_written(&self, accepted: Option<Instant>) {
-        self.messages_written.fetch_add(1, Relaxed);
+        // Timed before it is counted, so a reader that sees it counted
+        // sees it timed too (on x86; the counters are Relaxed, not an order).
         if let Some(t) = accepted {
             self.message_latency.observe(t.elapsed());
         }
+        self.messages_written.fetch_add(1, Relaxed);
     }
 
     /// Streams open now.
