@@ -9,7 +9,6 @@
 //! page works out the rates (connects/s, messages/s) from two samples.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use actix_web::HttpResponse;
@@ -31,18 +30,15 @@ const VIEW_MAX_AGE: Duration = Duration::from_millis(900);
 
 /// `GET /`: the page, with the figures of the moment.
 pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
-    let s = state.stats.snapshot();
-    let node = match &state.cluster {
-        Some(c) => c.node.clone(),
-        None => "(single process)".to_owned(),
-    };
+    let s = state.stats_document();
+    let node = state.node_name();
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let per = s["memory"]["bytes_per_connection"].as_u64();
     let (router, counter) = (
         n(&s["actors"]["router"]["restarts"]),
         n(&s["actors"]["counter"]["restarts"]),
     );
-    let bus = state.cluster.as_ref().map(|c| c.stats.restarts.load(Relaxed));
+    let bus = s["cluster"]["restarts"].as_u64();
     let fill: [(&str, String); 15] = [
         ("node", escape(&node)),
         ("uptime", format!("{} s", n(&s["uptime_s"]))),
@@ -105,21 +101,17 @@ pub(crate) async fn events(state: Data<ServerState>) -> HttpResponse {
 
 /// One sample: this node's `/stats`, and the cluster's nodes.
 async fn sample(state: &Arc<ServerState>) -> Value {
-    let mut stats = state.stats.snapshot();
-    let (node, cluster) = match &state.cluster {
-        Some(c) => {
-            stats["cluster"] = c.snapshot();
-            // Shared by every open dashboard: one read from Redis a second.
-            let view = match c.recent_view(VIEW_MAX_AGE).await {
-                Ok(v) => v,
-                Err(e) => json!({ "error": e.to_string() }),
-            };
-            (Value::from(c.node.clone()), view)
-        }
-        None => (Value::from("(single process)"), Value::Null),
+    let cluster = match &state.cluster {
+        // Shared by every open dashboard: one read from Redis a second.
+        Some(c) => match c.recent_view(VIEW_MAX_AGE).await {
+            Ok(v) => v,
+            Err(e) => json!({ "error": e.to_string() }),
+        },
+        None => Value::Null,
     };
+    let stats = state.stats_document();
     json!({
-        "node": node,
+        "node": state.node_name(),
         "uptime_s": state.stats.uptime().as_secs_f64(),
         "stats": stats,
         "cluster": cluster,

@@ -289,11 +289,7 @@ async fn next_count(state: Data<ServerState>) -> Result<HttpResponse, ApiError> 
 
 /// `GET /stats`
 async fn stats(state: Data<ServerState>) -> HttpResponse {
-    let mut snapshot = state.stats.snapshot();
-    if let Some(cluster) = &state.cluster {
-        snapshot["cluster"] = cluster.snapshot();
-    }
-    HttpResponse::Ok().json(snapshot)
+    HttpResponse::Ok().json(state.stats_document())
 }
 
 /// `GET /metrics`: the same counters in the Prometheus text format.

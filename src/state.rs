@@ -42,6 +42,24 @@ pub(crate) struct ServerState {
 }
 
 impl ServerState {
+    /// The `/stats` document: the server's counters, and in cluster mode
+    /// a `cluster` section (also what the dashboard's feed carries).
+    pub(crate) fn stats_document(&self) -> serde_json::Value {
+        let mut snapshot = self.stats.snapshot();
+        if let Some(cluster) = &self.cluster {
+            snapshot["cluster"] = cluster.snapshot();
+        }
+        snapshot
+    }
+
+    /// This node's name as the dashboard shows it.
+    pub(crate) fn node_name(&self) -> String {
+        match &self.cluster {
+            Some(c) => c.node.clone(),
+            None => "(single process)".to_owned(),
+        }
+    }
+
     /// The supervised Router (its address survives restarts).
     pub(crate) fn router(&self) -> &Addr<Router<Stream>> {
         &self.streams.router
