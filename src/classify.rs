@@ -8,8 +8,8 @@
 //! here: the head is checked ([`HeadCheck`]) and discarded as it is read, and
 //! the socket goes to a [`crate::stream::Stream`] actor. Every other
 //! connection goes, bytes untouched, to actix-web, which also has a
-//! `/test/{id}` route for what this path declines (a percent-escaped or
-//! invalid id, an odd query, a second request on a keep-alive connection).
+//! `/test/{id}` route for what this path declines (an invalid id, an odd
+//! query, a second request on a keep-alive connection).
 
 use std::io;
 use std::sync::Arc;
@@ -26,12 +26,14 @@ use crate::id::is_id_byte;
 /// buffer lives in every connection's future while it is being classified.
 const PEEK_SMALL: usize = 128;
 
-/// How much of the request line is peeked at most: room for a query with a
-/// subscriber token (a JWT is 150-400 bytes). Larger lines go to actix-web.
-/// This buffer is allocated only for a stream request line longer than
-/// [`PEEK_SMALL`]: a transient allocation for every connection costs idle
-/// streams RSS through fragmentation (measured: ~90 bytes per stream with
-/// this and the head buffer below allocated for every stream).
+/// How much of the request line is peeked next: room for a query with a
+/// subscriber token (a JWT is 150-400 bytes). A longer line (an identity
+/// provider's token can be several KiB) is peeked once more whole, up to
+/// `server.max_head_bytes`. These buffers are allocated only for a stream
+/// request line longer than [`PEEK_SMALL`]: a transient allocation for
+/// every connection costs idle streams RSS through fragmentation
+/// (measured: ~90 bytes per stream with this and the head buffer below
+/// allocated for every stream).
 pub(crate) const PEEK_BYTES: usize = 1024;
 
 /// First wait before peeking again when the request line is incomplete
@@ -67,6 +69,10 @@ pub(crate) enum Class {
     Timeout,
     /// The client closed or the socket failed before sending a request.
     Gone,
+    /// A request target with a fragment (`#`), which RFC 9112 §3.2 does not
+    /// allow and actix-web would silently cut off (`POST /send/a#b` would
+    /// publish to `a`): refused 400.
+    Fragment,
 }
 
 /// How a lean stream's request line may end: HTTP/1.1 or HTTP/1.0, and
@@ -83,9 +89,10 @@ const SUFFIXES: [(&[u8], bool); 4] = [
 pub(crate) enum HeadError {
     /// Not complete before the deadline: 408.
     Timeout,
-    /// Larger than `server.max_head_bytes`, or more header lines than
-    /// [`MAX_HEADERS`]: 431.
+    /// Larger than `server.max_head_bytes`: 431.
     TooLarge,
+    /// More header lines than [`MAX_HEADERS`]: 431.
+    TooManyHeaders,
     /// Not a valid head by RFC 9112 (the reason says which rule): 400.
     Invalid(&'static str),
     /// The client went away.
@@ -93,7 +100,10 @@ pub(crate) enum HeadError {
 }
 
 /// Peeks the request line of a fresh connection and decides who serves it.
-pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usize) -> Class {
+/// `max_line`: the longest request line a lean stream may have (the head
+/// limit); a longer one goes to actix-web.
+pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usize, max_line: usize) -> Class {
+    let max_line = max_line.max(PEEK_BYTES);
     let mut backoff = PEEK_BACKOFF_START;
     let mut small = [0u8; PEEK_SMALL];
     let mut big = Vec::new();
@@ -105,11 +115,13 @@ pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usiz
             Ok(Ok(n)) => n,
         };
         let full = n == line.len();
-        match decide(&line[..n], full && line.len() == PEEK_BYTES, max_id_len) {
+        let last = line.len() >= max_line;
+        match decide(&line[..n], full && last, max_id_len) {
+            Some(Class::Http) if has_fragment(&line[..n]) => return Class::Fragment,
             Some(class) => return class,
             // A long stream request line: look at more of it at once.
             None if full => {
-                big = vec![0u8; PEEK_BYTES];
+                big = vec![0u8; if big.is_empty() { PEEK_BYTES } else { max_line }];
                 continue;
             }
             // A client that sent part of a line and went away (FIN or RST)
@@ -125,6 +137,19 @@ pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usiz
             }
         }
     }
+}
+
+/// True if the request target in `line` (what was peeked of a request
+/// line) holds a `#`. Only a first request on a connection is peeked; the
+/// rest reach actix-web, which drops a fragment without a word.
+fn has_fragment(line: &[u8]) -> bool {
+    let Some(start) = line.iter().position(|b| *b == b' ') else {
+        return false;
+    };
+    line[start + 1..]
+        .iter()
+        .take_while(|b| !matches!(b, b' ' | b'\r' | b'\n'))
+        .any(|b| *b == b'#')
 }
 
 /// True once the peer has closed its sending side or reset the connection.
@@ -156,11 +181,30 @@ pub(crate) fn decide(buf: &[u8], full: bool, max_id_len: usize) -> Option<Class>
         return more();
     }
     let rest = &buf[STREAM_PREFIX.len()..];
-    let id_len = rest.iter().take_while(|b| is_id_byte(**b)).count();
-    if id_len > max_id_len {
-        return Some(Class::Http);
+    // The id, percent-escapes decoded as actix-web's path extractor does;
+    // an escape that decodes to a byte ids may not hold is actix-web's to
+    // refuse. Nothing is allocated here but the id itself (see PEEK_BYTES).
+    let (mut at, mut id_len, mut escaped) = (0, 0, false);
+    while let Some(&b) = rest.get(at) {
+        if is_id_byte(b) {
+            at += 1;
+        } else if b == b'%' {
+            let (Some(&hi), Some(&lo)) = (rest.get(at + 1), rest.get(at + 2)) else {
+                return more();
+            };
+            if !unescape(hi, lo).is_some_and(is_id_byte) {
+                return Some(Class::Http);
+            }
+            (at, escaped) = (at + 3, true);
+        } else {
+            break;
+        }
+        id_len += 1;
+        if id_len > max_id_len {
+            return Some(Class::Http);
+        }
     }
-    let mut tail = &rest[id_len..];
+    let mut tail = &rest[at..];
     if tail.first() == Some(&b'?') {
         let query = &tail[1..];
         let len = query.iter().take_while(|b| is_query_byte(**b)).count();
@@ -187,12 +231,32 @@ pub(crate) fn decide(buf: &[u8], full: bool, max_id_len: usize) -> Option<Class>
     if id_len == 0 {
         return Some(Class::Http);
     }
-    // unwrap: id bytes are ASCII.
-    let id = std::str::from_utf8(&rest[..id_len]).expect("ASCII id");
-    Some(Class::Stream {
-        id: Arc::from(id),
-        http10,
-    })
+    let raw = &rest[..at];
+    let id: Arc<str> = if escaped {
+        let mut id = String::with_capacity(id_len);
+        let mut bytes = raw.iter();
+        while let Some(&b) = bytes.next() {
+            match b {
+                // unwrap (both): the scan above checked every escape.
+                b'%' => {
+                    let (hi, lo) = (*bytes.next().expect("checked"), *bytes.next().expect("checked"));
+                    id.push(char::from(unescape(hi, lo).expect("checked")));
+                }
+                b => id.push(char::from(b)),
+            }
+        }
+        Arc::from(id)
+    } else {
+        // unwrap: id bytes are ASCII.
+        Arc::from(std::str::from_utf8(raw).expect("ASCII id"))
+    };
+    Some(Class::Stream { id, http10 })
+}
+
+/// The byte a percent-escape `%<hi><lo>` stands for, if both are hex digits.
+fn unescape(hi: u8, lo: u8) -> Option<u8> {
+    let digit = |b: u8| char::from(b).to_digit(16);
+    u8::try_from(digit(hi)? << 4 | digit(lo)?).ok()
 }
 
 /// True for the bytes the `http` crate (under actix-web) accepts in a query:
@@ -206,6 +270,20 @@ pub(crate) const MAX_HEADERS: u8 = 96;
 
 /// Header names the lean stream path looks at, lower case.
 const WATCHED: [&[u8]; 3] = [b"host", b"content-length", b"transfer-encoding"];
+
+/// Where [`HeadCheck`] is within a `Content-Length` value, a list of
+/// lengths (RFC 9112 §6.3) that a stream request may give only as zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Length {
+    /// Not in a `Content-Length` value.
+    Off,
+    /// Before an element's digits (whitespace may come).
+    Before,
+    /// In an element's digits.
+    Digits,
+    /// After an element's digits (whitespace, then a comma or the end).
+    After,
+}
 
 /// Where [`HeadCheck`] is within the head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,9 +307,10 @@ enum Place {
 ///   value of visible characters, spaces, tabs or obs-text; no NUL or other
 ///   control byte, no obs-fold (a line starting with whitespace, §5.2);
 /// - HTTP/1.1 needs exactly one `Host` (§3.2), HTTP/1.0 at most one;
-/// - a stream request carries no body: `Content-Length` or
-///   `Transfer-Encoding` is refused (actix-web's fallback route does the
-///   same);
+/// - a stream request carries no body: `Transfer-Encoding` is refused, and
+///   so is a `Content-Length` other than 0. `Content-Length: 0` (which
+///   Java's and Erlang's HTTP clients send on every GET) is an empty body
+///   and accepted, also repeated or as a list of zeros (RFC 9112 §6.3);
 /// - at most `max_head` bytes and [`MAX_HEADERS`] header lines (431).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeadCheck {
@@ -249,6 +328,8 @@ pub(crate) struct HeadCheck {
     headers: u8,
     /// `Host` headers so far.
     hosts: u8,
+    /// Where a `Content-Length` value being read is.
+    length: Length,
     /// HTTP/1.0: `Host` is optional.
     http10: bool,
 }
@@ -275,6 +356,7 @@ impl HeadCheck {
             watched: 0,
             headers: 0,
             hosts: 0,
+            length: Length::Off,
             http10,
         }
     }
@@ -335,11 +417,15 @@ impl HeadCheck {
                         return invalid("more than one Host header");
                     }
                 }
-                if whole(1) || whole(2) {
-                    return invalid("a stream request has no body (Content-Length or Transfer-Encoding)");
+                if whole(1) {
+                    self.length = Length::Before;
+                }
+                if whole(2) {
+                    return invalid("a stream request has no body (Transfer-Encoding)");
                 }
             }
             (Place::LineStart | Place::Name, _) => return invalid("invalid character in a header name"),
+            (Place::Value, _) if self.length != Length::Off => self.length = length_step(self.length, b)?,
             (Place::Value, b'\t' | b' '..=b'~' | 0x80..=0xff) => {}
             (Place::Value, _) => return invalid("control character in a header value"),
         }
@@ -356,14 +442,49 @@ impl HeadCheck {
             Place::LineStart => return Ok(true),
             Place::Name => return Err(HeadError::Invalid("header line without a colon")),
             Place::Value => {
+                if matches!(self.length, Length::Before) {
+                    return Err(HeadError::Invalid(BAD_LENGTH));
+                }
+                self.length = Length::Off;
                 self.headers += 1;
                 if self.headers > MAX_HEADERS {
-                    return Err(HeadError::TooLarge);
+                    return Err(HeadError::TooManyHeaders);
                 }
                 self.place = Place::LineStart;
             }
         }
         Ok(false)
+    }
+}
+
+/// Why a `Content-Length` that is not a list of numbers is refused.
+const BAD_LENGTH: &str = "Content-Length is not a number";
+
+/// One byte of a `Content-Length` value on a stream request: whitespace
+/// around each element, elements separated by commas, every one of them 0.
+fn length_step(at: Length, b: u8) -> Result<Length, HeadError> {
+    match (at, b) {
+        (Length::Before | Length::After, b' ' | b'\t') => Ok(at),
+        (Length::Digits, b' ' | b'\t') => Ok(Length::After),
+        (Length::Before | Length::Digits, b'0') => Ok(Length::Digits),
+        (Length::Digits | Length::After, b',') => Ok(Length::Before),
+        (Length::Before | Length::Digits, b'1'..=b'9') => Err(HeadError::Invalid(
+            "a stream request has no body (Content-Length other than 0)",
+        )),
+        _ => Err(HeadError::Invalid(BAD_LENGTH)),
+    }
+}
+
+/// Checks one `Content-Length` value as [`HeadCheck`] does, for the
+/// fallback route (actix-web has parsed it as one number already).
+pub(crate) fn check_length(value: &[u8]) -> Result<(), HeadError> {
+    let mut at = Length::Before;
+    for &b in value {
+        at = length_step(at, b)?;
+    }
+    match at {
+        Length::Before => Err(HeadError::Invalid(BAD_LENGTH)),
+        _ => Ok(()),
     }
 }
 
@@ -374,17 +495,17 @@ pub(crate) fn is_token(b: u8) -> bool {
 
 /// Reads and checks the request head (up to the blank line) of a connection
 /// taken for the lean path, and returns what `read` makes of the whole head
-/// (see [`crate::handshake`]). Reads through a stack buffer not held across
-/// an await: a head that arrives in one read, as nearly every head does, is
-/// read without an allocation; one that comes in pieces is gathered on the
-/// heap. (A client sends nothing after its head before it has the response,
-/// so reading past the head's end loses nothing.)
+/// and of the bytes read after it (see [`crate::handshake`]; a WebSocket
+/// client may send its first frames right behind its handshake). Reads
+/// through a stack buffer not held across an await: a head that arrives in
+/// one read, as nearly every head does, is read without an allocation; one
+/// that comes in pieces is gathered on the heap.
 pub(crate) async fn consume_head<T>(
     io: &TcpStream,
     deadline: Instant,
     max_head: usize,
     http10: bool,
-    read: impl FnOnce(&[u8]) -> T,
+    read: impl FnOnce(&[u8], &[u8]) -> T,
 ) -> Result<T, HeadError> {
     let mut check = HeadCheck::new(http10);
     let mut head = Vec::new();
@@ -403,10 +524,10 @@ pub(crate) async fn consume_head<T>(
         };
         match check.feed(&buf[..n], max_head) {
             Checked::More => head.extend_from_slice(&buf[..n]),
-            Checked::End(k) if head.is_empty() => return Ok(read(&buf[..k])),
+            Checked::End(k) if head.is_empty() => return Ok(read(&buf[..k], &buf[k..n])),
             Checked::End(k) => {
                 head.extend_from_slice(&buf[..k]);
-                return Ok(read(&head));
+                return Ok(read(&head, &buf[k..n]));
             }
             Checked::Refused(e) => return Err(e),
         }
@@ -509,8 +630,24 @@ mod tests {
             ),
             ("GET /test/x HTTP/1.1\r\nHost: a\rb\r\n\r\n", "CR not followed"),
             (
-                "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+                "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n",
                 "no body",
+            ),
+            (
+                "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0, 1\r\n\r\n",
+                "no body",
+            ),
+            (
+                "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\n",
+                "not a number",
+            ),
+            (
+                "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0 0\r\n\r\n",
+                "not a number",
+            ),
+            (
+                "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: -0\r\n\r\n",
+                "not a number",
             ),
             (
                 "GET /test/x HTTP/1.1\r\nHost: a\r\ntransfer-encoding: chunked\r\n\r\n",
@@ -525,7 +662,59 @@ mod tests {
             }
         }
         let many = format!("GET /test/x HTTP/1.1\r\nHost: a\r\n{}\r\n", "a: b\r\n".repeat(96));
-        assert_eq!(check(&many, false, 10_000), Checked::Refused(HeadError::TooLarge));
+        assert_eq!(
+            check(&many, false, 10_000),
+            Checked::Refused(HeadError::TooManyHeaders)
+        );
+    }
+
+    /// What real clients send on a plain GET: Erlang's httpc (`content-length:
+    /// 0` and an empty `te:`), Java's HttpClient, and zeros repeated or listed.
+    #[test]
+    fn empty_bodies_and_empty_values_are_legal() {
+        for head in [
+            "GET /test/x HTTP/1.1\r\ncontent-length: 0\r\nte: \r\nhost: 127.0.0.1:18499\r\nconnection: keep-alive\r\n\r\n",
+            "GET /test/x HTTP/1.1\r\nContent-Length: 0\r\nHost: localhost:8000\r\nUser-Agent: Java-http-client/17\r\n\r\n",
+            "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length:\t0 \r\n\r\n",
+            "GET /test/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0, 00\r\nX-Empty:\r\n\r\n",
+        ] {
+            assert_eq!(check(head, false, 1000), Checked::End(head.len()), "{head:?}");
+        }
+        assert!(check_length(b"0").is_ok());
+        assert!(check_length(b" 0 , 0").is_ok());
+        assert!(check_length(b"").is_err());
+        assert!(check_length(b"7").is_err());
+        assert!(check_length(b"0,").is_err());
+    }
+
+    #[test]
+    fn percent_escaped_ids_and_long_lines_stay_lean() {
+        assert_eq!(d("GET /test/%66oo HTTP/1.1\r\n"), stream("foo", false));
+        assert_eq!(d("GET /test/f%6F%6f?x=1 HTTP/1.1\r\n"), stream("foo", false));
+        // Escapes count as one byte of the id.
+        assert_eq!(
+            d("GET /test/%61%61%61%61%61%61%61%61 HTTP/1.1\r\n"),
+            stream("aaaaaaaa", false)
+        );
+        assert_eq!(
+            d("GET /test/%61%61%61%61%61%61%61%61a HTTP/1.1\r\n"),
+            Some(Class::Http)
+        );
+        // An escape for a byte no id holds, or no escape at all: actix-web's.
+        assert_eq!(d("GET /test/a%2Fb HTTP/1.1\r\n"), Some(Class::Http));
+        assert_eq!(d("GET /test/a%zz HTTP/1.1\r\n"), Some(Class::Http));
+        assert_eq!(d("GET /test/a%6"), None);
+        let token = "t".repeat(3000);
+        let line = format!("GET /test/foo?token={token} HTTP/1.1\r\n");
+        assert_eq!(decide(line.as_bytes(), false, 8), stream("foo", false));
+    }
+
+    #[test]
+    fn fragments_are_found_in_the_target() {
+        assert!(has_fragment(b"POST /send/a#b HTTP/1.1\r\n"));
+        assert!(has_fragment(b"GET /test/a?x#y"));
+        assert!(!has_fragment(b"POST /send/a HTTP/1.1\r\nX: #\r\n"));
+        assert!(!has_fragment(b"POST"));
     }
 }
 
@@ -553,7 +742,7 @@ mod properties {
             return Class::Dispatcher;
         }
         let stream = (|| {
-            if line.len() > PEEK_BYTES {
+            if line.len() > MAX_LINE {
                 return None;
             }
             let text = std::str::from_utf8(line).ok()?;
@@ -565,11 +754,11 @@ mod properties {
                 _ => return None,
             };
             let (path, query) = target.split_once('?').unwrap_or((target, ""));
-            let id = path.strip_prefix("/test/")?;
+            let id = percent_decode(path.strip_prefix("/test/")?)?;
             let query_ok = query
                 .bytes()
                 .all(|b| b.is_ascii_graphic() && !b"\"#<>".contains(&b));
-            if path.contains([' ', '\r', '\n']) || !query_ok || id::validate(id, MAX_ID).is_err() {
+            if path.contains([' ', '\r', '\n']) || !query_ok || id::validate(&id, MAX_ID).is_err() {
                 return None;
             }
             Some(Class::Stream {
@@ -580,11 +769,36 @@ mod properties {
         stream.unwrap_or(Class::Http)
     }
 
+    /// The longest request line the properties let the classifier peek.
+    const MAX_LINE: usize = 2 * PEEK_BYTES;
+
+    /// `s` with its percent-escapes decoded; `None` for a broken escape or
+    /// one that is not an id byte (actix-web's path extractor decodes the
+    /// rest, and refuses those ids).
+    fn percent_decode(s: &str) -> Option<String> {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(at) = rest.find('%') {
+            out.push_str(&rest[..at]);
+            let code = rest.get(at + 1..at + 3)?;
+            let b = u8::from_str_radix(code, 16)
+                .ok()
+                .filter(|_| code.bytes().all(|c| c.is_ascii_hexdigit()))?;
+            if !is_id_byte(b) {
+                return None;
+            }
+            out.push(char::from(b));
+            rest = &rest[at + 3..];
+        }
+        out.push_str(rest);
+        Some(out)
+    }
+
     /// What the classifier decides when `bytes` have arrived: it peeks at
-    /// most [`PEEK_BYTES`] of them.
+    /// most [`MAX_LINE`] of them.
     fn decide_arrived(bytes: &[u8]) -> Option<Class> {
-        let n = bytes.len().min(PEEK_BYTES);
-        decide(&bytes[..n], n == PEEK_BYTES, MAX_ID)
+        let n = bytes.len().min(MAX_LINE);
+        decide(&bytes[..n], n == MAX_LINE, MAX_ID)
     }
 
     /// Request lines near the interesting cases: stream and dispatcher lines,
@@ -639,7 +853,7 @@ mod properties {
         let mut req = httparse::Request::new(&mut headers);
         let refused = |e| Some(Checked::Refused(e));
         match req.parse(head) {
-            Err(httparse::Error::TooManyHeaders) => refused(HeadError::TooLarge),
+            Err(httparse::Error::TooManyHeaders) => refused(HeadError::TooManyHeaders),
             Err(_) => refused(HeadError::Invalid("")),
             Ok(httparse::Status::Partial) if head.len() > max => refused(HeadError::TooLarge),
             Ok(httparse::Status::Partial) => None,
@@ -656,7 +870,21 @@ mod properties {
                 } else {
                     named("host") == 1
                 };
-                if !host_ok || named("content-length") + named("transfer-encoding") > 0 {
+                // Content-Length may only say "no body": each value a list of
+                // zeros (written out plainly here).
+                let zeros = |v: &[u8]| {
+                    let v = String::from_utf8_lossy(v);
+                    v.split(',').all(|e| {
+                        let e = e.trim_matches([' ', '\t']);
+                        !e.is_empty() && e.bytes().all(|b| b == b'0')
+                    })
+                };
+                let lengths_ok = req
+                    .headers
+                    .iter()
+                    .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .all(|h| zeros(h.value));
+                if !host_ok || !lengths_ok || named("transfer-encoding") > 0 {
                     refused(HeadError::Invalid(""))
                 } else {
                     Some(Checked::End(len))
@@ -676,6 +904,10 @@ mod properties {
             1 => Just(&b"\r"[..]),
             1 => Just(&b"host:b\n"[..]),
             1 => Just(&b"Content-Length: 0\r\n"[..]),
+            1 => Just(&b"content-length:0, 0 \n"[..]),
+            1 => Just(&b"Content-Length: 1\r\n"[..]),
+            1 => Just(&b"Content-Length: 0x\r\n"[..]),
+            1 => Just(&b"Content-Length:\r\n"[..]),
             1 => Just(&b"Transfer-Encoding: chunked\r\n"[..]),
             1 => Just(&b" folded\r\n"[..]),
             1 => Just(&b"Bad Name: x\r\n"[..]),
@@ -703,7 +935,7 @@ mod properties {
                     break;
                 }
             }
-            if bytes.len() >= PEEK_BYTES {
+            if bytes.len() >= MAX_LINE {
                 prop_assert!(whole.is_some(), "a full peek buffer must be decided");
             }
         }

@@ -125,6 +125,10 @@ pub struct AuthSettings {
     pub publish_token: String,
     /// HS256 secret subscriber tokens are signed with; empty: streams are open.
     pub subscribe_secret: String,
+    /// What a subscriber token's `aud` must be; empty: `aud` is not checked.
+    pub subscribe_audience: String,
+    /// What a subscriber token's `iss` must be; empty: `iss` is not checked.
+    pub subscribe_issuer: String,
 }
 
 /// `[http]`

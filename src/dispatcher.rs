@@ -219,7 +219,7 @@ pub(crate) fn respond(out: &mut Vec<u8>, first: Result<u64, ApiError>, count: u6
                 )
             }
             Err(e) => {
-                e.write_http1(out, close && last);
+                e.write_http1(out, close && last, crate::error::Cors::default());
                 Ok(())
             }
         }

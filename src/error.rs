@@ -73,6 +73,13 @@ pub(crate) enum ApiError {
     /// More than one `Authorization` header: 400.
     #[error("more than one Authorization header")]
     RepeatedAuthorization,
+    /// Two different subscriber tokens in one request (`Authorization` and
+    /// `?token=`, or `?token=` twice): 400.
+    #[error("two different subscriber tokens given (Authorization and ?token=, or ?token= twice); give one")]
+    ConflictingTokens,
+    /// More than one `Origin` header: 400 (which page asked is unknown).
+    #[error("more than one Origin header")]
+    RepeatedOrigin,
     /// The request head did not arrive within `server.head_timeout_ms`: 408.
     #[error("request head not received within {ms} ms")]
     HeadTimeout {
@@ -84,6 +91,12 @@ pub(crate) enum ApiError {
     HeadTooLarge {
         /// The configured limit.
         limit: usize,
+    },
+    /// More header lines than a head may have: 431.
+    #[error("request head has more than {limit} header lines")]
+    TooManyHeaders {
+        /// The limit.
+        limit: u8,
     },
     /// `stream.max_streams` reached: 503.
     #[error("stream limit of {0} reached")]
@@ -98,6 +111,30 @@ pub(crate) enum ApiError {
     /// `cluster.command_timeout_ms`): 503.
     #[error("cluster bus unavailable")]
     BusUnavailable,
+}
+
+/// The CORS headers of an answer a lean path writes itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Cors<'a> {
+    /// The page's origin, when `http.cors_origins` allows it:
+    /// `access-control-allow-origin` names it.
+    pub(crate) allow: Option<&'a str>,
+    /// `http.cors_origins` is set, so the answer depends on `Origin`:
+    /// `vary: Origin` (also for an origin it does not allow).
+    pub(crate) vary: bool,
+}
+
+impl Cors<'_> {
+    /// Appends the header lines.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        if let Some(origin) = self.allow {
+            // unwrap: writing into a Vec cannot fail.
+            write!(out, "access-control-allow-origin: {origin}\r\n").expect("format into Vec");
+        }
+        if self.vary || self.allow.is_some() {
+            out.extend_from_slice(b"vary: Origin\r\n");
+        }
+    }
 }
 
 impl ApiError {
@@ -118,8 +155,9 @@ impl ApiError {
 
     /// Appends this error as a whole HTTP/1.1 response to `out`, for the lean
     /// paths that write to the socket themselves. `close` adds
-    /// `connection: close` (the caller then closes).
-    pub(crate) fn write_http1(&self, out: &mut Vec<u8>, close: bool) {
+    /// `connection: close` (the caller then closes); `cors`, the page's
+    /// CORS headers, so that a page can read why it was refused.
+    pub(crate) fn write_http1(&self, out: &mut Vec<u8>, close: bool, cors: Cors<'_>) {
         let status = self.status_code();
         let body = self.body();
         // unwrap: writing into a Vec cannot fail.
@@ -134,6 +172,7 @@ impl ApiError {
         if let Some((name, value)) = self.extra_header() {
             write!(out, "{name}: {value}\r\n").expect("format into Vec");
         }
+        cors.write(out);
         if close {
             out.extend_from_slice(b"connection: close\r\n");
         }
@@ -151,6 +190,8 @@ impl ResponseError for ApiError {
             | ApiError::Payload(_)
             | ApiError::BadHead(_)
             | ApiError::RepeatedAuthorization
+            | ApiError::ConflictingTokens
+            | ApiError::RepeatedOrigin
             | ApiError::BadWebSocket(_)
             | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
@@ -161,7 +202,9 @@ impl ResponseError for ApiError {
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::HeadTimeout { .. } | ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ApiError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::HeadTooLarge { .. } | ApiError::TooManyHeaders { .. } => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             ApiError::StreamLimit(_)
             | ApiError::ShuttingDown
             | ApiError::Crashed(_)
@@ -192,7 +235,7 @@ mod tests {
     fn lean_answers_match_actix_web_answers() {
         let e = ApiError::Unauthorized;
         let mut out = Vec::new();
-        e.write_http1(&mut out, true);
+        e.write_http1(&mut out, true, Cors::default());
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{text}");
         assert!(text.contains("www-authenticate: Bearer\r\n"), "{text}");
@@ -209,17 +252,28 @@ mod tests {
     #[test]
     fn head_errors() {
         let mut out = Vec::new();
-        ApiError::HeadTimeout { ms: 5000 }.write_http1(&mut out, true);
+        ApiError::HeadTimeout { ms: 5000 }.write_http1(&mut out, true, Cors::default());
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{text}");
         assert!(text.ends_with(r#"{"error":"request head not received within 5000 ms"}"#));
         let mut out = Vec::new();
-        ApiError::HeadTooLarge { limit: 8192 }.write_http1(&mut out, false);
+        ApiError::HeadTooLarge { limit: 8192 }.write_http1(&mut out, false, Cors::default());
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
             "{text}"
         );
         assert!(!text.contains("connection: close"), "{text}");
+        let mut out = Vec::new();
+        let cors = Cors {
+            allow: Some("http://a.example"),
+            vary: true,
+        };
+        ApiError::BadToken("none given".into()).write_http1(&mut out, true, cors);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("access-control-allow-origin: http://a.example\r\nvary: Origin\r\n"),
+            "{text}"
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use tungstenite::error::ProtocolError;
 use tungstenite::http;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Cors};
 
 /// How a stream's events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,12 +63,13 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
         origin: None,
         ws_accept: None,
     };
+    req.origin = origin(head)?.map(str::to_owned);
     if let Some((_, query)) = target.split_once('?') {
         for pair in query.split('&') {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 "since" => req.since = Some(event_id(value, "since")?),
-                "token" if !value.is_empty() => req.token = Some(value.to_owned()),
+                "token" if !value.is_empty() => give_token(&mut req.token, value)?,
                 "ids" => req.ids = matches!(value, "" | "1" | "true" | "yes"),
                 _ => {}
             }
@@ -91,8 +92,6 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
                 return Err(ApiError::RepeatedAuthorization);
             }
             authorization = Some(value);
-        } else if is("origin") {
-            req.origin = Some(value.to_owned());
         } else if is("upgrade")
             && value
                 .split(',')
@@ -102,9 +101,9 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
         }
     }
     if let Some(value) = authorization {
-        let token = crate::routes::bearer_credentials(value.as_bytes())
+        let token = bearer_credentials(value.as_bytes())
             .ok_or_else(|| ApiError::BadToken("Authorization is not \"Bearer <token>\"".to_owned()))?;
-        req.token = Some(String::from_utf8_lossy(token).into_owned());
+        give_token(&mut req.token, &String::from_utf8_lossy(token))?;
     }
     if upgrade {
         // Only an upgrade needs the headers gathered (for tungstenite).
@@ -117,6 +116,55 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
         req.ws_accept = Some(websocket_accept(method, target, version, &headers)?);
     }
     Ok(req)
+}
+
+/// Takes `token` as the request's subscriber token: one token, however
+/// often it is given; two different ones are refused rather than one of
+/// them chosen.
+fn give_token(slot: &mut Option<String>, token: &str) -> Result<(), ApiError> {
+    match slot {
+        Some(t) if t != token => Err(ApiError::ConflictingTokens),
+        Some(_) => Ok(()),
+        None => {
+            *slot = Some(token.to_owned());
+            Ok(())
+        }
+    }
+}
+
+/// The value of the head's `Origin` header, if it has one; more than one
+/// is refused, since which page asked is then unknown.
+pub(crate) fn origin(head: &[u8]) -> Result<Option<&str>, ApiError> {
+    let text = std::str::from_utf8(head).unwrap_or_default();
+    let mut found = None;
+    for line in text
+        .split('\n')
+        .skip(1)
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+    {
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("origin")
+        {
+            if found.is_some() {
+                return Err(ApiError::RepeatedOrigin);
+            }
+            found = Some(value.trim_matches([' ', '\t']));
+        }
+    }
+    Ok(found)
+}
+
+/// The credentials of `Bearer <token>`, the scheme in any case.
+pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|b| *b != b' ')?;
+    Some(&rest[start..])
 }
 
 /// A media type without its parameters, lower case.
@@ -168,9 +216,9 @@ fn websocket_accept(
     }
 }
 
-/// Writes the response head a lean stream starts with into `out`. `cors`:
-/// the `access-control-allow-origin` value, if the page's origin is allowed.
-pub(crate) fn response_head(out: &mut Vec<u8>, req: &StreamRequest, http10: bool, cors: Option<&str>) {
+/// Writes the response head a lean stream starts with into `out`, with
+/// `cors`, the page's CORS headers.
+pub(crate) fn response_head(out: &mut Vec<u8>, req: &StreamRequest, http10: bool, cors: Cors<'_>) {
     // unwrap (each write!): writing into a Vec cannot fail.
     if let Some(accept) = &req.ws_accept {
         write!(
@@ -194,9 +242,7 @@ pub(crate) fn response_head(out: &mut Vec<u8>, req: &StreamRequest, http10: bool
         .expect("format into Vec");
     }
     out.extend_from_slice(b"cache-control: no-cache\r\nx-accel-buffering: no\r\n");
-    if let Some(origin) = cors {
-        write!(out, "access-control-allow-origin: {origin}\r\nvary: Origin\r\n").expect("format into Vec");
-    }
+    cors.write(out);
     if http10 {
         out.extend_from_slice(b"connection: close\r\n");
     }
@@ -235,9 +281,20 @@ mod tests {
     fn tokens() {
         let r = p("GET /test/foo?token=abc HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
         assert_eq!(r.token.as_deref(), Some("abc"));
+        // The same token twice is one token; two different ones are refused.
         let r =
-            p("GET /test/foo?token=abc HTTP/1.1\r\nHost: a\r\nAuthorization: bearer xyz\r\n\r\n").unwrap();
+            p("GET /test/foo?token=xyz HTTP/1.1\r\nHost: a\r\nAuthorization: bearer xyz\r\n\r\n").unwrap();
         assert_eq!(r.token.as_deref(), Some("xyz"));
+        let r = p("GET /test/foo?token=abc&token=abc HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert_eq!(r.token.as_deref(), Some("abc"));
+        assert_eq!(
+            p("GET /test/foo?token=abc HTTP/1.1\r\nHost: a\r\nAuthorization: bearer xyz\r\n\r\n"),
+            Err(ApiError::ConflictingTokens)
+        );
+        assert_eq!(
+            p("GET /test/foo?token=abc&token=xyz HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(ApiError::ConflictingTokens)
+        );
         assert!(matches!(
             p("GET /test/foo HTTP/1.1\r\nHost: a\r\nAuthorization: Basic xyz\r\n\r\n"),
             Err(ApiError::BadToken(_))
@@ -247,6 +304,27 @@ mod tests {
                 "GET /test/foo HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n"
             ),
             Err(ApiError::RepeatedAuthorization)
+        );
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"BEARER   abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"Bearerabc"), None);
+        assert_eq!(bearer_credentials(b"Basic abc"), None);
+        assert_eq!(bearer_credentials(b"Bearer "), None);
+        assert_eq!(bearer_credentials(b"Bear"), None);
+    }
+
+    #[test]
+    fn one_origin_at_most() {
+        let r = p("GET /test/foo HTTP/1.1\r\nHost: a\r\nOrigin:  http://a.example\r\n\r\n").unwrap();
+        assert_eq!(r.origin.as_deref(), Some("http://a.example"));
+        assert_eq!(
+            p("GET /test/foo HTTP/1.1\r\nHost: a\r\nOrigin: http://evil\r\norigin: http://a.example\r\n\r\n"),
+            Err(ApiError::RepeatedOrigin)
         );
     }
 

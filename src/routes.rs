@@ -41,11 +41,19 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
     let post = |path: &str, route: Route| {
         web::resource(path)
             .route(route)
-            .route(web::method(actix_web::http::Method::OPTIONS).to(preflight))
+            .route(preflight("POST, OPTIONS", "Authorization, Content-Type"))
             .default_service(only("POST"))
     };
     cfg.service(web::resource(["/test/", "/send/"]).to(|| fail(ApiError::BadId(IdError::Empty))))
-        .service(get("/test/{id}", web::get().to(stream)))
+        .service(
+            web::resource("/test/{id}")
+                .route(web::get().to(stream))
+                .route(preflight(
+                    "GET, OPTIONS",
+                    "Authorization, Last-Event-ID, Accept, Cache-Control",
+                ))
+                .default_service(only("GET")),
+        )
         .service(post("/send/{id}", web::post().to(send)))
         .service(post("/broadcast", web::post().to(broadcast)))
         .service(get("/dispatcher", web::get().to(next_count)))
@@ -63,29 +71,36 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
     cfg.default_service(web::to(|| fail(ApiError::NotFound)));
 }
 
-/// `OPTIONS` on the publish API: a browser's CORS preflight. The origin
-/// header itself is added by [`cors`] when `http.cors_origins` allows it;
-/// without it the browser refuses the POST.
-async fn preflight() -> HttpResponse {
-    HttpResponse::NoContent()
-        .insert_header((header::ACCESS_CONTROL_ALLOW_METHODS, "POST, OPTIONS"))
-        .insert_header((
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            "Authorization, Content-Type",
-        ))
-        .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
-        .finish()
+/// `OPTIONS`: a browser's CORS preflight, allowing `methods` with
+/// `headers`: on the publish API (a `POST` with `Authorization`), and on
+/// `/test/{id}` (a `fetch` that opens a stream with `Authorization` or
+/// `Last-Event-ID`). The origin header itself is added by [`cors`] when
+/// `http.cors_origins` allows it; without it the browser refuses the call.
+fn preflight(methods: &'static str, headers: &'static str) -> Route {
+    web::method(actix_web::http::Method::OPTIONS).to(move || async move {
+        HttpResponse::NoContent()
+            .insert_header((header::ACCESS_CONTROL_ALLOW_METHODS, methods))
+            .insert_header((header::ACCESS_CONTROL_ALLOW_HEADERS, headers))
+            .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
+            .finish()
+    })
 }
 
-/// Adds `access-control-allow-origin: <origin>` (and `vary: Origin`) to a
-/// response whose request came from an origin `http.cors_origins` allows
-/// (the server's middleware decides): the fallback stream route, the
-/// publish API and its preflight, `/stats`.
-pub(crate) fn cors(origin: header::HeaderValue, res: &mut HttpResponse) {
-    res.headers_mut()
-        .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    res.headers_mut()
-        .insert(header::VARY, header::HeaderValue::from_static("Origin"));
+/// Adds `access-control-allow-origin: <origin>` to a response whose
+/// request came from an origin `http.cors_origins` allows (the server's
+/// middleware decides; refusals included, so the page can read why), and
+/// `vary: Origin` whenever a list is configured, since the answer then
+/// depends on the origin.
+pub(crate) fn cors(allowed: Option<header::HeaderValue>, vary: bool, res: &mut HttpResponse) {
+    let vary = vary || allowed.is_some();
+    if let Some(origin) = allowed {
+        res.headers_mut()
+            .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    }
+    if vary {
+        res.headers_mut()
+            .insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    }
 }
 
 /// A resource's answer to any method it does not serve.
@@ -101,9 +116,12 @@ async fn fail(e: ApiError) -> Result<HttpResponse, ApiError> {
 ///
 /// It applies the lean path's rules that actix-web does not already: the
 /// `server.max_head_bytes` bound (here on the head as actix-web parsed it,
-/// request line and header lines with CRLF ends), no request body on a
-/// stream, and a close-delimited body for HTTP/1.0, which has no chunked
-/// encoding (RFC 9112 §6.1).
+/// request line and header lines with CRLF ends; past it 431 and the
+/// connection closed, as on the lean path), no request body on a stream
+/// (`Content-Length: 0` is no body), and a close-delimited body for
+/// HTTP/1.0, which has no chunked encoding (RFC 9112 §6.1). actix-http
+/// itself refuses a repeated `Content-Length`, which the lean path accepts
+/// when every value is 0.
 async fn stream(
     req: HttpRequest,
     id: Path<String>,
@@ -111,15 +129,19 @@ async fn stream(
 ) -> Result<HttpResponse, ApiError> {
     let max_head = state.settings.server.max_head_bytes;
     let refused = if head_len(&req) > max_head {
+        if let Some(close) = req.conn_data::<CloseHandle>() {
+            close.close();
+        }
         Some(ApiError::HeadTooLarge { limit: max_head })
-    } else if req.headers().contains_key(header::CONTENT_LENGTH)
-        || req.headers().contains_key(header::TRANSFER_ENCODING)
-    {
+    } else if req.headers().contains_key(header::TRANSFER_ENCODING) {
         Some(ApiError::BadHead(
-            "a stream request has no body (Content-Length or Transfer-Encoding)",
+            "a stream request has no body (Transfer-Encoding)",
         ))
     } else {
-        None
+        req.headers()
+            .get_all(header::CONTENT_LENGTH)
+            .find_map(|v| crate::classify::check_length(v.as_bytes()).err())
+            .map(|e| state.head_error(e))
     };
     if let Some(e) = refused {
         state
@@ -133,15 +155,18 @@ async fn stream(
     if state.shutdown.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
-    let open = state.open_stream(&id, &rebuilt_head(&req))?;
+    let open = state
+        .open_stream(&id, &rebuilt_head(&req), &[])
+        .map_err(|refused| refused.error)?;
     if open.req.transport == Transport::Ws {
         state
             .stats
             .bad_heads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Only a first request on a connection is peeked and can become a
+        // WebSocket (every WebSocket client opens a connection for it).
         return Err(ApiError::BadWebSocket(
-            "WebSocket streams need a plain id (no percent-escapes) and a request line under 1 KiB"
-                .to_owned(),
+            "a WebSocket upgrade must be the first request on its connection".to_owned(),
         ));
     }
     if !state.stats.try_reserve_stream(s.max_streams) {
@@ -382,23 +407,13 @@ fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
         return Err(ApiError::RepeatedAuthorization);
     }
     let credentials = first
-        .and_then(|v| bearer_credentials(v.as_bytes()))
+        .and_then(|v| crate::handshake::bearer_credentials(v.as_bytes()))
         .unwrap_or_default();
     if constant_time_eq(credentials, token.as_bytes()) {
         Ok(())
     } else {
         Err(ApiError::Unauthorized)
     }
-}
-
-/// The credentials of `Bearer <token>`, the scheme in any case.
-pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = value.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
-        return None;
-    }
-    let start = rest.iter().position(|b| *b != b' ')?;
-    Some(&rest[start..])
 }
 
 /// Compares without an early exit, so timing does not leak the token.
@@ -477,17 +492,6 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"abcd"));
-    }
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive() {
-        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"BEARER   abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"Bearerabc"), None);
-        assert_eq!(bearer_credentials(b"Basic abc"), None);
-        assert_eq!(bearer_credentials(b"Bearer "), None);
-        assert_eq!(bearer_credentials(b"Bear"), None);
     }
 }
 

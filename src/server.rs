@@ -172,11 +172,15 @@ impl Server {
         if let Some(bus) = &bus {
             router.do_send(Attach(bus.clone().recipient()));
         }
-        let verifier = match settings.auth.subscribe_secret.as_str() {
+        let auth = &settings.auth;
+        let verifier = match auth.subscribe_secret.as_str() {
             "" => None,
-            secret => Some(crate::token::Verifier::new(secret).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("auth.subscribe_secret: {e}"))
-            })?),
+            secret => Some(
+                crate::token::Verifier::new(secret, &auth.subscribe_audience, &auth.subscribe_issuer)
+                    .map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidInput, format!("auth.subscribe_secret: {e}"))
+                    })?,
+            ),
         };
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
@@ -379,18 +383,23 @@ fn http_service(
     let app = App::new()
         .wrap_fn(move |req, srv| {
             // Decided before the call, so nothing of the settings is copied
-            // per request: only an allowed origin's header value.
-            let allowed = req
-                .headers()
-                .get(header::ORIGIN)
-                .filter(|o| http_settings.allows_origin(o.as_bytes()))
-                .cloned();
-            let served = srv.call(req);
+            // per request: only an allowed origin's header value. Two
+            // `Origin` headers leave the page unknown: refused.
+            let mut origins = req.headers().get_all(header::ORIGIN);
+            let (origin, repeated) = (origins.next().cloned(), origins.next().is_some());
+            let allowed = origin.filter(|o| http_settings.allows_origin(o.as_bytes()));
+            let vary = !http_settings.cors_origins.trim().is_empty();
+            let served = if repeated {
+                Err(req.error_response(ApiError::RepeatedOrigin))
+            } else {
+                Ok(srv.call(req))
+            };
             async move {
-                let mut res = served.await?;
-                if let Some(origin) = allowed {
-                    crate::routes::cors(origin, res.response_mut());
-                }
+                let mut res = match served {
+                    Ok(served) => served.await?,
+                    Err(refused) => return Ok(refused),
+                };
+                crate::routes::cors(allowed, vary, res.response_mut());
                 Ok(res)
             }
         })
@@ -527,7 +536,8 @@ where
 {
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
-    match classify::classify(&io, deadline, settings.stream.max_id_len).await {
+    let max_line = settings.server.max_head_bytes;
+    match classify::classify(&io, deadline, settings.stream.max_id_len, max_line).await {
         Class::Stream { id, http10 } => {
             // Boxed: reading and checking the head (token, handshake,
             // resume point) would otherwise grow every connection's task
@@ -551,6 +561,10 @@ where
             Box::pin(serve_http(&*http, Rewound::new(io))).await;
         }
         Class::Timeout => state.refuse_head(io, HeadError::Timeout).await,
+        Class::Fragment => {
+            let why = "a request target has no fragment (#); send it percent-escaped (%23)";
+            state.refuse_head(io, HeadError::Invalid(why)).await;
+        }
         Class::Gone => {}
     }
 }
@@ -567,18 +581,21 @@ async fn serve_stream(
     deadline: Instant,
 ) {
     let max_head = state.settings.server.max_head_bytes;
-    let open = classify::consume_head(&io, deadline, max_head, http10, |head| {
-        state.open_stream(&id, head)
+    let open = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
+        state.open_stream(&id, head, early)
     })
     .await;
-    match open.map(|o| o.and_then(|o| admit_stream(state).map(|()| o))) {
-        Ok(Ok(open)) => {
-            // A stream is not an HTTP connection: its slot is counted by
-            // `stream.max_streams` from here on.
-            drop(permit);
-            Stream::start_lean(io, id, http10, open, Arc::clone(&state.streams));
-        }
-        Ok(Err(refused)) => socket::refuse(io, &refused).await,
+    match open {
+        Ok(Ok(open)) => match admit_stream(state) {
+            Ok(()) => {
+                // A stream is not an HTTP connection: its slot is counted by
+                // `stream.max_streams` from here on.
+                drop(permit);
+                Stream::start_lean(io, id, http10, open, Arc::clone(&state.streams));
+            }
+            Err(e) => socket::refuse(io, &e, state.cors(open.req.origin.as_deref())).await,
+        },
+        Ok(Err(refused)) => socket::refuse(io, &refused.error, state.cors(refused.origin.as_deref())).await,
         Err(e) => state.refuse_head(io, e).await,
     }
 }

@@ -14,18 +14,18 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Cors};
 
 /// How long a refused connection is drained before it is closed, so the
 /// client reads the error instead of a reset.
 const LINGER: Duration = Duration::from_millis(500);
 
 /// Answers a request the lean path refuses with `error` (the same response
-/// actix-web would give it), then closes the connection after draining what
-/// the client still sends.
-pub(crate) async fn refuse(io: TcpStream, error: &ApiError) {
+/// actix-web would give it, with `cors` for a page), then closes the
+/// connection after draining what the client still sends.
+pub(crate) async fn refuse(io: TcpStream, error: &ApiError, cors: Cors<'_>) {
     let mut response = Vec::new();
-    error.write_http1(&mut response, true);
+    error.write_http1(&mut response, true, cors);
     let _ = io.try_write(&response);
     close_gently(&io).await;
 }

@@ -13,12 +13,22 @@ use crate::cluster::Cluster;
 use crate::cluster::bus::Bus;
 use crate::config::Settings;
 use crate::counter::Counter;
-use crate::error::ApiError;
+use crate::error::{ApiError, Cors};
 use crate::handshake::{self, Transport};
 use crate::router::Router;
 use crate::socket;
 use crate::stats::Stats;
 use crate::stream::{self, Open, Stream};
+
+/// A stream request refused before any stream state exists.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// Why.
+    pub(crate) error: ApiError,
+    /// The page's origin, if `http.cors_origins` allows it (the answer
+    /// names it, so the page can read why).
+    pub(crate) origin: Option<String>,
+}
 
 /// Shared by `Arc` between the workers and actix-web's handlers.
 pub(crate) struct ServerState {
@@ -69,41 +79,65 @@ impl ServerState {
     /// `bad_heads`, and closes the connection; a client that is gone gets
     /// nothing.
     pub(crate) async fn refuse_head(&self, io: TcpStream, e: HeadError) {
+        if e == HeadError::Gone {
+            return;
+        }
+        self.stats.bad_heads.fetch_add(1, Relaxed);
+        socket::refuse(io, &self.head_error(e), Cors::default()).await;
+    }
+
+    /// The answer to a head a stream path refuses.
+    pub(crate) fn head_error(&self, e: HeadError) -> ApiError {
         let server = &self.settings.server;
-        let answer = match e {
+        match e {
             HeadError::Timeout => ApiError::HeadTimeout {
                 ms: server.head_timeout_ms,
             },
             HeadError::TooLarge => ApiError::HeadTooLarge {
                 limit: server.max_head_bytes,
             },
+            HeadError::TooManyHeaders => ApiError::TooManyHeaders {
+                limit: crate::classify::MAX_HEADERS,
+            },
             HeadError::Invalid(why) => ApiError::BadHead(why),
-            HeadError::Gone => return,
-        };
-        self.stats.bad_heads.fetch_add(1, Relaxed);
-        socket::refuse(io, &answer).await;
+            // Nobody to answer; callers do not send it.
+            HeadError::Gone => ApiError::BadHead("the client went away"),
+        }
+    }
+
+    /// The CORS headers of a stream's answer to a page from `origin`.
+    pub(crate) fn cors<'a>(&self, origin: Option<&'a str>) -> Cors<'a> {
+        let http = &self.settings.http;
+        Cors {
+            allow: origin.filter(|o| http.allows_origin(o.as_bytes())),
+            vary: !http.cors_origins.trim().is_empty(),
+        }
     }
 
     /// Checks a stream request (its whole head, validated) for stream `id`:
     /// its transport and resume point ([`handshake::parse`]), its page
     /// origin, and its subscriber token when `auth.subscribe_secret` is set.
-    /// Refusals are counted.
-    pub(crate) fn open_stream(&self, id: &str, head: &[u8]) -> Result<Open, ApiError> {
-        let refused = |e: ApiError| {
-            let counter = match e {
+    /// Refusals are counted, and carry the page's origin when
+    /// `http.cors_origins` allows it.
+    pub(crate) fn open_stream(&self, id: &str, head: &[u8], early: &[u8]) -> Result<Open, Refusal> {
+        // The origin first, so that every refusal after it can name it.
+        let origin = handshake::origin(head).ok().flatten();
+        let allowed = origin.filter(|o| self.settings.http.allows_origin(o.as_bytes()));
+        let refused = |error: ApiError| {
+            let counter = match error {
                 ApiError::BadToken(_) => &self.stats.tokens_refused,
                 ApiError::OriginNotAllowed => &self.stats.origins_refused,
                 _ => &self.stats.bad_heads,
             };
             counter.fetch_add(1, Relaxed);
-            e
+            Refusal {
+                error,
+                origin: allowed.map(str::to_owned),
+            }
         };
         let req = handshake::parse(head).map_err(refused)?;
         let http = &self.settings.http;
-        let cors = req
-            .origin
-            .as_deref()
-            .is_some_and(|o| http.allows_origin(o.as_bytes()));
+        let cors = allowed.is_some();
         // Browsers apply no CORS to WebSockets: the server checks the
         // origin itself, once a list is configured.
         if req.transport == Transport::Ws
@@ -128,6 +162,12 @@ impl ServerState {
                 )
             }
         };
-        Ok(Open { req, cors, expires })
+        Ok(Open {
+            req,
+            cors,
+            vary: !http.cors_origins.trim().is_empty(),
+            expires,
+            early: early.to_vec(),
+        })
     }
 }

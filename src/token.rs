@@ -1,17 +1,21 @@
 //! Subscriber tokens: HS256 JWTs signed with `auth.subscribe_secret`.
 //!
 //! A token lets its holder open streams of the id in its `sub` claim, or of
-//! every id in its `ids` claim, until its `exp` (seconds since the epoch).
-//! The check runs before any stream state exists; a stream that passes it
-//! ends when its token expires.
+//! every id in its `ids` claim, from its `nbf` (if any) until its `exp`
+//! (seconds since the epoch), both read exactly by this server's clock. With
+//! `auth.subscribe_audience` / `auth.subscribe_issuer` set, its `aud` /
+//! `iss` must match; unset, they are not looked at (an identity provider's
+//! tokens carry both). The check runs before any stream state exists; a
+//! stream that passes it ends when its token expires. Refusals say why in
+//! our own words, never the JWT library's.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-/// What a subscriber token says.
-#[derive(Debug, Serialize, Deserialize)]
+/// What a subscriber token says (other claims are allowed and not read).
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Claims {
     /// The one stream id the token is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -21,6 +25,9 @@ pub struct Claims {
     pub ids: Option<Vec<String>>,
     /// Expiry, seconds since the Unix epoch.
     pub exp: u64,
+    /// Not valid before, seconds since the Unix epoch (RFC 7519 §4.1.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
 }
 
 /// Checks tokens against one secret. Built once per server.
@@ -30,12 +37,26 @@ pub(crate) struct Verifier {
 }
 
 impl Verifier {
-    /// A verifier for `secret`.
-    pub(crate) fn new(secret: &str) -> Result<Self, String> {
+    /// A verifier for `secret`; `audience` and `issuer`, when not empty,
+    /// are what `aud` and `iss` must say.
+    pub(crate) fn new(secret: &str, audience: &str, issuer: &str) -> Result<Self, String> {
         let mut validation = Validation::new(Algorithm::HS256);
-        // The expiry is exact: a stream ends the second its token does.
+        // The expiry is exact: a stream ends the second its token does; and
+        // so is `nbf`, with the same (no) leeway.
         validation.leeway = 0;
-        validation.set_required_spec_claims(&["exp"]);
+        validation.validate_nbf = true;
+        let mut required = vec!["exp"];
+        if audience.is_empty() {
+            validation.validate_aud = false;
+        } else {
+            validation.set_audience(&[audience]);
+            required.push("aud");
+        }
+        if !issuer.is_empty() {
+            validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        validation.set_required_spec_claims(&required);
         let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|e| e.to_string())?;
         Ok(Verifier { key, validation })
     }
@@ -46,10 +67,20 @@ impl Verifier {
             use jsonwebtoken::errors::ErrorKind;
             match e.kind() {
                 ErrorKind::ExpiredSignature => "token expired".to_owned(),
+                ErrorKind::ImmatureSignature => "token not valid yet (its nbf is in the future)".to_owned(),
                 ErrorKind::InvalidSignature => "token signature does not match".to_owned(),
-                ErrorKind::InvalidAlgorithm => "token is not HS256".to_owned(),
+                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                    "token is not HS256".to_owned()
+                }
+                ErrorKind::InvalidAudience => "token is not for this audience (aud)".to_owned(),
+                ErrorKind::InvalidIssuer => "token is not from the expected issuer (iss)".to_owned(),
                 ErrorKind::MissingRequiredClaim(c) => format!("token has no {c} claim"),
-                _ => format!("token is not a valid JWT ({e})"),
+                ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
+                    "token claims are not of the expected form (sub: a string, ids: a list of strings, \
+                     exp and nbf: whole seconds)"
+                        .to_owned()
+                }
+                _ => "token is not a valid JWT (three base64url parts: header.claims.signature)".to_owned(),
             }
         })?;
         let claims = data.claims;
@@ -84,13 +115,13 @@ pub fn mint(secret: &str, ids: &[String], ttl: Duration) -> anyhow::Result<Strin
     let claims = match ids {
         [one] => Claims {
             sub: Some(one.clone()),
-            ids: None,
             exp,
+            ..Claims::default()
         },
         many => Claims {
-            sub: None,
             ids: Some(many.to_vec()),
             exp,
+            ..Claims::default()
         },
     };
     Ok(jsonwebtoken::encode(
@@ -106,7 +137,7 @@ mod tests {
 
     #[test]
     fn tokens_name_their_ids_and_expire() {
-        let v = Verifier::new("s3cret").unwrap();
+        let v = Verifier::new("s3cret", "", "").unwrap();
         let one = mint("s3cret", &["foo".into()], Duration::from_secs(60)).unwrap();
         assert!(v.check(&one, "foo").unwrap() <= Duration::from_secs(60));
         assert!(v.check(&one, "bar").unwrap_err().contains("not for id"));
@@ -119,8 +150,8 @@ mod tests {
             &Header::new(Algorithm::HS256),
             &Claims {
                 sub: Some("foo".into()),
-                ids: None,
                 exp: since_epoch().as_secs() - 1,
+                ..Claims::default()
             },
             &EncodingKey::from_secret(b"s3cret").unwrap(),
         )
@@ -131,5 +162,59 @@ mod tests {
                 .unwrap_err()
                 .contains("not a valid JWT")
         );
+    }
+
+    /// A token signed with `s3cret` carrying these claims.
+    fn signed(claims: serde_json::Value) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(b"s3cret").unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// Tokens as an identity provider mints them: `aud`, `iss`, `iat`,
+    /// `nbf`, `jti` and claims of its own.
+    #[test]
+    fn identity_provider_tokens() {
+        let now = since_epoch().as_secs();
+        let idp = |aud: &str, nbf: u64| {
+            signed(serde_json::json!({
+                "iss": "https://id.example/", "aud": aud, "sub": "user-17", "ids": ["foo"],
+                "iat": now, "nbf": nbf, "exp": now + 600, "jti": "x1", "email": "a@b.example"
+            }))
+        };
+        let open = Verifier::new("s3cret", "", "").unwrap();
+        assert!(open.check(&idp("some-client", now), "foo").is_ok());
+        let strict = Verifier::new("s3cret", "switchboard", "https://id.example/").unwrap();
+        assert!(strict.check(&idp("switchboard", now), "foo").is_ok());
+        assert_eq!(
+            strict.check(&idp("other", now), "foo").unwrap_err(),
+            "token is not for this audience (aud)"
+        );
+        let other_issuer = Verifier::new("s3cret", "", "https://elsewhere/").unwrap();
+        assert_eq!(
+            other_issuer.check(&idp("x", now), "foo").unwrap_err(),
+            "token is not from the expected issuer (iss)"
+        );
+        let no_aud = signed(serde_json::json!({ "sub": "foo", "exp": now + 60 }));
+        assert_eq!(
+            strict.check(&no_aud, "foo").unwrap_err(),
+            "token has no aud claim"
+        );
+        // Not before: refused until then.
+        assert_eq!(
+            open.check(&idp("x", now + 3600), "foo").unwrap_err(),
+            "token not valid yet (its nbf is in the future)"
+        );
+        // Claims of the wrong form are refused in our words, not serde's.
+        let odd = signed(serde_json::json!({ "sub": 7, "exp": now + 60 }));
+        let why = open.check(&odd, "foo").unwrap_err();
+        assert!(
+            why.starts_with("token claims are not of the expected form"),
+            "{why}"
+        );
+        assert!(!why.contains("invalid type"), "{why}");
     }
 }

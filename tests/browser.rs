@@ -150,3 +150,55 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
     assert_eq!(st["transports"]["sse_opened"], 2, "{st}");
     assert_eq!(st["transports"]["ws_opened"], 2, "{st}");
 }
+
+/// A page on another origin opens a stream with `fetch` and
+/// `Authorization: Bearer`: Chromium preflights it (`OPTIONS /test/{id}`),
+/// then reads the stream and a message; and it can read the reason of a
+/// 401, which only a refusal with the CORS header lets it see.
+#[test]
+fn chromium_opens_a_stream_with_a_bearer_token_through_the_preflight() {
+    let page = Arc::new(Mutex::new(String::new()));
+    let (page_port, results) = page_server(Arc::clone(&page));
+    let mut s = settings();
+    s.auth.subscribe_secret = "browser-secret".into();
+    s.http.cors_origins = format!("http://127.0.0.1:{page_port}");
+    let srv = TestServer::start(s);
+    let token = switchboard::token::mint(
+        "browser-secret",
+        &["cors-fetch".to_owned()],
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    *page.lock().unwrap() = include_str!("browser/preflight.html")
+        .replace("{{SERVER}}", &format!("http://{}", srv.addr))
+        .replace("{{TOKEN}}", &token);
+
+    let browser = Browser::open(&format!("http://127.0.0.1:{page_port}/"));
+    let dom = results
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the page posted no result within 60 s");
+    drop(browser);
+    println!("{dom}");
+    let text_of = |id: &str| {
+        dom.split(&format!("id=\"{id}\">"))
+            .nth(1)
+            .and_then(|s| s.split('<').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(text_of("status").as_deref(), Some("done"), "{dom}");
+    let lines = items(&dom, "lines");
+    assert_eq!(
+        lines[0], "Switchboard welcomes you! Your Id: cors-fetch",
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.ends_with("'through the preflight'")),
+        "{lines:?}"
+    );
+    let refused = text_of("refused").unwrap();
+    assert!(
+        refused.starts_with("401 subscriber token refused: token is not a valid JWT"),
+        "{refused}"
+    );
+    assert_eq!(srv.stats()["auth"]["tokens_refused"], 1);
+}

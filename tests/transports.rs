@@ -36,15 +36,28 @@ struct Sse {
 
 impl Sse {
     fn open(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Self {
-        let mut s = TcpStream::connect(addr).unwrap();
+        Self::open_after(addr, path, extra, false)
+    }
+
+    /// `fallback`: the stream request comes second on a keep-alive
+    /// connection, after a `/healthz`, so actix-web's route serves it.
+    fn open_after(addr: SocketAddr, path: &str, extra: &[(&str, &str)], fallback: bool) -> Self {
+        let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        let mut reader = BufReader::new(s);
+        if fallback {
+            reader
+                .get_mut()
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: test\r\n\r\n")
+                .unwrap();
+            assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
+        }
         let mut req = format!("GET {path} HTTP/1.1\r\nhost: test\r\naccept: text/event-stream\r\n");
         for (k, v) in extra {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
         req.push_str("\r\n");
-        s.write_all(req.as_bytes()).unwrap();
-        let mut reader = BufReader::new(s);
+        reader.get_mut().write_all(req.as_bytes()).unwrap();
         let (status, headers) = read_head(&mut reader).unwrap();
         Sse {
             reader,
@@ -510,8 +523,8 @@ fn bad_handshakes_get_their_status_and_a_bystander_is_unaffected() {
             - 10;
         let claims = switchboard::token::Claims {
             sub: Some("x".into()),
-            ids: None,
             exp,
+            ..Default::default()
         };
         encode(
             &Header::default(),
@@ -676,8 +689,8 @@ fn cors_for_allowed_origins_only() {
 #[test]
 fn fallback_path_speaks_sse_too() {
     let srv = TestServer::start(settings());
-    // A percent-escaped id goes through actix-web.
-    let mut c = Sse::open(srv.addr, "/test/f%6Fo", &[]);
+    // A second request on a keep-alive connection goes through actix-web.
+    let mut c = Sse::open_after(srv.addr, "/test/foo", &[], true);
     assert_eq!(c.status, 200);
     assert_eq!(c.header("content-type"), Some("text/event-stream"));
     let w = c.next().unwrap();
@@ -711,4 +724,214 @@ fn a_websocket_closes_with_1008_when_its_token_expires() {
             other => panic!("expected close 1008, got {other:?}"),
         }
     });
+}
+
+/// Reads server frames until one with `opcode`; returns its payload.
+fn frame_of(r: &mut BufReader<TcpStream>, opcode: u8) -> Vec<u8> {
+    loop {
+        let mut h = [0u8; 2];
+        r.read_exact(&mut h).unwrap();
+        let mut len = u64::from(h[1] & 0x7f);
+        if len == 126 {
+            let mut b = [0u8; 2];
+            r.read_exact(&mut b).unwrap();
+            len = u64::from(u16::from_be_bytes(b));
+        }
+        let mut payload = vec![0u8; len as usize];
+        r.read_exact(&mut payload).unwrap();
+        if h[0] & 0x0f == opcode {
+            return payload;
+        }
+    }
+}
+
+/// RFC 6455 §7.4 and §8.1: a close with a code nobody may send is answered
+/// 1002, a close reason that is not UTF-8 1007; a valid code is echoed.
+/// Frames a client writes right behind its handshake are read as frames.
+#[test]
+fn websocket_close_rules_and_frames_pipelined_behind_the_handshake() {
+    let srv = TestServer::start(settings());
+    // Masked with a zero key, so the payload reads as written.
+    let close = |payload: &[u8]| {
+        let mut f = vec![0x88, 0x80 | payload.len() as u8, 0, 0, 0, 0];
+        f.extend_from_slice(payload);
+        f
+    };
+    for (payload, answer) in [
+        (vec![0x03, 0xe7], 1002),             // 999
+        (vec![0x13, 0x88], 1002),             // 5000
+        (vec![0x03, 0xed], 1002),             // 1005, never sent
+        (vec![0x03, 0xe8, 0xff, 0xfe], 1007), // 1000, reason not UTF-8
+        (vec![0x0f, 0xa0], 4000),             // an application's code: echoed
+    ] {
+        let mut r = raw_ws(srv.addr, "/test/closer");
+        r.get_mut().write_all(&close(&payload)).unwrap();
+        assert_eq!(close_code(&mut r), answer, "{payload:?}");
+    }
+    // A ping and a text frame in the same write as the handshake.
+    let mut s = TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+    let mut bytes = b"GET /test/eager HTTP/1.1\r\nhost: t\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+         sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        .to_vec();
+    bytes.extend_from_slice(&[0x89, 0x82, 0, 0, 0, 0, b'h', b'i']);
+    bytes.extend_from_slice(&[0x81, 0x81, 0, 0, 0, 0, b'x']);
+    s.write_all(&bytes).unwrap();
+    let mut r = BufReader::new(s);
+    assert_eq!(read_head(&mut r).unwrap().0, 101);
+    assert_eq!(frame_of(&mut r, 0xa), b"hi");
+    let st = srv.wait_stats(Duration::from_secs(2), |s| {
+        s["transports"]["ws_frames_ignored"] == 1
+    });
+    assert_eq!(st["transports"]["ws_pings"], 1, "{st}");
+    assert_eq!(st["transports"]["ws_protocol_errors"], 4, "{st}");
+}
+
+/// Tokens as identity providers mint them, given once or twice, and CORS on
+/// every answer of the stream path.
+#[test]
+fn identity_provider_tokens_and_cors_on_refusals() {
+    let mut s = settings();
+    s.auth.subscribe_secret = "idp-secret".into();
+    s.auth.subscribe_audience = "switchboard".into();
+    s.http.cors_origins = "http://app.example".into();
+    let srv = TestServer::start(s);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let sign = |claims: serde_json::Value| {
+        use jsonwebtoken::{EncodingKey, Header, encode};
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(b"idp-secret").unwrap(),
+        )
+        .unwrap()
+    };
+    let idp = |aud: &str, nbf: u64| {
+        sign(serde_json::json!({
+            "iss": "https://id.example", "sub": "user-1", "ids": ["room"], "aud": aud,
+            "iat": now, "nbf": nbf, "exp": now + 600
+        }))
+    };
+    let open = |query: &str, extra: &str| {
+        StreamClient::open_raw(
+            srv.addr,
+            &format!(
+                "GET /test/room{query} HTTP/1.1\r\nhost: t\r\norigin: http://app.example\r\n{extra}\r\n"
+            ),
+        )
+    };
+    let good = idp("switchboard", now);
+    let mut ok = open(
+        &format!("?token={good}"),
+        &format!("authorization: Bearer {good}\r\n"),
+    );
+    assert_eq!(ok.status, 200);
+    assert_eq!(
+        ok.header("access-control-allow-origin"),
+        Some("http://app.example")
+    );
+    assert_eq!(ok.header("vary"), Some("Origin"));
+    assert_eq!(ok.line(), "Switchboard welcomes you! Your Id: room");
+    for (query, extra, status, why) in [
+        (
+            format!("?token={}", idp("other", now)),
+            String::new(),
+            401,
+            "token is not for this audience (aud)",
+        ),
+        (
+            format!("?token={}", idp("switchboard", now + 3600)),
+            String::new(),
+            401,
+            "token not valid yet (its nbf is in the future)",
+        ),
+        (
+            format!("?token={good}"),
+            format!("authorization: Bearer {}\r\n", idp("switchboard", now - 1)),
+            400,
+            "two different subscriber tokens given",
+        ),
+        (
+            format!("?token={good}&token=x"),
+            String::new(),
+            400,
+            "two different subscriber tokens given",
+        ),
+        (
+            String::new(),
+            String::new(),
+            401,
+            "subscriber token refused: none given",
+        ),
+    ] {
+        let mut c = open(&query, &extra);
+        assert_eq!(c.status, status, "{query} {extra}");
+        // The page can read why: the refusal carries the CORS headers.
+        assert_eq!(
+            c.header("access-control-allow-origin"),
+            Some("http://app.example")
+        );
+        assert_eq!(c.header("vary"), Some("Origin"));
+        let mut body = String::new();
+        c.reader.read_to_string(&mut body).unwrap();
+        assert!(body.contains(why), "{body}");
+    }
+    // An origin the list does not name: no CORS header, but Vary.
+    let c = StreamClient::open_raw(
+        srv.addr,
+        &format!("GET /test/room?token={good} HTTP/1.1\r\nhost: t\r\norigin: http://evil.example\r\n\r\n"),
+    );
+    assert_eq!((c.status, c.header("access-control-allow-origin")), (200, None));
+    assert_eq!(c.header("vary"), Some("Origin"));
+    // Two Origin headers: which page asked is unknown (the lean path, and
+    // actix-web's routes).
+    let c = StreamClient::open_raw(
+        srv.addr,
+        &format!(
+            "GET /test/room?token={good} HTTP/1.1\r\nhost: t\r\norigin: http://evil.example\r\norigin: http://app.example\r\n\r\n"
+        ),
+    );
+    assert_eq!(c.status, 400);
+    let r = request(
+        srv.addr,
+        "POST",
+        "/send/room",
+        &[
+            ("origin", "http://evil.example"),
+            ("origin", "http://app.example"),
+        ],
+        b"x",
+    )
+    .unwrap();
+    assert_eq!(
+        (r.status, r.error()),
+        (400, "more than one Origin header".to_owned())
+    );
+    // The preflight of a cross-origin fetch with Authorization.
+    let r = request(
+        srv.addr,
+        "OPTIONS",
+        "/test/room",
+        &[
+            ("origin", "http://app.example"),
+            ("access-control-request-method", "GET"),
+            ("access-control-request-headers", "authorization"),
+        ],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://app.example")
+    );
+    assert!(
+        r.header("access-control-allow-headers")
+            .unwrap()
+            .contains("Authorization")
+    );
+    assert!(r.header("access-control-allow-methods").unwrap().contains("GET"));
 }

@@ -76,6 +76,11 @@ pub(crate) struct Open {
     pub(crate) req: StreamRequest,
     /// `req.origin` is allowed: the response head names it.
     pub(crate) cors: bool,
+    /// `http.cors_origins` is set: the response head says `vary: Origin`.
+    pub(crate) vary: bool,
+    /// Bytes the client sent right behind its head: a WebSocket client's
+    /// first frames, read as frames once the stream starts.
+    pub(crate) early: Vec<u8>,
     /// The stream ends then (its subscriber token expires).
     pub(crate) expires: Option<Duration>,
 }
@@ -236,7 +241,13 @@ impl Stream {
                 closing: false,
             })
         });
-        let Open { req, cors, expires } = open;
+        let Open {
+            req,
+            cors,
+            vary,
+            expires,
+            early,
+        } = open;
         Stream::create(move |ctx| {
             let max = stream.f.shared.settings.max_pending_bytes;
             let stats = Arc::clone(&stream.f.shared.stats);
@@ -244,7 +255,10 @@ impl Stream {
             // stream, even a transient one (see `classify::PEEK_BYTES`).
             let mut opened = Ok(Written::Done);
             if let Some(http10) = lean {
-                let cors = req.origin.as_deref().filter(|_| cors);
+                let cors = crate::error::Cors {
+                    allow: req.origin.as_deref().filter(|_| cors),
+                    vary,
+                };
                 opened = LINE.with_borrow_mut(|buf| {
                     buf.clear();
                     crate::handshake::response_head(buf, &req, http10, cors);
@@ -264,6 +278,10 @@ impl Stream {
                 }
                 Ok(Written::Done) => {}
                 Err(_) => ctx.stop(),
+            }
+            // Frames a WebSocket client sent right behind its handshake.
+            if opened.is_ok() && stream.format == Format::Ws && !early.is_empty() {
+                stream.ws_input(ctx, &early);
             }
             if let Some(left) = expires {
                 ctx.run_later(left, |s: &mut Stream, ctx| {
@@ -420,9 +438,9 @@ impl Stream {
                 }
                 ws::Action::Close(code) => {
                     if !closing {
-                        // Echo a code that may be sent (RFC 6455 §7.4).
-                        let echo = matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999);
-                        let frame = if echo {
+                        // Echo the client's code (the inbox let through only
+                        // codes that may be sent, and 1005 for none).
+                        let frame = if ws::sendable(code) {
                             ws::close(code, "")
                         } else {
                             ws::control(Control::Close, &[])

@@ -8,6 +8,8 @@
 //!
 //! - a ping is answered with a pong carrying its payload;
 //! - a close is answered with a close (its code echoed) and ends the stream;
+//!   a close with a code no endpoint may send is answered 1002, one whose
+//!   reason is not UTF-8, 1007 (RFC 6455 §7.4, §8.1);
 //! - text and binary messages are read past and counted, never buffered;
 //! - a frame larger than [`MAX_CLIENT_FRAME`] ends the stream with 1009; an
 //!   unmasked frame, reserved bits or opcodes, a fragmented or oversized
@@ -35,6 +37,15 @@ pub(crate) const PROTOCOL_ERROR: u16 = 1002;
 pub(crate) const POLICY: u16 = 1008;
 /// A frame was too big.
 pub(crate) const TOO_BIG: u16 = 1009;
+/// Text that is not UTF-8.
+pub(crate) const INVALID_DATA: u16 = 1007;
+
+/// True for the close codes an endpoint may send (RFC 6455 §7.4.1 and
+/// IANA's registry: 1000-1003, 1007-1014, and 3000-4999 for libraries and
+/// applications). 1004-1006 and 1015 are reserved, the rest unassigned.
+pub(crate) fn sendable(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
 
 /// What the client's bytes call for.
 #[derive(Debug, PartialEq, Eq)]
@@ -140,10 +151,17 @@ impl Inbox {
                         Control::Pong => {}
                         _ => {
                             let code = match payload.as_slice() {
-                                [] => 1005,
+                                // No code: RFC 6455 §7.1.5 reads it as 1005.
+                                [] => return out.push(Action::Close(1005)),
                                 [a, b, ..] => u16::from_be_bytes([*a, *b]),
                                 [_] => return out.push(Action::Fail(PROTOCOL_ERROR, "bad close frame")),
                             };
+                            if !sendable(code) {
+                                return out.push(Action::Fail(PROTOCOL_ERROR, "invalid close code"));
+                            }
+                            if std::str::from_utf8(payload.get(2..).unwrap_or_default()).is_err() {
+                                return out.push(Action::Fail(INVALID_DATA, "close reason is not UTF-8"));
+                            }
                             return out.push(Action::Close(code));
                         }
                     }
@@ -268,6 +286,31 @@ mod tests {
             feed_bytewise(&long_ping),
             vec![Action::Fail(PROTOCOL_ERROR, "bad control frame")]
         );
+    }
+
+    #[test]
+    fn close_codes_and_reasons_follow_rfc_6455() {
+        let close = |payload: &[u8]| feed_bytewise(&client(OpCode::Control(Control::Close), payload, true));
+        assert_eq!(close(&[]), vec![Action::Close(1005)]);
+        for ok in [1000u16, 1001, 1003, 1007, 1011, 1014, 3000, 4999] {
+            assert_eq!(close(&ok.to_be_bytes()), vec![Action::Close(ok)], "{ok}");
+        }
+        for bad in [0u16, 999, 1004, 1005, 1006, 1015, 1016, 2999, 5000, 65535] {
+            assert_eq!(
+                close(&bad.to_be_bytes()),
+                vec![Action::Fail(PROTOCOL_ERROR, "invalid close code")],
+                "{bad}"
+            );
+        }
+        let mut bad_reason = 1000u16.to_be_bytes().to_vec();
+        bad_reason.extend_from_slice(b"\xff\xfe");
+        assert_eq!(
+            close(&bad_reason),
+            vec![Action::Fail(INVALID_DATA, "close reason is not UTF-8")]
+        );
+        let mut good_reason = 1000u16.to_be_bytes().to_vec();
+        good_reason.extend_from_slice("au revoir, café".as_bytes());
+        assert_eq!(close(&good_reason), vec![Action::Close(1000)]);
     }
 
     #[test]
