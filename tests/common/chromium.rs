@@ -175,12 +175,17 @@ impl Devtools {
         r["result"]["value"].clone()
     }
 
-    /// The page's DOM as it is now.
+    /// The page's DOM as it is now. Between a navigation's start and its
+    /// new document (a reload) there is no document element: read again.
     pub fn dom(&mut self) -> String {
-        self.eval("document.documentElement.outerHTML")
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        for _ in 0..50 {
+            let html = self.eval("document.documentElement ? document.documentElement.outerHTML : null");
+            if let Some(html) = html.as_str() {
+                return html.to_owned();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("the page has had no document element for a second");
     }
 
     /// A PNG of the page as it is now.
