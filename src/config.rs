@@ -40,6 +40,8 @@ pub struct Settings {
     pub stream: StreamSettings,
     /// Routed messages.
     pub message: MessageSettings,
+    /// What a publisher may queue, and repeated publishes.
+    pub publish: PublishSettings,
     /// Who may publish and subscribe.
     pub auth: AuthSettings,
     /// Browser access (CORS).
@@ -115,6 +117,20 @@ impl StreamSettings {
 pub struct MessageSettings {
     /// Largest message body.
     pub max_bytes: usize,
+}
+
+/// `[publish]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishSettings {
+    /// Most deliveries accepted and not yet taken by their streams, across
+    /// every stream of the process (`/stats` `publish.backlog`).
+    pub max_backlog: u64,
+    /// How long `/send` and `/broadcast` wait for room in the backlog
+    /// before they answer 503 with `Retry-After`.
+    pub wait_ms: u64,
+    /// How long an `Idempotency-Key` is remembered.
+    pub idempotency_ttl_ms: u64,
 }
 
 /// `[auth]`
@@ -360,6 +376,12 @@ impl Settings {
         }
         if self.message.max_bytes == 0 || self.message.max_bytes > 16 * 1024 * 1024 {
             return invalid("message.max_bytes", "must be between 1 and 16777216");
+        }
+        if self.publish.max_backlog == 0 {
+            return invalid("publish.max_backlog", "must be at least 1");
+        }
+        if self.publish.idempotency_ttl_ms < 1000 {
+            return invalid("publish.idempotency_ttl_ms", "must be at least 1000");
         }
         if self.stream.sse_retry_ms == 0 {
             return invalid("stream.sse_retry_ms", "must be at least 1");

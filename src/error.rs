@@ -77,6 +77,15 @@ pub(crate) enum ApiError {
     /// `?token=`, or `?token=` twice): 400.
     #[error("two different subscriber tokens given (Authorization and ?token=, or ?token= twice); give one")]
     ConflictingTokens,
+    /// A malformed `Idempotency-Key`: 400.
+    #[error("Idempotency-Key {0}")]
+    BadIdempotencyKey(&'static str),
+    /// A request with the same `Idempotency-Key` is being served: 409.
+    #[error("a request with this Idempotency-Key is in progress; retry once it is answered")]
+    IdempotencyInFlight,
+    /// Too many `Idempotency-Key`s remembered: 503 with `Retry-After`.
+    #[error("too many Idempotency-Keys remembered; nothing was delivered, retry later")]
+    TooManyKeys,
     /// More than one `Origin` header: 400 (which page asked is unknown).
     #[error("more than one Origin header")]
     RepeatedOrigin,
@@ -97,6 +106,15 @@ pub(crate) enum ApiError {
     TooManyHeaders {
         /// The limit.
         limit: u8,
+    },
+    /// The publish backlog stayed full for `publish.wait_ms`: 503 with
+    /// `Retry-After`; nothing of the message was delivered or kept.
+    #[error(
+        "publish backlog full ({limit} deliveries waiting for their streams); nothing was delivered, retry later"
+    )]
+    Backlogged {
+        /// `publish.max_backlog`.
+        limit: u64,
     },
     /// `stream.max_streams` reached: 503.
     #[error("stream limit of {0} reached")]
@@ -144,6 +162,7 @@ impl ApiError {
             ApiError::Unauthorized | ApiError::BadToken(_) => Some((header::WWW_AUTHENTICATE, "Bearer")),
             ApiError::WebSocketVersion => Some((header::SEC_WEBSOCKET_VERSION, "13")),
             ApiError::MethodNotAllowed(allow) => Some((header::ALLOW, allow)),
+            ApiError::Backlogged { .. } | ApiError::TooManyKeys => Some((header::RETRY_AFTER, "1")),
             _ => None,
         }
     }
@@ -191,11 +210,13 @@ impl ResponseError for ApiError {
             | ApiError::BadHead(_)
             | ApiError::RepeatedAuthorization
             | ApiError::ConflictingTokens
+            | ApiError::BadIdempotencyKey(_)
             | ApiError::RepeatedOrigin
             | ApiError::BadWebSocket(_)
             | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
             ApiError::OriginNotAllowed => StatusCode::FORBIDDEN,
+            ApiError::IdempotencyInFlight => StatusCode::CONFLICT,
             ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -206,6 +227,8 @@ impl ResponseError for ApiError {
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             }
             ApiError::StreamLimit(_)
+            | ApiError::Backlogged { .. }
+            | ApiError::TooManyKeys
             | ApiError::ShuttingDown
             | ApiError::Crashed(_)
             | ApiError::BusUnavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -28,6 +28,7 @@
 //! - `cluster`: cluster mode, the Redis pub/sub bus between processes: the
 //!   command connection (publish, the fleet's count, heartbeats, `/cluster`)
 //!   and the supervised Bus actor that holds this node's subscriptions.
+//! - `idempotency`: `Idempotency-Key`s of publishes in one process.
 //! - `router`: the Router actor, id -> streams; generic over the stream
 //!   actor, so it never names it. It tells the bus which ids it holds.
 //! - `history`: the Router's event ids and per-id rings of recent messages,
@@ -61,6 +62,7 @@ mod handshake;
 mod history;
 mod http_date;
 mod id;
+mod idempotency;
 mod metrics;
 mod router;
 mod routes;

@@ -88,7 +88,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 25] = [
+        let counters: [CounterSpec<'_>; 27] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -128,6 +128,16 @@ impl Collector for StatsCollector {
                 "messages_dropped",
                 "Message events whose stream ended before writing them.",
                 &s.messages_dropped,
+            ),
+            (
+                "publish_rejected",
+                "Publishes answered 503 because the publish backlog stayed full for publish.wait_ms.",
+                &s.publish_rejected,
+            ),
+            (
+                "publish_idempotent_replays",
+                "Publishes answered from an earlier request with the same Idempotency-Key, not delivered again.",
+                &s.publish_replayed,
             ),
             (
                 "connections_accepted",
@@ -226,7 +236,7 @@ impl Collector for StatsCollector {
         let active = s.streams_active.load(Relaxed) as i64;
         let rss = rss_bytes().unwrap_or(0) as i64;
         let baseline = s.baseline_rss.load(Relaxed) as i64;
-        let gauges: [GaugeSpec<'_>; 6] = [
+        let gauges: [GaugeSpec<'_>; 7] = [
             ("streams_active", "Streams open now.", active),
             (
                 "http_connections_active",
@@ -244,6 +254,11 @@ impl Collector for StatsCollector {
                 "history_messages",
                 "Messages kept in history now.",
                 s.history_messages.load(Relaxed) as i64,
+            ),
+            (
+                "publish_backlog",
+                "Deliveries accepted and not yet taken by their streams (bounded by publish.max_backlog).",
+                s.publish_backlog.load(Relaxed) as i64,
             ),
         ];
         encode_gauges(&mut enc, &gauges)?;

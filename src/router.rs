@@ -119,10 +119,13 @@ impl Deliver {
         }
     }
 
-    /// The handler has it: the stream's sink keeps the books from here.
-    /// Returns the text, the event id and when it was accepted.
+    /// The handler has it: the stream's sink keeps the books from here,
+    /// and it has left the publish backlog. Returns the text, the event id
+    /// and when it was accepted.
     pub(crate) fn arrived(mut self) -> (Arc<str>, Option<u64>, Instant) {
-        self.books = None;
+        if let Some(stats) = self.books.take() {
+            stats.publish_backlog.fetch_sub(1, Relaxed);
+        }
         (Arc::clone(&self.msg), self.event, self.accepted)
     }
 }
@@ -131,6 +134,7 @@ impl Drop for Deliver {
     fn drop(&mut self) {
         if let Some(stats) = self.books.take() {
             stats.messages_dropped.fetch_add(1, Relaxed);
+            stats.publish_backlog.fetch_sub(1, Relaxed);
         }
         if let Some(window) = self.window.take()
             && window.in_flight.fetch_sub(1, Relaxed) == FANOUT_REFILL + 1
@@ -225,6 +229,7 @@ fn hand<S: StreamActor>(
         }),
         None => {
             stats.messages_dropped.fetch_add(1, Relaxed);
+            stats.publish_backlog.fetch_sub(1, Relaxed);
         }
     }
 }
@@ -309,6 +314,10 @@ impl<S: StreamActor> Router<S> {
                 break;
             }
             self.fanouts.pop_front();
+        }
+        if self.fanouts.is_empty() && self.fanouts.capacity() > FANOUT_WINDOW {
+            // A flood of broadcasts grew the queue; give it back.
+            self.fanouts = VecDeque::new();
         }
         if !self.fanouts.is_empty() {
             self.pumping = true;
@@ -449,10 +458,16 @@ pub(crate) struct Logout {
     pub(crate) conn: ConnId,
 }
 
+/// The publish backlog is full: the message was not taken (nothing of it
+/// was delivered or kept); try again once streams have taken theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Busy;
+
 /// Publish `msg` to every stream of `id`. Answers how many streams it was
-/// handed to and its event id (`None` if the Router crashed handling it).
+/// handed to and its event id, or [`Busy`] (`None` if the Router crashed
+/// handling it).
 #[derive(Message)]
-#[rtype(result = "Option<Published>")]
+#[rtype(result = "Option<Result<Published, Busy>>")]
 pub(crate) struct Publish {
     /// Target id.
     pub(crate) id: String,
@@ -461,6 +476,10 @@ pub(crate) struct Publish {
     /// When this node accepted it: its body read, or its arrival from the
     /// cluster bus.
     pub(crate) accepted: Instant,
+    /// `publish.max_backlog` for a publisher on this node; `None` for a
+    /// message from the cluster bus, which is always taken (its own node
+    /// applied the bound, and refusing it here would lose it).
+    pub(crate) limit: Option<u64>,
 }
 
 /// What became of a [`Publish`].
@@ -472,14 +491,16 @@ pub(crate) struct Published {
     pub(crate) event: u64,
 }
 
-/// Deliver `msg` to every stream. Answers how many.
+/// Deliver `msg` to every stream. Answers how many, or [`Busy`].
 #[derive(Message)]
-#[rtype(result = "Option<usize>")]
+#[rtype(result = "Option<Result<usize, Busy>>")]
 pub(crate) struct Broadcast {
     /// One line of text, already validated.
     pub(crate) msg: Arc<str>,
     /// When this node accepted it (as [`Publish::accepted`]).
     pub(crate) accepted: Instant,
+    /// As [`Publish::limit`].
+    pub(crate) limit: Option<u64>,
 }
 
 /// Tell every stream to end (server shutdown). Answers how many were told.
@@ -580,6 +601,20 @@ impl<S: StreamActor> Handler<Attach> for Router<S> {
     }
 }
 
+/// Whether this node has a stream of `0` (in the table, or waiting for
+/// its id's subscription).
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub(crate) struct Holds(pub(crate) String);
+
+impl<S: StreamActor> Handler<Holds> for Router<S> {
+    type Result = bool;
+
+    fn handle(&mut self, Holds(id): Holds, _: &mut Context<Self>) -> bool {
+        self.table.contains_key(id.as_str()) || self.awaiting.contains_key(id.as_str())
+    }
+}
+
 impl<S: StreamActor> Handler<HeldIds> for Router<S> {
     type Result = actix::MessageResult<HeldIds>;
 
@@ -665,11 +700,28 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
     }
 }
 
-impl<S: StreamActor> Handler<Publish> for Router<S> {
-    type Result = Option<Published>;
+impl<S: StreamActor> Router<S> {
+    /// Takes `n` more deliveries into the publish backlog, unless that
+    /// would carry it past `limit`. An empty backlog always takes a
+    /// message, so one larger than the limit (a broadcast to more streams)
+    /// still goes out, alone.
+    fn reserve(&self, n: usize, limit: Option<u64>) -> Result<(), Busy> {
+        let backlog = self.stats.publish_backlog.load(Relaxed);
+        if limit.is_some_and(|max| backlog > 0 && backlog + n as u64 > max) {
+            return Err(Busy);
+        }
+        self.stats.publish_backlog.fetch_add(n as u64, Relaxed);
+        Ok(())
+    }
+}
 
-    fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Option<Published> {
+impl<S: StreamActor> Handler<Publish> for Router<S> {
+    type Result = Option<Result<Published, Busy>>;
+
+    fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Self::Result {
         guarded(self, ctx, |r, _| {
+            let held = r.table.get(m.id.as_str()).map_or(0, SmallVec::len);
+            r.reserve(held, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
             let event = r.history.next_id();
             r.history.record(&m.id, event, &m.msg);
@@ -684,16 +736,17 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
                 None => 0,
             };
             r.stats.messages_delivered.fetch_add(delivered as u64, Relaxed);
-            Published { delivered, event }
+            Ok(Published { delivered, event })
         })
     }
 }
 
 impl<S: StreamActor> Handler<Broadcast> for Router<S> {
-    type Result = Option<usize>;
+    type Result = Option<Result<usize, Busy>>;
 
-    fn handle(&mut self, m: Broadcast, ctx: &mut Context<Self>) -> Option<usize> {
+    fn handle(&mut self, m: Broadcast, ctx: &mut Context<Self>) -> Self::Result {
         guarded(self, ctx, |r, ctx| {
+            r.reserve(r.streams, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
             r.fanouts.push_back(Fanout {
                 msg: m.msg,
@@ -705,7 +758,7 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
                 r.pump(ctx);
             }
             r.stats.messages_delivered.fetch_add(r.streams as u64, Relaxed);
-            r.streams
+            Ok(r.streams)
         })
     }
 }

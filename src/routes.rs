@@ -19,18 +19,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::http::{Version, header};
+use actix_web::http::{StatusCode, Version, header};
 use actix_web::web::{self, Data, Path, Payload, ServiceConfig};
 use actix_web::{HttpRequest, HttpResponse, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::cluster;
+use crate::cluster::{Once, PublishFailed};
 use crate::counter::{self, Take};
 use crate::error::ApiError;
 use crate::handshake::Transport;
 use crate::id::{self, IdError};
-use crate::router::{self, Broadcast, Publish, Published};
+use crate::idempotency::{self, Begin};
+use crate::router::{self, Broadcast, Busy, Publish, Published, Router};
 use crate::socket::CloseHandle;
 use crate::state::ServerState;
 use crate::stream::Stream;
@@ -233,38 +235,9 @@ async fn send(
     authorize(&req, &state)?;
     let id = id.into_inner();
     id::validate(&id, state.settings.stream.max_id_len)?;
+    let key = idempotency::key_of(&req)?;
     let msg = read_message(&req, body, &state).await?;
-    let Published { delivered, event } = state
-        .router()
-        .send(Publish {
-            id: id.clone(),
-            msg: Arc::clone(&msg),
-            accepted: std::time::Instant::now(),
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or(ApiError::Crashed("router"))?;
-    let Some(cluster) = &state.cluster else {
-        return Ok(HttpResponse::Ok().json(json!({ "id": id, "delivered": delivered, "event_id": event })));
-    };
-    // Delivered here already; now the other nodes. This node's own
-    // subscription is counted out when it holds the id or lingers on it.
-    let channel = cluster.names.id_channel(&id);
-    let subscribed_here = delivered > 0 || cluster.is_lingering(&id);
-    Ok(match cluster.publish(channel, &msg, subscribed_here).await {
-        Ok(nodes) => HttpResponse::Ok().json(json!({
-            "id": id, "delivered": delivered, "event_id": event, "nodes": nodes
-        })),
-        Err(e) => partial(&e, json!({ "id": id, "delivered": delivered, "event_id": event })),
-    })
-}
-
-/// A 503 that says what was delivered anyway (here), never a silent
-/// partial success.
-fn partial(e: &ApiError, mut body: serde_json::Value) -> HttpResponse {
-    body["error"] = e.to_string().into();
-    HttpResponse::build(actix_web::ResponseError::status_code(e)).json(body)
+    publish(&state, Target::Id(id), &msg, key).await
 }
 
 /// `POST /broadcast`
@@ -274,30 +247,268 @@ async fn broadcast(
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
+    let key = idempotency::key_of(&req)?;
     let msg = read_message(&req, body, &state).await?;
-    let delivered = state
-        .router()
-        .send(Broadcast {
-            msg: Arc::clone(&msg),
-            accepted: std::time::Instant::now(),
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or(ApiError::Crashed("router"))?;
-    let Some(cluster) = &state.cluster else {
-        return Ok(HttpResponse::Ok().json(json!({ "delivered": delivered })));
+    publish(&state, Target::All, &msg, key).await
+}
+
+/// Who a publish is for.
+enum Target {
+    /// Every stream of this id (`/send`).
+    Id(String),
+    /// Every stream (`/broadcast`).
+    All,
+}
+
+/// Publishes `msg`, once per `Idempotency-Key` when one is given (see
+/// [`crate::idempotency`]): a repeat within `publish.idempotency_ttl_ms`
+/// gets the first answer and delivers nothing.
+async fn publish(
+    state: &ServerState,
+    target: Target,
+    msg: &Arc<str>,
+    key: Option<String>,
+) -> Result<HttpResponse, ApiError> {
+    let Some(key) = key else {
+        let (status, body) = publish_here_first(state, &target, msg).await?;
+        return Ok(HttpResponse::build(status).json(body));
     };
-    // Every node subscribes to the broadcast channel, this one included.
-    Ok(
-        match cluster
-            .publish(cluster.names.broadcast().to_owned(), &msg, true)
-            .await
-        {
-            Ok(nodes) => HttpResponse::Ok().json(json!({ "delivered": delivered, "nodes": nodes })),
-            Err(e) => partial(&e, json!({ "delivered": delivered })),
-        },
-    )
+    if let Some(cluster) = &state.cluster {
+        return publish_once(state, cluster, &target, msg, &key).await;
+    }
+    match state.keys.begin(&key) {
+        Begin::Replay(answer) => Ok(replayed(state, answer)),
+        Begin::InFlight => Err(ApiError::IdempotencyInFlight),
+        Begin::Full => Err(ApiError::TooManyKeys),
+        Begin::New(ticket) => {
+            // A failure (an error, or a full backlog's 503) releases the
+            // key: nothing was delivered, so a retry is a first attempt.
+            let (status, body) = publish_here_first(state, &target, msg).await?;
+            if status == StatusCode::OK {
+                ticket.finish(&body);
+            }
+            Ok(HttpResponse::build(status).json(body))
+        }
+    }
+}
+
+/// The first answer to an `Idempotency-Key`, again.
+fn replayed(state: &ServerState, answer: serde_json::Value) -> HttpResponse {
+    state
+        .stats
+        .publish_replayed
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    HttpResponse::Ok()
+        .insert_header(("idempotent-replayed", "true"))
+        .json(answer)
+}
+
+/// Delivers to this node's streams (waiting for room in the backlog), then
+/// in cluster mode PUBLISHes for the other nodes.
+///
+/// A 503 from the backlog means nothing was delivered anywhere. A 503 from
+/// Redis says so in the answer: this node's streams got the message, and
+/// the other nodes' `other_nodes`: "not sent" (the bus was down), or
+/// "unknown" (Redis did not answer in time and may still run the PUBLISH;
+/// only a retry with an `Idempotency-Key` is then safe).
+async fn publish_here_first(
+    state: &ServerState,
+    target: &Target,
+    msg: &Arc<str>,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    let accepted = std::time::Instant::now();
+    let (mut body, delivered) = match target {
+        Target::Id(id) => {
+            let Published { delivered, event } = admitted(state, |limit| Publish {
+                id: id.clone(),
+                msg: Arc::clone(msg),
+                accepted,
+                limit,
+            })
+            .await?;
+            (
+                json!({ "id": id, "delivered": delivered, "event_id": event }),
+                delivered,
+            )
+        }
+        Target::All => {
+            let delivered = admitted(state, |limit| Broadcast {
+                msg: Arc::clone(msg),
+                accepted,
+                limit,
+            })
+            .await?;
+            (json!({ "delivered": delivered }), delivered)
+        }
+    };
+    let Some(cluster) = &state.cluster else {
+        return Ok((StatusCode::OK, body));
+    };
+    // This node's own subscription is counted out when it holds the id or
+    // lingers on it; every node subscribes to the broadcast channel.
+    let (channel, subscribed_here) = match target {
+        Target::Id(id) => (
+            cluster.names.id_channel(id),
+            delivered > 0 || cluster.is_lingering(id),
+        ),
+        Target::All => (cluster.names.broadcast().to_owned(), true),
+    };
+    match cluster.publish(channel, msg, subscribed_here).await {
+        Ok(nodes) => {
+            body["nodes"] = nodes.into();
+            Ok((StatusCode::OK, body))
+        }
+        Err(failed) => {
+            body["error"] = ApiError::BusUnavailable.to_string().into();
+            body["other_nodes"] = match failed {
+                PublishFailed::NotSent => "not sent: the bus is down",
+                PublishFailed::Unknown => {
+                    "unknown: Redis did not answer in time and may still deliver it; \
+                     retry only with an Idempotency-Key"
+                }
+            }
+            .into();
+            Ok((StatusCode::SERVICE_UNAVAILABLE, body))
+        }
+    }
+}
+
+/// A publish with an `Idempotency-Key` in cluster mode: the key is claimed
+/// in Redis in the same script as the PUBLISH, and this node's streams get
+/// the message from its echo, so every node, this one included, delivers
+/// it exactly when Redis runs the script, and a retry with the key never
+/// delivers it twice, whichever node it reaches.
+async fn publish_once(
+    state: &ServerState,
+    cluster: &cluster::Cluster,
+    target: &Target,
+    msg: &Arc<str>,
+    key: &str,
+) -> Result<HttpResponse, ApiError> {
+    wait_for_room(state).await?;
+    let (channel, subscribed_here) = match target {
+        Target::Id(id) => {
+            let holds = state
+                .router()
+                .send(router::Holds(id.clone()))
+                .await
+                .map_err(|_| ApiError::Crashed("router"))?;
+            (cluster.names.id_channel(id), holds || cluster.is_lingering(id))
+        }
+        Target::All => (cluster.names.broadcast().to_owned(), true),
+    };
+    let ttl = Duration::from_millis(state.settings.publish.idempotency_ttl_ms);
+    match cluster
+        .publish_once(channel, msg, key, ttl, subscribed_here)
+        .await
+    {
+        Ok(Once::Repeat(first)) => Ok(replayed(
+            state,
+            first.unwrap_or_else(|| {
+                json!({ "idempotent_replay": true, "note": "accepted once before; its first answer was not recorded" })
+            }),
+        )),
+        Ok(Once::Fresh {
+            nodes,
+            here,
+            publish_id,
+        }) => {
+            let mut body = here.unwrap_or_else(|| json!({ "delivered": 0 }));
+            if let Target::Id(id) = target {
+                body["id"] = id.as_str().into();
+            }
+            body["nodes"] = nodes.into();
+            cluster.remember_answer(key, publish_id, &body).await;
+            Ok(HttpResponse::Ok().json(body))
+        }
+        Err(failed) => {
+            let outcome = match failed {
+                PublishFailed::NotSent => "not delivered anywhere: the bus is down; retry",
+                PublishFailed::Unknown => {
+                    "unknown: Redis did not answer in time; if it runs the publish later, every node \
+                     delivers it then; retry with the same Idempotency-Key, which never delivers twice"
+                }
+            };
+            let mut body = json!({ "error": ApiError::BusUnavailable.to_string(), "delivered": 0, "outcome": outcome });
+            if let Target::Id(id) = target {
+                body["id"] = id.as_str().into();
+            }
+            Ok(HttpResponse::ServiceUnavailable()
+                .insert_header((header::RETRY_AFTER, "1"))
+                .json(body))
+        }
+    }
+}
+
+/// How often a publish that found the backlog full asks the Router again.
+const BACKLOG_RETRY: Duration = Duration::from_millis(10);
+
+/// Hands a publish (`make(limit)`) to the Router, waiting while the
+/// publish backlog is full ([`with_room`]). The Router, one actor, decides
+/// each admission, so concurrent publishers cannot overshoot the bound
+/// together.
+async fn admitted<M, T>(state: &ServerState, make: impl Fn(Option<u64>) -> M) -> Result<T, ApiError>
+where
+    M: actix::Message<Result = Option<Result<T, Busy>>> + Send + 'static,
+    T: Send + 'static,
+    Router<Stream>: actix::Handler<M>,
+{
+    let limit = Some(state.settings.publish.max_backlog);
+    with_room(state, async || {
+        let answer = state.router().send(make(limit)).await;
+        answer.ok().flatten().ok_or(ApiError::Crashed("router"))
+    })
+    .await
+}
+
+/// Waits while this node's publish backlog is full, for a keyed cluster
+/// publish, whose delivery here comes from its echo and cannot be refused
+/// then ([`with_room`]).
+async fn wait_for_room(state: &ServerState) -> Result<(), ApiError> {
+    let max = state.settings.publish.max_backlog;
+    let backlog = || {
+        state
+            .stats
+            .publish_backlog
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    with_room(state, async || {
+        Ok(if backlog() >= max { Err(Busy) } else { Ok(()) })
+    })
+    .await
+}
+
+/// Runs `attempt` until it finds room in the publish backlog, every
+/// [`BACKLOG_RETRY`] for at most `publish.wait_ms`; then 503 with
+/// `Retry-After` (`publish.rejected`), nothing of the message delivered or
+/// kept. This is what pushes back on a publisher faster than the streams
+/// take its messages.
+async fn with_room<T>(
+    state: &ServerState,
+    mut attempt: impl AsyncFnMut() -> Result<Result<T, Busy>, ApiError>,
+) -> Result<T, ApiError> {
+    let publish = &state.settings.publish;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(publish.wait_ms);
+    loop {
+        match attempt().await? {
+            Ok(done) => return Ok(done),
+            Err(Busy) if tokio::time::Instant::now() + BACKLOG_RETRY > deadline => {
+                state
+                    .stats
+                    .publish_rejected
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(ApiError::Backlogged {
+                    limit: publish.max_backlog,
+                });
+            }
+            Err(Busy) => {
+                tokio::select! {
+                    () = state.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
+                    () = tokio::time::sleep(BACKLOG_RETRY) => {}
+                }
+            }
+        }
+    }
 }
 
 /// `GET /dispatcher`

@@ -134,13 +134,14 @@ impl Server {
         // another thread, and so does a publish its connection.
         let cluster = if settings.cluster.enabled() {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let (c, s, addr) = (
+            let (c, max, s, addr) = (
                 settings.cluster.clone(),
+                settings.message.max_bytes,
                 Arc::clone(&stats),
                 crate::cluster::advertised(main_addr),
             );
             arbiters[0].spawn(async move {
-                let _ = tx.send(Cluster::new(&c, s, addr));
+                let _ = tx.send(Cluster::new(&c, max, s, addr));
             });
             let cluster = rx
                 .await
@@ -189,6 +190,7 @@ impl Server {
             await_welcome: bus.is_some(),
             verifier,
         });
+        let idempotency_ttl = settings.publish.idempotency_ttl_ms;
         let state = Arc::new(ServerState {
             settings,
             stats,
@@ -197,6 +199,7 @@ impl Server {
             cluster,
             bus,
             addr: crate::cluster::advertised(main_addr),
+            keys: crate::idempotency::Keys::new(Duration::from_millis(idempotency_ttl)),
             shutdown: CancellationToken::new(),
         });
 

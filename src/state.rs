@@ -46,6 +46,9 @@ pub(crate) struct ServerState {
     pub(crate) bus: Option<Addr<Bus>>,
     /// The main listening address, as `/cluster` shows it.
     pub(crate) addr: String,
+    /// `Idempotency-Key`s of publishes (single-process mode; in cluster
+    /// mode they live in Redis).
+    pub(crate) keys: crate::idempotency::Keys,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
     /// accept loops stop, actix-web connections drain, new streams are refused.
     pub(crate) shutdown: CancellationToken,

@@ -41,6 +41,16 @@ pub(crate) struct Stats {
     /// Message events handed to a stream that ended before writing them
     /// (gone, closing, or cut as too slow with them pending).
     pub(crate) messages_dropped: AtomicU64,
+    /// Deliveries the Router has accepted and no stream has taken yet (in a
+    /// stream's mailbox, or a broadcast's not yet handed out): what a
+    /// publisher has queued. Bounded by `publish.max_backlog`.
+    pub(crate) publish_backlog: AtomicU64,
+    /// `/send` and `/broadcast` answered 503 because the backlog stayed
+    /// full for `publish.wait_ms`.
+    pub(crate) publish_rejected: AtomicU64,
+    /// `/send` and `/broadcast` answered from an earlier request with the
+    /// same `Idempotency-Key`, not delivered again.
+    pub(crate) publish_replayed: AtomicU64,
     /// Mirror of the Counter actor's value, for reading without a round trip.
     pub(crate) counter: AtomicU64,
     /// Times the Router was restarted after a crash.
@@ -124,6 +134,9 @@ impl Stats {
             messages_delivered: AtomicU64::new(0),
             messages_written: AtomicU64::new(0),
             messages_dropped: AtomicU64::new(0),
+            publish_backlog: AtomicU64::new(0),
+            publish_rejected: AtomicU64::new(0),
+            publish_replayed: AtomicU64::new(0),
             counter: AtomicU64::new(0),
             router_restarts: AtomicU64::new(0),
             counter_restarts: AtomicU64::new(0),
@@ -252,6 +265,11 @@ impl Stats {
                 "delivered": get(&self.messages_delivered),
                 "written": get(&self.messages_written),
                 "dropped": get(&self.messages_dropped),
+            },
+            "publish": {
+                "backlog": get(&self.publish_backlog),
+                "rejected": get(&self.publish_rejected),
+                "idempotent_replays": get(&self.publish_replayed),
             },
             "counter": get(&self.counter),
             "memory": {

@@ -198,7 +198,8 @@ mod tests {
             other_issuer.check(&idp("x", now), "foo").unwrap_err(),
             "token is not from the expected issuer (iss)"
         );
-        let no_aud = signed(serde_json::json!({ "sub": "foo", "exp": now + 60 }));
+        let no_aud =
+            signed(serde_json::json!({ "iss": "https://id.example/", "sub": "foo", "exp": now + 60 }));
         assert_eq!(
             strict.check(&no_aud, "foo").unwrap_err(),
             "token has no aud claim"

@@ -400,6 +400,9 @@ fn with_redis_down_local_delivery_continues_and_the_rest_answers_503() {
 
     redis.kill();
     let down = json!({"error": "cluster bus unavailable"});
+    // The bus is down: the answer says the other nodes were not sent it
+    // (not "unknown": nothing reached Redis).
+    const NOT_SENT: &str = "not sent: the bus is down";
     for n in [&a, &b] {
         wait_until(WAIT, "/readyz 503 after Redis died", || {
             n.get("/readyz").status == 503
@@ -412,7 +415,7 @@ fn with_redis_down_local_delivery_continues_and_the_rest_answers_503() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(
         r.json_sans_event(),
-        json!({"error": "cluster bus unavailable", "id": "here", "delivered": 1})
+        json!({"error": "cluster bus unavailable", "id": "here", "delivered": 1, "other_nodes": NOT_SENT})
     );
     assert_eq!(here.line(), "Recvd msg #1: 'local only'");
 
@@ -420,14 +423,14 @@ fn with_redis_down_local_delivery_continues_and_the_rest_answers_503() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(
         r.json_sans_event(),
-        json!({"error": "cluster bus unavailable", "id": "there", "delivered": 0})
+        json!({"error": "cluster bus unavailable", "id": "there", "delivered": 0, "other_nodes": NOT_SENT})
     );
 
     let r = a.post("/broadcast", "everyone");
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(
         r.json(),
-        json!({"error": "cluster bus unavailable", "delivered": 1})
+        json!({"error": "cluster bus unavailable", "delivered": 1, "other_nodes": NOT_SENT})
     );
     assert_eq!(here.line(), "Recvd msg #2: 'everyone'");
 
@@ -1189,4 +1192,139 @@ fn metrics_carry_the_node_name_in_cluster_mode() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Reads every line `c` has within `within` (ticks are a minute apart in
+/// tests, so these are the messages).
+fn lines_within(c: &mut StreamClient, within: Duration) -> Vec<String> {
+    use std::io::BufRead;
+    c.reader
+        .get_mut()
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let deadline = Instant::now() + within;
+    let mut lines = Vec::new();
+    while Instant::now() < deadline {
+        let mut size = String::new();
+        match c.reader.read_line(&mut size) {
+            Ok(0) => break,
+            Ok(_) => {
+                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                let mut chunk = vec![0u8; n + 2];
+                std::io::Read::read_exact(&mut c.reader, &mut chunk).unwrap();
+                lines.push(String::from_utf8_lossy(&chunk[..n]).trim_end().to_owned());
+            }
+            Err(_) => {}
+        }
+    }
+    lines
+}
+
+/// Issue 21: Redis paused (SIGSTOP) under `/send`. A publisher that sends
+/// each message with an `Idempotency-Key` and retries on 503 delivers it
+/// exactly once to every stream, on the publishing node and on the other,
+/// however late Redis runs the first attempt's publish.
+#[test]
+fn with_an_idempotency_key_retries_through_a_paused_redis_deliver_exactly_once() {
+    let redis = RedisServer::start();
+    let p = prefix("idem");
+    let node = |name: &str| {
+        let mut s = node_settings(&redis, &p, name);
+        s.cluster.command_timeout_ms = 300;
+        s.cluster.heartbeat_ttl_ms = 10_000;
+        start_node(s)
+    };
+    let (a, b) = (node("a"), node("b"));
+    let mut streams: Vec<StreamClient> = (0..20).map(|_| open(a.addr, "once")).collect();
+    streams.extend((0..20).map(|_| open(b.addr, "once")));
+    redis.wait_numsub(&id_channel(&p, "once"), 2, WAIT);
+    let keyed = |addr: SocketAddr, key: &str, body: &str| {
+        request(
+            addr,
+            "POST",
+            "/send/once",
+            &[("idempotency-key", key)],
+            body.as_bytes(),
+        )
+        .unwrap()
+    };
+    assert_eq!(keyed(a.addr, "k0", "m0").status, 200);
+    let pid = redis.pid().expect("redis pid");
+    send_signal(pid, "STOP");
+    // m1 while Redis is paused: 503, outcome unknown; retried every 300 ms,
+    // on either node, until Redis is back (SIGCONT after 2 s).
+    let first = keyed(a.addr, "k1", "m1");
+    assert_eq!(first.status, 503, "{}", first.text());
+    assert!(
+        first.json()["outcome"].as_str().unwrap().starts_with("unknown"),
+        "{}",
+        first.text()
+    );
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        send_signal(pid, "CONT");
+    });
+    let mut answers = vec![first.status];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let addr = if answers.len() % 2 == 0 { a.addr } else { b.addr };
+        let r = keyed(addr, "k1", "m1");
+        answers.push(r.status);
+        if r.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 200 within 20 s: {answers:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    resume.join().unwrap();
+    wait_ready(a.addr);
+    wait_ready(b.addr);
+    // A repeat of k1 once all is well: its first answer, nothing delivered.
+    let again = keyed(b.addr, "k1", "m1");
+    assert_eq!(
+        (again.status, again.header("idempotent-replayed")),
+        (200, Some("true"))
+    );
+    assert_eq!(keyed(b.addr, "k2", "m2").status, 200);
+    for (n, c) in streams.iter_mut().enumerate() {
+        let got = lines_within(c, Duration::from_millis(if n == 0 { 2000 } else { 200 }));
+        let count = |m: &str| got.iter().filter(|l| l.ends_with(&format!("'{m}'"))).count();
+        assert_eq!(
+            (count("m0"), count("m1"), count("m2")),
+            (1, 1, 1),
+            "stream {n} ({}) got {got:?}; answers {answers:?}",
+            if n < 20 { "a" } else { "b" }
+        );
+    }
+    let st = a.stats();
+    assert!(
+        st["publish"]["idempotent_replays"].as_u64().unwrap() <= answers.len() as u64,
+        "{st}"
+    );
+}
+
+/// Issue 21: a bus message is held to the limits of a posted one. A
+/// PUBLISH straight to a channel in Redis (anyone sharing the Redis can)
+/// with a line over `message.max_bytes`, or with a line break, is dropped
+/// and counted, never delivered or kept.
+#[test]
+fn oversized_or_multiline_bus_messages_are_dropped_and_counted() {
+    let redis = RedisServer::start();
+    let p = prefix("bigbus");
+    let mut s = node_settings(&redis, &p, "n");
+    s.message.max_bytes = 100;
+    let n = start_node(s);
+    let mut c = open(n.addr, "victim");
+    redis.wait_numsub(&id_channel(&p, "victim"), 1, WAIT);
+    let big = format!("intruder {}", "x".repeat(5000));
+    let two = "intruder one\ntwo".to_owned();
+    let fine = format!("intruder {}", "y".repeat(100));
+    for payload in [&big, &two, &fine] {
+        redis.command(&["PUBLISH", &id_channel(&p, "victim"), payload]);
+    }
+    assert_eq!(c.line(), format!("Recvd msg #1: '{}'", "y".repeat(100)));
+    let st = n.stats();
+    assert_eq!(st["cluster"]["malformed"], 2, "{st}");
+    assert_eq!(st["history"]["messages"], 1, "{st}");
+    assert_eq!(st["messages"]["routed"], 1, "{st}");
 }

@@ -655,35 +655,84 @@ impl Bus {
     fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
-        let Some((origin, text)) = parse_payload(payload) else {
+        let parsed = parse_payload(payload).filter(|(_, text)| text.len() <= self.cluster.max_message_bytes);
+        let Some((origin, text)) = parsed else {
             if stats.malformed.fetch_add(1, Relaxed) == 0 {
                 tracing::warn!(
                     event = "bus_malformed",
                     channel = %channel,
-                    "a bus message is not \"<instance> <one line>\"; dropped (counted in /stats cluster.malformed)"
+                    bytes = payload.len(),
+                    "a bus message is not \"<instance> <one line>\" with a line of at most message.max_bytes; \
+                     dropped, never delivered or kept (counted in /stats cluster.malformed)"
                 );
             }
             return;
         };
-        if origin == self.cluster.instance {
+        // `<instance>`, or `<instance>/<seq>` for a publish with an
+        // Idempotency-Key, whose echo is how this node's own streams get it.
+        let (instance, seq) = match origin.split_once('/') {
+            Some((instance, seq)) => (instance, seq.parse::<u64>().ok()),
+            None => (origin, None),
+        };
+        if instance == self.cluster.instance {
             stats.echoes.fetch_add(1, Relaxed);
+            if let Some(pending) = seq.and_then(|seq| self.cluster.take_pending(seq)) {
+                self.deliver_here(&channel, text, pending);
+            }
             return;
         }
         let text: Arc<str> = Arc::from(text);
         let accepted = std::time::Instant::now();
         if channel == self.cluster.names.broadcast() {
-            self.broadcast.do_send(Broadcast { msg: text, accepted });
+            self.broadcast.do_send(Broadcast {
+                msg: text,
+                accepted,
+                limit: None,
+            });
         } else if let Some(id) = self.cluster.names.id_of(&channel) {
             self.publish.do_send(Publish {
                 id: id.to_owned(),
                 msg: text,
                 accepted,
+                limit: None,
             });
         } else {
             stats.malformed.fetch_add(1, Relaxed);
             return;
         }
         stats.received.fetch_add(1, Relaxed);
+    }
+}
+
+impl Bus {
+    /// This node's own keyed publish, back from Redis: its streams get it
+    /// now, and the waiting `/send` or `/broadcast` is told what they got.
+    fn deliver_here(&self, channel: &str, text: &str, pending: crate::cluster::Pending) {
+        let (msg, accepted, waiter) = (Arc::from(text), std::time::Instant::now(), pending.waiter);
+        if channel == self.cluster.names.broadcast() {
+            let done = self.broadcast.send(Broadcast {
+                msg,
+                accepted,
+                limit: None,
+            });
+            actix_rt::spawn(async move {
+                if let (Ok(Some(Ok(n))), Some(waiter)) = (done.await, waiter) {
+                    let _ = waiter.send(serde_json::json!({ "delivered": n }));
+                }
+            });
+        } else if let Some(id) = self.cluster.names.id_of(channel) {
+            let done = self.publish.send(Publish {
+                id: id.to_owned(),
+                msg,
+                accepted,
+                limit: None,
+            });
+            actix_rt::spawn(async move {
+                if let (Ok(Some(Ok(p))), Some(waiter)) = (done.await, waiter) {
+                    let _ = waiter.send(serde_json::json!({ "delivered": p.delivered, "event_id": p.event }));
+                }
+            });
+        }
     }
 }
 

@@ -49,6 +49,63 @@ const LEAVE_SCRIPT: &str = "local v = redis.call('GET', KEYS[1]) \
     if v and string.find(v, ARGV[2], 1, true) then \
     redis.call('DEL', KEYS[1]) redis.call('ZREM', KEYS[2], ARGV[1]) end return 0";
 
+/// Publishes once per `Idempotency-Key`, fleet-wide: claims the key
+/// (`SET NX PX`) and PUBLISHes only if it was new, in one script, so no
+/// failure can fall between the two. Answers `{1, receivers}` for a new
+/// key, `{0, <what the key holds>}` for a repeat: the first answer, or its
+/// publish id while that answer is not known yet.
+/// KEYS[1] key; ARGV: publish id, TTL in ms, channel, payload.
+const PUBLISH_ONCE_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+    return {1, redis.call('PUBLISH', ARGV[3], ARGV[4])} end \
+    return {0, redis.call('GET', KEYS[1])}";
+
+/// Replaces a claimed key's publish id with the first answer, keeping its TTL.
+/// KEYS[1] key; ARGV: publish id, answer.
+const REMEMBER_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end return 0";
+
+/// What [`Cluster::publish_once`] found.
+#[derive(Debug)]
+pub(crate) enum Once {
+    /// The key was new: published to `nodes` other nodes; `here` is what
+    /// this node's own streams got, once its echo came back (`None`: this
+    /// node holds none, or the echo did not come within the command
+    /// timeout; it will still be delivered here when it comes).
+    Fresh {
+        /// Other nodes that received it.
+        nodes: u64,
+        /// This node's delivery: `{"delivered": n}` (+ `"event_id"`).
+        here: Option<Value>,
+        /// The publish id the key holds until the answer replaces it.
+        publish_id: String,
+    },
+    /// The key was used before: the first answer, if it was recorded.
+    Repeat(Option<Value>),
+}
+
+/// Why a PUBLISH ([`Cluster::publish`], [`Cluster::publish_once`]) failed.
+#[derive(Debug)]
+pub(crate) enum PublishFailed {
+    /// The bus is down: nothing was sent, nothing is delivered anywhere.
+    NotSent,
+    /// Sent, and Redis did not answer in time: it may still run the script
+    /// (a paused Redis does, when it resumes), and then every node
+    /// delivers, this one included; or never. A retry with the same key is
+    /// safe either way.
+    Unknown,
+}
+
+/// One of this node's keyed publishes, waiting for its echo: this node's
+/// own streams get the message when Redis hands it back, so that they get
+/// it exactly when (and only if) the other nodes do.
+pub(crate) struct Pending {
+    /// Told what this node's streams got.
+    pub(crate) waiter: Option<tokio::sync::oneshot::Sender<Value>>,
+    /// Forgotten after this (the key's TTL): an echo later than that is
+    /// not delivered here.
+    expires: Instant,
+}
+
 /// Channel and key names of one fleet.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
@@ -93,6 +150,10 @@ impl Names {
     fn counter_key(&self) -> String {
         format!("{}:dispatcher", self.prefix)
     }
+
+    fn idempotency_key(&self, key: &str) -> String {
+        format!("{}:idem:{key}", self.prefix)
+    }
 }
 
 /// What this node reports about its bus, in `/stats` under `cluster`.
@@ -113,7 +174,8 @@ pub(crate) struct ClusterStats {
     pub(crate) received: AtomicU64,
     /// This node's own publishes, back from Redis and ignored.
     pub(crate) echoes: AtomicU64,
-    /// Bus messages that were not `"<instance> <one line>"`, dropped.
+    /// Bus messages that were not `"<instance> <one line>"`, or whose line
+    /// is longer than `message.max_bytes`, dropped.
     pub(crate) malformed: AtomicU64,
     /// Times the pub/sub link was lost and made again.
     pub(crate) reconnects: AtomicU64,
@@ -193,6 +255,9 @@ pub(crate) struct Cluster {
     pub(crate) settings: ClusterSettings,
     /// Counters for `/stats`.
     pub(crate) stats: ClusterStats,
+    /// `message.max_bytes`: a message from the bus is held to the same
+    /// limit as one posted here (anyone who shares the Redis can PUBLISH).
+    pub(crate) max_message_bytes: usize,
     /// The server's own counters (streams for the heartbeat).
     server_stats: Arc<Stats>,
     /// Where this node listens, for `/cluster`.
@@ -211,6 +276,11 @@ pub(crate) struct Cluster {
     /// given (the Bus keeps it; `/send` asks whether this node is among
     /// PUBLISH's receivers).
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
+    /// Keyed publishes of this node waiting for their echo, by sequence
+    /// number (their publish id is `<instance>/<seq>`). Empty at rest.
+    pending: Mutex<HashMap<u64, Pending>>,
+    /// The last sequence number given to a keyed publish.
+    seq: AtomicU64,
 }
 
 impl Cluster {
@@ -219,6 +289,7 @@ impl Cluster {
     /// run inside a tokio runtime, which drives the connection.
     pub(crate) fn new(
         settings: &ClusterSettings,
+        max_message_bytes: usize,
         server_stats: Arc<Stats>,
         addr: String,
     ) -> Result<Self, redis::RedisError> {
@@ -258,6 +329,7 @@ impl Cluster {
             instance: instance_id(),
             names: Names::new(&settings.prefix),
             settings: settings.clone(),
+            max_message_bytes,
             stats: ClusterStats::default(),
             server_stats,
             addr,
@@ -267,7 +339,125 @@ impl Cluster {
             conn,
             client,
             lingering: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
         })
+    }
+
+    /// The pending table (a panic while it was held leaves it usable).
+    fn pending(&self) -> MutexGuard<'_, HashMap<u64, Pending>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes the keyed publish `seq` of this node whose echo just came, if
+    /// it is still waited for.
+    pub(crate) fn take_pending(&self, seq: u64) -> Option<Pending> {
+        self.pending().remove(&seq).filter(|p| p.expires > Instant::now())
+    }
+
+    /// PUBLISHes `msg` on `channel` unless `key` was used within `ttl`, in
+    /// one script ([`PUBLISH_ONCE_SCRIPT`]). This node's streams get it from
+    /// its echo (see [`Pending`]); `subscribed_here`: this node is
+    /// subscribed to `channel`, so the echo comes and is waited for.
+    pub(crate) async fn publish_once(
+        &self,
+        channel: String,
+        msg: &str,
+        key: &str,
+        ttl: Duration,
+        subscribed_here: bool,
+    ) -> Result<Once, PublishFailed> {
+        if self.fail_fast().is_err() {
+            self.stats.publish_errors.fetch_add(1, Relaxed);
+            return Err(PublishFailed::NotSent);
+        }
+        let seq = self.seq.fetch_add(1, Relaxed) + 1;
+        let publish_id = format!("{}/{seq}", self.instance);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut pending = self.pending();
+            let now = Instant::now();
+            if pending.len() >= 64 {
+                pending.retain(|_, p| p.expires > now);
+            }
+            pending.insert(
+                seq,
+                Pending {
+                    waiter: Some(tx),
+                    expires: now + ttl,
+                },
+            );
+        }
+        let payload = format!("{publish_id} {msg}");
+        let (redis_key, id, ms) = (
+            self.names.idempotency_key(key),
+            publish_id.clone(),
+            ttl.as_millis() as u64,
+        );
+        let r = self
+            .command("PUBLISH", async move |mut c| {
+                redis::cmd("EVAL")
+                    .arg(PUBLISH_ONCE_SCRIPT)
+                    .arg(1)
+                    .arg(redis_key)
+                    .arg(id)
+                    .arg(ms)
+                    .arg(channel)
+                    .arg(payload)
+                    .query_async::<(u8, redis::Value)>(&mut c)
+                    .await
+            })
+            .await;
+        let (fresh, value) = match r {
+            Ok(v) => v,
+            Err(_) => {
+                self.stats.publish_errors.fetch_add(1, Relaxed);
+                // The echo may still come: the entry stays until its TTL.
+                return Err(PublishFailed::Unknown);
+            }
+        };
+        self.stats.publishes.fetch_add(1, Relaxed);
+        if fresh == 0 {
+            self.pending().remove(&seq);
+            let stored: Option<String> = redis::from_redis_value(value).ok();
+            return Ok(Once::Repeat(stored.and_then(|s| serde_json::from_str(&s).ok())));
+        }
+        let receivers: u64 = redis::from_redis_value(value).unwrap_or(0);
+        let here = if subscribed_here {
+            tokio::time::timeout(self.timeout(), rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            self.pending().remove(&seq);
+            None
+        };
+        Ok(Once::Fresh {
+            nodes: receivers.saturating_sub(u64::from(subscribed_here)),
+            here,
+            publish_id,
+        })
+    }
+
+    /// Records `answer` as the first answer of `key`, claimed by
+    /// `publish_id`, for repeats on any node. Best effort: a repeat that
+    /// finds only the publish id still is not delivered again.
+    pub(crate) async fn remember_answer(&self, key: &str, publish_id: String, answer: &Value) {
+        let (redis_key, answer) = (self.names.idempotency_key(key), answer.to_string());
+        let _ = self
+            .command("SET", async move |mut c| {
+                redis::cmd("EVAL")
+                    .arg(REMEMBER_SCRIPT)
+                    .arg(1)
+                    .arg(redis_key)
+                    .arg(publish_id)
+                    .arg(answer)
+                    .query_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
     }
 
     /// The lingering table (a panic while it was held leaves it usable).
@@ -339,10 +529,10 @@ impl Cluster {
         channel: String,
         msg: &str,
         subscribed_here: bool,
-    ) -> Result<u64, ApiError> {
-        if let Err(e) = self.fail_fast() {
+    ) -> Result<u64, PublishFailed> {
+        if self.fail_fast().is_err() {
             self.stats.publish_errors.fetch_add(1, Relaxed);
-            return Err(e);
+            return Err(PublishFailed::NotSent);
         }
         let payload = format!("{} {msg}", self.instance);
         let r = self
@@ -355,9 +545,9 @@ impl Cluster {
                 self.stats.publishes.fetch_add(1, Relaxed);
                 Ok(n.saturating_sub(u64::from(subscribed_here)))
             }
-            Err(e) => {
+            Err(_) => {
                 self.stats.publish_errors.fetch_add(1, Relaxed);
-                Err(e)
+                Err(PublishFailed::Unknown)
             }
         }
     }
