@@ -106,6 +106,15 @@ fn answer_status(buf: &[u8]) -> Option<(u16, bool)> {
     Some((status, buf.len() >= body_start + length.unwrap_or(0)))
 }
 
+/// The status and whole length of the complete response (with a
+/// `content-length` body) at the start of `buf`, if it is all there: for
+/// reading pipelined answers one after another.
+pub(crate) fn next_reply(buf: &[u8]) -> Option<(u16, usize)> {
+    let (status, body_start, length) = head(buf)?;
+    let end = body_start + length.unwrap_or(0);
+    (buf.len() >= end).then_some((status, end))
+}
+
 /// Status and body of a complete response (not chunked).
 pub(crate) fn parse_reply(buf: &[u8]) -> Option<Reply> {
     let (status, body_start, length) = head(buf)?;

@@ -32,6 +32,7 @@ mod machine;
 mod outcome;
 mod process;
 mod procfs;
+mod publish_flood;
 mod redis;
 mod report;
 mod servers;
@@ -99,6 +100,9 @@ pub enum Command {
     Latency(latency::Args),
     /// Time until one message reaches every one of many streams.
     Broadcast(broadcast::Args),
+    /// A publisher faster than the streams: answers by status, RSS, drain;
+    /// beside a baseline binary (the previous build) in the same run.
+    Flood(publish_flood::Args),
     /// Streams established per second when many connect at once.
     Connect(connect::Args),
     /// A long mixed, hostile load: memory flat, nothing lost, back to baseline.
@@ -134,6 +138,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dispatcher(a) => dispatcher::run(&a),
         Command::Latency(a) => latency::run(&a),
         Command::Broadcast(a) => broadcast::run(&a),
+        Command::Flood(a) => publish_flood::run(&a),
         Command::Connect(a) => connect::run(&a),
         Command::Soak(a) => soak::run(&a),
         Command::Cluster(a) => cluster::run(&a),

@@ -18,6 +18,7 @@ use super::latency::{self, LatencyData};
 use super::machine::{self, Machine};
 use super::outcome::Outcome;
 use super::process::display_path;
+use super::publish_flood::{self, FloodData};
 use super::servers;
 use super::servers::{ServerKind, nginx_conf};
 use super::soak::{self, SoakData};
@@ -73,6 +74,8 @@ pub(crate) struct Results {
     pub latency: Option<Outcome<LatencyData>>,
     /// `broadcast.json`.
     pub broadcast: Option<Outcome<BroadcastData>>,
+    /// `flood.json`.
+    pub flood: Option<Outcome<FloodData>>,
     /// `connect.json`.
     pub connect: Option<Outcome<ConnectData>>,
     /// `soak.json`.
@@ -91,6 +94,7 @@ impl Results {
             dispatcher: Outcome::read(dir, "dispatcher")?,
             latency: Outcome::read(dir, "latency")?,
             broadcast: Outcome::read(dir, "broadcast")?,
+            flood: Outcome::read(dir, "flood")?,
             connect: Outcome::read(dir, "connect")?,
             soak: Outcome::read(dir, "soak")?,
             cluster: Outcome::read(dir, "cluster")?,
@@ -105,6 +109,7 @@ impl Results {
             self.dispatcher.as_ref().map(|o| o.smoke),
             self.latency.as_ref().map(|o| o.smoke),
             self.broadcast.as_ref().map(|o| o.smoke),
+            self.flood.as_ref().map(|o| o.smoke),
             self.connect.as_ref().map(|o| o.smoke),
             self.soak.as_ref().map(|o| o.smoke),
             self.cluster.as_ref().map(|o| o.smoke),
@@ -121,7 +126,9 @@ impl Results {
                 if let Some(o) = &self.$f { v.push((stringify!($f), o.commit.as_str())); }
             )*};
         }
-        push!(idle, dispatcher, latency, broadcast, connect, soak, cluster, c1m);
+        push!(
+            idle, dispatcher, latency, broadcast, flood, connect, soak, cluster, c1m
+        );
         v
     }
 }
@@ -575,6 +582,14 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
         results_dir,
     );
     s += &section(
+        "Publisher flood: backpressure",
+        "flood",
+        publish_flood::HOW,
+        r.flood.as_ref(),
+        publish_flood::render,
+        results_dir,
+    );
+    s += &section(
         "Connect rate",
         "connect",
         connect::HOW,
@@ -738,6 +753,7 @@ mod tests {
             broadcast: Some(Recorder::new("broadcast", false).finish(BroadcastData {
                 rows: vec![broadcast::tests::row(0, 19_000, 19_000, 150.0)],
             })),
+            flood: None,
             connect: None,
             soak: Some(Recorder::new("soak", false).finish(SoakData {
                 duration_s: 1800.0,

@@ -110,6 +110,8 @@ pub(crate) struct Launch {
     pub workers: Option<u32>,
     /// `SWITCHBOARD__CLUSTER__REDIS_URL` (None: not set; no Redis).
     pub redis_url: Option<String>,
+    /// Another switchboard binary (None: the one beside this harness).
+    pub binary: Option<PathBuf>,
 }
 
 /// A running server this harness started.
@@ -310,7 +312,10 @@ pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn start_switchboard(dir: &Path, port: u16, launch: &Launch) -> anyhow::Result<(Spawned, PathBuf, String)> {
-    let exe = sibling("switchboard")?;
+    let exe = match &launch.binary {
+        Some(path) => path.clone(),
+        None => sibling("switchboard")?,
+    };
     let log = dir.join("switchboard.log");
     let (env, args) = switchboard_env_args(port, launch);
     let mut cmd = Command::new(&exe);
@@ -435,6 +440,7 @@ mod tests {
             processes: Some(4),
             workers: Some(1),
             redis_url: Some("redis://127.0.0.1:6390".into()),
+            binary: None,
         };
         let (env, args) = switchboard_env_args(8123, &fleet);
         assert_eq!(args, ["--processes", "4"]);

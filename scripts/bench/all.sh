@@ -10,7 +10,8 @@
 #   scripts/bench/all.sh --smoke    tiny counts and a 2-minute soak, about 5 minutes; results AND
 #                                   report go to a temporary directory (BENCHMARKS.md is not touched)
 #
-# One benchmark alone: target/release/bench <idle|dispatcher|latency|broadcast|connect|cluster|soak> [--help].
+# One benchmark alone: target/release/bench <idle|dispatcher|latency|broadcast|flood|connect|cluster|soak> [--help].
+# bench flood --baseline PATH also measures another switchboard binary (the previous build) in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,7 +36,7 @@ else
 fi
 
 started=$SECONDS
-for b in idle dispatcher latency broadcast connect cluster soak; do
+for b in idle dispatcher latency broadcast flood connect cluster soak; do
   echo "== bench $b ${smoke[*]}"
   "$bench" "$b" --out "$results" "${smoke[@]}"
 done
