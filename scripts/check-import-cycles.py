@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Fails when the server's top-level modules import each other in a circle.
+
+    scripts/check-import-cycles.py [SRC_DIR]     (default: src)
+
+lib.rs says calls go one way, from the top of its layout list down; a
+cycle (a uses b, b uses a, directly or through others) is a sign that a
+leaf hides inside one of them. A module is a file or folder directly under
+SRC_DIR (`cluster/` with everything in it is one); it depends on every other
+module it names as `crate::<module>` outside comments and `#[cfg(test)]`
+blocks. The binaries under `bin/` and `lib.rs` itself are not modules here.
+Prints each cycle and the edges inside it, then exits 1; exits 0 with
+"no import cycles" otherwise. `.ci/run` runs it.
+"""
+
+import collections
+import os
+import re
+import sys
+
+
+def modules(src):
+    """Module name -> its source files."""
+    found = collections.defaultdict(list)
+    for folder, _, files in os.walk(src):
+        for name in files:
+            if not name.endswith(".rs"):
+                continue
+            path = os.path.join(folder, name)
+            top = os.path.relpath(path, src).split(os.sep)[0]
+            top = top[:-3] if top.endswith(".rs") else top
+            if top not in ("bin", "lib"):
+                found[top].append(path)
+    return found
+
+
+def code_of(path):
+    """The file's code: comments and test modules removed."""
+    text = open(path, encoding="utf-8").read()
+    # A test module runs to the end of the file in this code base.
+    text = re.sub(r"#\[cfg\(test\)\]\s*mod \w+ \{.*", "", text, flags=re.S)
+    return re.sub(r"//.*", "", text)
+
+
+def graph(found):
+    edges = collections.defaultdict(set)
+    for module, paths in found.items():
+        for path in paths:
+            for used in re.findall(r"\bcrate::(\w+)", code_of(path)):
+                if used in found and used != module:
+                    edges[module].add(used)
+    return edges
+
+
+def cycles(nodes, edges):
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def main():
+    src = sys.argv[1] if len(sys.argv) > 1 else "src"
+    found = modules(src)
+    edges = graph(found)
+    bad = cycles(found, edges)
+    for component in bad:
+        print("import cycle: " + ", ".join(component))
+        for module in component:
+            inside = sorted(d for d in edges[module] if d in component)
+            print(f"  {module} uses {', '.join(inside)}")
+    if bad:
+        sys.exit(1)
+    print(f"no import cycles among the {len(found)} modules of {src}/")
+
+
+if __name__ == "__main__":
+    main()
