@@ -483,7 +483,7 @@ pub(crate) struct Publish {
 }
 
 /// What became of a [`Publish`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Published {
     /// Streams it was handed to.
     pub(crate) delivered: usize,
@@ -795,5 +795,207 @@ impl<S: StreamActor> Handler<Crash> for Router<S> {
         guarded(self, ctx, |_, _| {
             panic!("fault injection: router crash requested")
         })
+    }
+}
+
+/// The Router with a fake stream actor: no sockets, milliseconds.
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use actix::{ActorContext, Addr};
+
+    use super::*;
+    use crate::id::next_conn_id;
+
+    /// A stream that holds every delivery it is handed until told to take
+    /// them (so the publish backlog stays where a test put it), and records
+    /// what it took, in order.
+    #[derive(Default)]
+    struct Fake {
+        held: Vec<Deliver>,
+        took: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Actor for Fake {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Deliver> for Fake {
+        type Result = ();
+        fn handle(&mut self, m: Deliver, _: &mut Context<Self>) {
+            self.held.push(m);
+        }
+    }
+
+    impl Handler<Welcome> for Fake {
+        type Result = ();
+        fn handle(&mut self, w: Welcome, _: &mut Context<Self>) {
+            w.arrived();
+        }
+    }
+
+    impl Handler<Close> for Fake {
+        type Result = ();
+        fn handle(&mut self, _: Close, ctx: &mut Context<Self>) {
+            ctx.stop();
+        }
+    }
+
+    impl Handler<Cut> for Fake {
+        type Result = ();
+        fn handle(&mut self, _: Cut, ctx: &mut Context<Self>) {
+            ctx.stop();
+        }
+    }
+
+    /// How many deliveries it holds.
+    #[derive(Message)]
+    #[rtype(result = "usize")]
+    struct Held;
+
+    impl Handler<Held> for Fake {
+        type Result = usize;
+        fn handle(&mut self, _: Held, _: &mut Context<Self>) -> usize {
+            self.held.len()
+        }
+    }
+
+    /// Take every held delivery now.
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Take;
+
+    impl Handler<Take> for Fake {
+        type Result = ();
+        fn handle(&mut self, _: Take, _: &mut Context<Self>) {
+            for d in self.held.drain(..) {
+                let (msg, _, _) = d.arrived();
+                self.took.lock().unwrap().push(msg.to_string());
+            }
+        }
+    }
+
+    /// A Router and `n` fake streams of id `a`, logged in.
+    async fn setup(
+        n: usize,
+    ) -> (
+        Arc<Stats>,
+        Addr<Router<Fake>>,
+        Vec<Addr<Fake>>,
+        Vec<Arc<Mutex<Vec<String>>>>,
+    ) {
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let (mut fakes, mut logs) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let fake = Fake::default();
+            logs.push(Arc::clone(&fake.took));
+            let addr = fake.start();
+            router
+                .send(Login {
+                    id: Arc::from("a"),
+                    conn: next_conn_id(),
+                    addr: addr.downgrade(),
+                })
+                .await
+                .unwrap();
+            fakes.push(addr);
+        }
+        (stats, router, fakes, logs)
+    }
+
+    fn publish(msg: &str, limit: Option<u64>) -> Publish {
+        Publish {
+            id: "a".into(),
+            msg: Arc::from(msg),
+            accepted: Instant::now(),
+            limit,
+        }
+    }
+
+    /// Waits (a few event-loop turns at most) until `f` holds.
+    async fn eventually(mut f: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("never held");
+    }
+
+    #[actix_rt::test]
+    async fn the_backlog_bounds_what_publishers_queue() {
+        let (stats, router, fakes, logs) = setup(3).await;
+        let backlog = || stats.publish_backlog.load(Relaxed);
+        let first = router.send(publish("m1", Some(4))).await.unwrap().unwrap();
+        assert_eq!(first.unwrap().delivered, 3);
+        eventually(|| fakes.iter().all(|f| f.connected())).await;
+        assert_eq!(backlog(), 3);
+        // 3 more would pass 4: refused, nothing delivered or kept.
+        assert_eq!(
+            router.send(publish("m2", Some(4))).await.unwrap(),
+            Some(Err(Busy))
+        );
+        assert_eq!(stats.messages_routed.load(Relaxed), 1);
+        // The bus's messages are always taken.
+        assert!(router.send(publish("m3", None)).await.unwrap().unwrap().is_ok());
+        assert_eq!(backlog(), 6);
+        for f in &fakes {
+            f.send(Take).await.unwrap();
+        }
+        assert_eq!(backlog(), 0);
+        for log in &logs {
+            assert_eq!(*log.lock().unwrap(), ["m1", "m3"]);
+        }
+        // An empty backlog takes a message larger than the bound, alone.
+        let big = router.send(publish("m4", Some(1))).await.unwrap().unwrap();
+        assert_eq!(big.unwrap().delivered, 3);
+        let b = Broadcast {
+            msg: Arc::from("b1"),
+            accepted: Instant::now(),
+            limit: Some(1),
+        };
+        assert_eq!(router.send(b).await.unwrap(), Some(Err(Busy)));
+        // A stream that stops holding deliveries: they count as dropped and
+        // leave the backlog.
+        fakes[0].send(Cut).await.unwrap();
+        eventually(|| backlog() == 2).await;
+        assert_eq!(stats.messages_dropped.load(Relaxed), 1);
+    }
+
+    #[actix_rt::test]
+    async fn a_broadcast_is_handed_out_in_windows_and_every_stream_gets_it_in_order() {
+        let n = FANOUT_WINDOW * 3 + 5;
+        let (stats, router, fakes, logs) = setup(n).await;
+        for m in ["x", "y"] {
+            let b = Broadcast {
+                msg: Arc::from(m),
+                accepted: Instant::now(),
+                limit: None,
+            };
+            assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
+        }
+        // The fakes hold what they got: exactly a window is out at once.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut out = 0;
+        for f in &fakes {
+            out += f.send(Held).await.unwrap();
+        }
+        assert_eq!(out, FANOUT_WINDOW);
+        assert_eq!(stats.publish_backlog.load(Relaxed), 2 * n as u64);
+        // Taking lets the rest come; in the end every stream has x then y.
+        eventually(|| {
+            for f in &fakes {
+                f.do_send(Take);
+            }
+            logs.iter().all(|l| l.lock().unwrap().len() == 2)
+        })
+        .await;
+        for log in &logs {
+            assert_eq!(*log.lock().unwrap(), ["x", "y"]);
+        }
+        assert_eq!(stats.publish_backlog.load(Relaxed), 0);
     }
 }
