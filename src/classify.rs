@@ -28,8 +28,8 @@ const PEEK_SMALL: usize = 128;
 
 /// How much of the request line is peeked next: room for a query with a
 /// subscriber token (a JWT is 150-400 bytes). A longer line (an identity
-/// provider's token can be several KiB) is peeked once more whole, up to
-/// `server.max_head_bytes`. These buffers are allocated only for a stream
+/// provider's token can be several KiB) is peeked again into a buffer of
+/// twice the size, up to `server.max_head_bytes`. These buffers are allocated only for a stream
 /// request line longer than [`PEEK_SMALL`]: a transient allocation for
 /// every connection costs idle streams RSS through fragmentation
 /// (measured: ~90 bytes per stream with this and the head buffer below
@@ -121,7 +121,14 @@ pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usiz
             Some(class) => return class,
             // A long stream request line: look at more of it at once.
             None if full => {
-                big = vec![0u8; if big.is_empty() { PEEK_BYTES } else { max_line }];
+                // Doubling: a slow client's line costs what it has sent,
+                // not the whole head limit, while it waits.
+                let next = if big.is_empty() {
+                    PEEK_BYTES
+                } else {
+                    (big.len() * 2).min(max_line)
+                };
+                big = vec![0u8; next];
                 continue;
             }
             // A client that sent part of a line and went away (FIN or RST)

@@ -156,6 +156,11 @@ pub struct HttpSettings {
 }
 
 impl HttpSettings {
+    /// A CORS list is set: answers depend on the page's origin.
+    pub(crate) fn cors_enabled(&self) -> bool {
+        !self.cors_origins.trim().is_empty()
+    }
+
     /// Whether a request from `origin` gets CORS headers.
     pub(crate) fn allows_origin(&self, origin: &[u8]) -> bool {
         self.cors_origins

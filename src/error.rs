@@ -80,6 +80,11 @@ pub(crate) enum ApiError {
     /// A malformed `Idempotency-Key`: 400.
     #[error("Idempotency-Key {0}")]
     BadIdempotencyKey(&'static str),
+    /// An `Idempotency-Key` used before for another request: 422.
+    #[error(
+        "this Idempotency-Key was used for a different request (another id or message) within publish.idempotency_ttl_ms"
+    )]
+    IdempotencyKeyReused,
     /// A request with the same `Idempotency-Key` is being served: 409.
     #[error("a request with this Idempotency-Key is in progress; retry once it is answered")]
     IdempotencyInFlight,
@@ -217,6 +222,7 @@ impl ResponseError for ApiError {
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
             ApiError::OriginNotAllowed => StatusCode::FORBIDDEN,
             ApiError::IdempotencyInFlight => StatusCode::CONFLICT,
+            ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,

@@ -2,7 +2,9 @@
 //! after a timeout or a 503 with the same key delivers its message once.
 //!
 //! A repeated key within `publish.idempotency_ttl_ms` is answered with the
-//! first request's answer and not delivered again. A request that failed
+//! first request's answer and not delivered again; the same key for a
+//! different request (another target or message) is refused with 422
+//! rather than answered for the first one. A request that failed
 //! (nothing delivered: 4xx, or a full backlog's 503) does not keep its key,
 //! so its retry is a first attempt. In a single process the keys live here,
 //! in memory; in cluster mode in Redis, fleet-wide (`SET NX PX` in the same
@@ -29,6 +31,18 @@ pub(crate) const MAX_KEY_LEN: usize = 255;
 /// deliver twice.
 pub(crate) const MAX_KEYS: usize = 100_000;
 
+/// What a key is bound to: the publish's target and message, as 16 hex
+/// digits of their FNV-1a hash (stable across processes and builds, so
+/// every node of a fleet computes the same; not a defence against a
+/// publisher forging collisions with its own keys).
+pub(crate) fn fingerprint(target: &str, msg: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in target.bytes().chain(std::iter::once(b'\n')).chain(msg.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// The request's `Idempotency-Key`, if any: 1 to [`MAX_KEY_LEN`] visible
 /// ASCII characters, given once.
 pub(crate) fn key_of(req: &HttpRequest) -> Result<Option<String>, ApiError> {
@@ -52,9 +66,14 @@ pub(crate) fn key_of(req: &HttpRequest) -> Result<Option<String>, ApiError> {
 /// What became of a key.
 enum Entry {
     /// A request with it is being served.
-    InFlight,
+    InFlight {
+        /// The request's [`fingerprint`].
+        request: String,
+    },
     /// Answered; the answer is replayed until `expires`.
     Done {
+        /// The request's [`fingerprint`].
+        request: String,
         /// When the key is forgotten.
         expires: Instant,
         /// The first answer's body (its status was 200).
@@ -83,6 +102,8 @@ pub(crate) enum Begin<'a> {
     Replay(Value),
     /// A request with this key is being served right now.
     InFlight,
+    /// The key was used for another request.
+    Mismatch,
     /// [`MAX_KEYS`] keys are remembered already.
     Full,
 }
@@ -99,20 +120,28 @@ impl Keys {
         }
     }
 
-    /// Looks `key` up, claiming it if it is new.
-    pub(crate) fn begin(&self, key: &str) -> Begin<'_> {
+    /// Looks `key` up for the request whose [`fingerprint`] is `request`,
+    /// claiming it if it is new.
+    pub(crate) fn begin(&self, key: &str, request: &str) -> Begin<'_> {
         // unwrap: the lock is never held across a panic (no user code runs under it).
         let mut inner = self.inner.lock().expect("idempotency keys lock");
         inner.forget_expired(Instant::now());
         match inner.map.get(key) {
-            Some(Entry::InFlight) => Begin::InFlight,
+            Some(Entry::InFlight { request: r } | Entry::Done { request: r, .. }) if r != request => {
+                Begin::Mismatch
+            }
+            Some(Entry::InFlight { .. }) => Begin::InFlight,
             Some(Entry::Done { answer, .. }) => Begin::Replay(answer.clone()),
             None if inner.map.len() >= MAX_KEYS => Begin::Full,
             None => {
-                inner.map.insert(key.to_owned(), Entry::InFlight);
+                let entry = Entry::InFlight {
+                    request: request.to_owned(),
+                };
+                inner.map.insert(key.to_owned(), entry);
                 Begin::New(Ticket {
                     keys: self,
                     key: Some(key.to_owned()),
+                    request: request.to_owned(),
                 })
             }
         }
@@ -149,6 +178,8 @@ impl Inner {
 pub(crate) struct Ticket<'a> {
     keys: &'a Keys,
     key: Option<String>,
+    /// The request's [`fingerprint`].
+    request: String,
 }
 
 impl Ticket<'_> {
@@ -162,6 +193,7 @@ impl Ticket<'_> {
         inner.map.insert(
             key,
             Entry::Done {
+                request: std::mem::take(&mut self.request),
                 expires,
                 answer: answer.clone(),
             },
@@ -191,27 +223,38 @@ mod tests {
     #[test]
     fn a_key_is_answered_once_then_replayed_until_it_expires() {
         let keys = Keys::new(Duration::from_millis(50));
-        let Begin::New(ticket) = keys.begin("k") else {
+        let Begin::New(ticket) = keys.begin("k", "r1") else {
             panic!("a new key")
         };
-        assert!(matches!(keys.begin("k"), Begin::InFlight));
+        assert!(matches!(keys.begin("k", "r1"), Begin::InFlight));
+        assert!(matches!(keys.begin("k", "r2"), Begin::Mismatch));
         ticket.finish(&json!({"delivered": 3}));
-        match keys.begin("k") {
+        match keys.begin("k", "r1") {
             Begin::Replay(answer) => assert_eq!(answer, json!({"delivered": 3})),
             _ => panic!("replayed"),
         }
+        assert!(matches!(keys.begin("k", "r2"), Begin::Mismatch));
         std::thread::sleep(Duration::from_millis(60));
-        assert!(matches!(keys.begin("k"), Begin::New(_)));
+        assert!(matches!(keys.begin("k", "r2"), Begin::New(_)));
         assert_eq!(keys.len(), 0, "the dropped ticket released its key");
     }
 
     #[test]
     fn a_failed_request_releases_its_key() {
         let keys = Keys::new(Duration::from_secs(60));
-        match keys.begin("k") {
+        match keys.begin("k", "r") {
             Begin::New(ticket) => drop(ticket),
             _ => panic!("a new key"),
         }
-        assert!(matches!(keys.begin("k"), Begin::New(_)));
+        assert!(matches!(keys.begin("k", "r"), Begin::New(_)));
+    }
+
+    #[test]
+    fn fingerprints_are_stable_and_tell_requests_apart() {
+        // FNV-1a of "" then "\n": fixed, whatever the process or build.
+        assert_eq!(fingerprint("", ""), "af63c74c8601c8dd");
+        assert_ne!(fingerprint("send:a", "x"), fingerprint("send:b", "x"));
+        assert_ne!(fingerprint("send:a", "x"), fingerprint("send:a", "y"));
+        assert_ne!(fingerprint("send:a\nb", ""), fingerprint("send:a", "b"));
     }
 }

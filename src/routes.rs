@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::cluster;
-use crate::cluster::{Once, PublishFailed};
+use crate::cluster::{Here, Once, PublishFailed};
 use crate::counter::{self, Take};
 use crate::error::ApiError;
 use crate::handshake::Transport;
@@ -260,6 +260,16 @@ enum Target {
     All,
 }
 
+impl Target {
+    /// How an `Idempotency-Key` names the target it is bound to.
+    fn name(&self) -> String {
+        match self {
+            Target::Id(id) => format!("send:{id}"),
+            Target::All => "broadcast".to_owned(),
+        }
+    }
+}
+
 /// Publishes `msg`, once per `Idempotency-Key` when one is given (see
 /// [`crate::idempotency`]): a repeat within `publish.idempotency_ttl_ms`
 /// gets the first answer and delivers nothing.
@@ -273,23 +283,68 @@ async fn publish(
         let (status, body) = publish_here_first(state, &target, msg).await?;
         return Ok(HttpResponse::build(status).json(body));
     };
+    let request = idempotency::fingerprint(&target.name(), msg);
     if let Some(cluster) = &state.cluster {
-        return publish_once(state, cluster, &target, msg, &key).await;
+        return publish_once(state, cluster, &target, msg, &key, &request).await;
     }
-    match state.keys.begin(&key) {
+    match state.keys.begin(&key, &request) {
         Begin::Replay(answer) => Ok(replayed(state, answer)),
         Begin::InFlight => Err(ApiError::IdempotencyInFlight),
+        Begin::Mismatch => Err(ApiError::IdempotencyKeyReused),
         Begin::Full => Err(ApiError::TooManyKeys),
         Begin::New(ticket) => {
             // A failure (an error, or a full backlog's 503) releases the
             // key: nothing was delivered, so a retry is a first attempt.
+            // One process has no bus, so what it answers is a success.
             let (status, body) = publish_here_first(state, &target, msg).await?;
-            if status == StatusCode::OK {
-                ticket.finish(&body);
-            }
+            ticket.finish(&body);
             Ok(HttpResponse::build(status).json(body))
         }
     }
+}
+
+/// A keyed cluster publish whose echo did not come back here: this node's
+/// streams get it now (always taken, as a message from the bus is).
+async fn deliver_here(
+    state: &ServerState,
+    target: &Target,
+    msg: &Arc<str>,
+) -> Result<serde_json::Value, ApiError> {
+    let accepted = std::time::Instant::now();
+    let crashed = || ApiError::Crashed("router");
+    Ok(match target {
+        Target::Id(id) => {
+            let p = state
+                .router()
+                .send(Publish {
+                    id: id.clone(),
+                    msg: Arc::clone(msg),
+                    accepted,
+                    limit: None,
+                })
+                .await
+                .ok()
+                .flatten()
+                .and_then(Result::ok)
+                .ok_or_else(crashed)?;
+            json!({ "delivered": p.delivered, "event_id": p.event })
+        }
+        Target::All => {
+            let n = state
+                .router()
+                .send(Broadcast {
+                    msg: Arc::clone(msg),
+                    accepted,
+                    limit: None,
+                })
+                .await
+                .ok()
+                .flatten()
+                .and_then(Result::ok)
+                .ok_or_else(crashed)?;
+            json!({ "delivered": n })
+        }
+    })
 }
 
 /// The first answer to an `Idempotency-Key`, again.
@@ -319,7 +374,7 @@ async fn publish_here_first(
     let accepted = std::time::Instant::now();
     let (mut body, delivered) = match target {
         Target::Id(id) => {
-            let Published { delivered, event } = admitted(state, |limit| Publish {
+            let Published { delivered, event } = admitted(state, 1, |limit| Publish {
                 id: id.clone(),
                 msg: Arc::clone(msg),
                 accepted,
@@ -332,7 +387,8 @@ async fn publish_here_first(
             )
         }
         Target::All => {
-            let delivered = admitted(state, |limit| Broadcast {
+            let streams = state.stats.streams_active() as u64;
+            let delivered = admitted(state, streams, |limit| Broadcast {
                 msg: Arc::clone(msg),
                 accepted,
                 limit,
@@ -384,6 +440,7 @@ async fn publish_once(
     target: &Target,
     msg: &Arc<str>,
     key: &str,
+    request: &str,
 ) -> Result<HttpResponse, ApiError> {
     wait_for_room(state).await?;
     let (channel, subscribed_here) = match target {
@@ -399,26 +456,26 @@ async fn publish_once(
     };
     let ttl = Duration::from_millis(state.settings.publish.idempotency_ttl_ms);
     match cluster
-        .publish_once(channel, msg, key, ttl, subscribed_here)
+        .publish_once(channel, msg, key, request, ttl, subscribed_here)
         .await
     {
+        Ok(Once::Mismatch) => Err(ApiError::IdempotencyKeyReused),
         Ok(Once::Repeat(first)) => Ok(replayed(
             state,
             first.unwrap_or_else(|| {
-                json!({ "idempotent_replay": true, "note": "accepted once before; its first answer was not recorded" })
+                json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
             }),
         )),
-        Ok(Once::Fresh {
-            nodes,
-            here,
-            publish_id,
-        }) => {
-            let mut body = here.unwrap_or_else(|| json!({ "delivered": 0 }));
+        Ok(Once::Fresh { nodes, here, claim }) => {
+            let mut body = match here {
+                Here::Delivered(body) => body,
+                Here::Deliver => deliver_here(state, target, msg).await?,
+            };
             if let Target::Id(id) = target {
                 body["id"] = id.as_str().into();
             }
             body["nodes"] = nodes.into();
-            cluster.remember_answer(key, publish_id, &body).await;
+            cluster.remember_answer(key, claim, &body).await;
             Ok(HttpResponse::Ok().json(body))
         }
         Err(failed) => {
@@ -444,17 +501,21 @@ async fn publish_once(
 const BACKLOG_RETRY: Duration = Duration::from_millis(10);
 
 /// Hands a publish (`make(limit)`) to the Router, waiting while the
-/// publish backlog is full ([`with_room`]). The Router, one actor, decides
-/// each admission, so concurrent publishers cannot overshoot the bound
-/// together.
-async fn admitted<M, T>(state: &ServerState, make: impl Fn(Option<u64>) -> M) -> Result<T, ApiError>
+/// publish backlog is full ([`with_room`]); `need`: about how many
+/// deliveries it makes. The Router, one actor, decides each admission, so
+/// concurrent publishers cannot overshoot the bound together.
+async fn admitted<M, T>(
+    state: &ServerState,
+    need: u64,
+    make: impl Fn(Option<u64>) -> M,
+) -> Result<T, ApiError>
 where
     M: actix::Message<Result = Option<Result<T, Busy>>> + Send + 'static,
     T: Send + 'static,
     Router<Stream>: actix::Handler<M>,
 {
     let limit = Some(state.settings.publish.max_backlog);
-    with_room(state, async || {
+    with_room(state, need, async || {
         let answer = state.router().send(make(limit)).await;
         answer.ok().flatten().ok_or(ApiError::Crashed("router"))
     })
@@ -463,36 +524,45 @@ where
 
 /// Waits while this node's publish backlog is full, for a keyed cluster
 /// publish, whose delivery here comes from its echo and cannot be refused
-/// then ([`with_room`]).
+/// then ([`with_room`]). Approximate: keyed publishes that find room at
+/// the same moment may carry the backlog past the bound together.
 async fn wait_for_room(state: &ServerState) -> Result<(), ApiError> {
-    let max = state.settings.publish.max_backlog;
-    let backlog = || {
-        state
-            .stats
-            .publish_backlog
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
-    with_room(state, async || {
-        Ok(if backlog() >= max { Err(Busy) } else { Ok(()) })
+    with_room(state, 1, async || {
+        Ok(if has_room(state, 1) { Ok(()) } else { Err(Busy) })
     })
     .await
 }
 
-/// Runs `attempt` until it finds room in the publish backlog, every
-/// [`BACKLOG_RETRY`] for at most `publish.wait_ms`; then 503 with
-/// `Retry-After` (`publish.rejected`), nothing of the message delivered or
-/// kept. This is what pushes back on a publisher faster than the streams
-/// take its messages.
+/// Whether `need` more deliveries would fit in the publish backlog now
+/// (an empty one takes anything), read without asking the Router.
+fn has_room(state: &ServerState, need: u64) -> bool {
+    let backlog = state
+        .stats
+        .publish_backlog
+        .load(std::sync::atomic::Ordering::Relaxed);
+    backlog == 0 || backlog + need <= state.settings.publish.max_backlog
+}
+
+/// Runs `attempt` until it finds room in the publish backlog, for at most
+/// `publish.wait_ms`; then 503 with `Retry-After` (`publish.rejected`),
+/// nothing of the message delivered or kept. This is what pushes back on a
+/// publisher faster than the streams take its messages. Between attempts
+/// it reads the backlog every [`BACKLOG_RETRY`] and tries again only once
+/// `need` deliveries would fit, so waiting publishers cost the Router
+/// nothing while it catches up.
 async fn with_room<T>(
     state: &ServerState,
+    need: u64,
     mut attempt: impl AsyncFnMut() -> Result<Result<T, Busy>, ApiError>,
 ) -> Result<T, ApiError> {
     let publish = &state.settings.publish;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(publish.wait_ms);
     loop {
-        match attempt().await? {
-            Ok(done) => return Ok(done),
-            Err(Busy) if tokio::time::Instant::now() + BACKLOG_RETRY > deadline => {
+        if let Ok(done) = attempt().await? {
+            return Ok(done);
+        }
+        loop {
+            if tokio::time::Instant::now() + BACKLOG_RETRY > deadline {
                 state
                     .stats
                     .publish_rejected
@@ -501,11 +571,12 @@ async fn with_room<T>(
                     limit: publish.max_backlog,
                 });
             }
-            Err(Busy) => {
-                tokio::select! {
-                    () = state.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
-                    () = tokio::time::sleep(BACKLOG_RETRY) => {}
-                }
+            tokio::select! {
+                () = state.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
+                () = tokio::time::sleep(BACKLOG_RETRY) => {}
+            }
+            if has_room(state, need) {
+                break;
             }
         }
     }

@@ -391,7 +391,7 @@ fn http_service(
             let mut origins = req.headers().get_all(header::ORIGIN);
             let (origin, repeated) = (origins.next().cloned(), origins.next().is_some());
             let allowed = origin.filter(|o| http_settings.allows_origin(o.as_bytes()));
-            let vary = !http_settings.cors_origins.trim().is_empty();
+            let vary = http_settings.cors_enabled();
             let served = if repeated {
                 Err(req.error_response(ApiError::RepeatedOrigin))
             } else {

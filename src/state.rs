@@ -113,7 +113,7 @@ impl ServerState {
         let http = &self.settings.http;
         Cors {
             allow: origin.filter(|o| http.allows_origin(o.as_bytes())),
-            vary: !http.cors_origins.trim().is_empty(),
+            vary: http.cors_enabled(),
         }
     }
 
@@ -143,11 +143,7 @@ impl ServerState {
         let cors = allowed.is_some();
         // Browsers apply no CORS to WebSockets: the server checks the
         // origin itself, once a list is configured.
-        if req.transport == Transport::Ws
-            && !http.cors_origins.trim().is_empty()
-            && req.origin.is_some()
-            && !cors
-        {
+        if req.transport == Transport::Ws && http.cors_enabled() && req.origin.is_some() && !cors {
             return Err(refused(ApiError::OriginNotAllowed));
         }
         let expires = match &self.streams.verifier {
@@ -168,7 +164,7 @@ impl ServerState {
         Ok(Open {
             req,
             cors,
-            vary: !http.cors_origins.trim().is_empty(),
+            vary: http.cors_enabled(),
             expires,
             early: early.to_vec(),
         })

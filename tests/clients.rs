@@ -364,6 +364,11 @@ fn every_client_people_use_gets_its_stream() {
             .map(|(r, h)| (r.name.to_owned(), r.transport, h.join().unwrap()))
             .collect()
     });
+    // The long-token rows reached the lean path, not actix-web's fallback.
+    let locked_stats = common::request(locked_addr, "GET", "/stats", &[], b"")
+        .unwrap()
+        .json();
+    let open_stats = common::request(addr, "GET", "/stats", &[], b"").unwrap().json();
     println!("| client | transport | welcome | message |");
     println!("|---|---|---|---|");
     let mut failed = Vec::new();
@@ -379,6 +384,10 @@ fn every_client_people_use_gets_its_stream() {
         }
     }
     assert!(failed.is_empty(), "rows failed:\n{}", failed.join("\n"));
+    for st in [&open_stats, &locked_stats] {
+        assert_eq!(st["connections"]["fallback"], 0, "every stream was lean: {st}");
+        assert_eq!(st["connections"]["bad_heads"], 0, "{st}");
+    }
 }
 
 /// The seed's load client, unchanged but for `http` → `httpc`: 2,000

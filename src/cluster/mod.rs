@@ -22,7 +22,7 @@
 pub(crate) mod bus;
 mod link;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -52,35 +52,51 @@ const LEAVE_SCRIPT: &str = "local v = redis.call('GET', KEYS[1]) \
 /// Publishes once per `Idempotency-Key`, fleet-wide: claims the key
 /// (`SET NX PX`) and PUBLISHes only if it was new, in one script, so no
 /// failure can fall between the two. Answers `{1, receivers}` for a new
-/// key, `{0, <what the key holds>}` for a repeat: the first answer, or its
-/// publish id while that answer is not known yet.
-/// KEYS[1] key; ARGV: publish id, TTL in ms, channel, payload.
+/// key, `{0, <what the key holds>}` for a repeat: `<request> <publish id>`
+/// until the first answer replaces it with `<request> <answer JSON>`
+/// (`<request>` is the request's fingerprint, 16 hex digits).
+/// KEYS[1] key; ARGV: `<request> <publish id>`, TTL in ms, channel, payload.
 const PUBLISH_ONCE_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
     return {1, redis.call('PUBLISH', ARGV[3], ARGV[4])} end \
     return {0, redis.call('GET', KEYS[1])}";
 
-/// Replaces a claimed key's publish id with the first answer, keeping its TTL.
-/// KEYS[1] key; ARGV: publish id, answer.
+/// Replaces a claimed key's publish id with the first answer, keeping its
+/// TTL (`KEEPTTL`: Redis 6.0 or later).
+/// KEYS[1] key; ARGV: `<request> <publish id>`, `<request> <answer>`.
 const REMEMBER_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end return 0";
 
 /// What [`Cluster::publish_once`] found.
 #[derive(Debug)]
 pub(crate) enum Once {
-    /// The key was new: published to `nodes` other nodes; `here` is what
-    /// this node's own streams got, once its echo came back (`None`: this
-    /// node holds none, or the echo did not come within the command
-    /// timeout; it will still be delivered here when it comes).
+    /// The key was new: published to `nodes` other nodes; `here` says
+    /// what became of it on this node.
     Fresh {
         /// Other nodes that received it.
         nodes: u64,
-        /// This node's delivery: `{"delivered": n}` (+ `"event_id"`).
-        here: Option<Value>,
-        /// The publish id the key holds until the answer replaces it.
-        publish_id: String,
+        /// This node's part.
+        here: Here,
+        /// What the key holds until the answer replaces it.
+        claim: String,
     },
-    /// The key was used before: the first answer, if it was recorded.
+    /// The key was used before for this request: the first answer, if it
+    /// was recorded.
     Repeat(Option<Value>),
+    /// The key was used before for another request.
+    Mismatch,
+}
+
+/// A keyed publish on the node that made it.
+#[derive(Debug)]
+pub(crate) enum Here {
+    /// Its echo came back and this node's streams got it:
+    /// `{"delivered": n}` (+ `"event_id"`).
+    Delivered(Value),
+    /// This node was not subscribed when Redis published it (it holds no
+    /// stream of the id, or its streams are still waiting for their
+    /// SUBSCRIBE): the caller delivers it here itself (its history then
+    /// has it for those waiting streams). No echo will deliver it again.
+    Deliver,
 }
 
 /// Why a PUBLISH ([`Cluster::publish`], [`Cluster::publish_once`]) failed.
@@ -94,6 +110,10 @@ pub(crate) enum PublishFailed {
     /// safe either way.
     Unknown,
 }
+
+/// Most keyed publishes one node waits for the echo of at once (each a few
+/// dozen bytes; one per attempt while Redis does not answer).
+const MAX_PENDING: usize = 100_000;
 
 /// One of this node's keyed publishes, waiting for its echo: this node's
 /// own streams get the message when Redis hands it back, so that they get
@@ -278,7 +298,7 @@ pub(crate) struct Cluster {
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
     /// Keyed publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
-    pending: Mutex<HashMap<u64, Pending>>,
+    pending: Mutex<BTreeMap<u64, Pending>>,
     /// The last sequence number given to a keyed publish.
     seq: AtomicU64,
 }
@@ -339,13 +359,13 @@ impl Cluster {
             conn,
             client,
             lingering: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(BTreeMap::new()),
             seq: AtomicU64::new(0),
         })
     }
 
     /// The pending table (a panic while it was held leaves it usable).
-    fn pending(&self) -> MutexGuard<'_, HashMap<u64, Pending>> {
+    fn pending(&self) -> MutexGuard<'_, BTreeMap<u64, Pending>> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -366,6 +386,7 @@ impl Cluster {
         channel: String,
         msg: &str,
         key: &str,
+        request: &str,
         ttl: Duration,
         subscribed_here: bool,
     ) -> Result<Once, PublishFailed> {
@@ -379,8 +400,16 @@ impl Cluster {
         {
             let mut pending = self.pending();
             let now = Instant::now();
-            if pending.len() >= 64 {
-                pending.retain(|_, p| p.expires > now);
+            // Sequence numbers grow and the TTL is one: the oldest entries
+            // expire first, so dropping the expired ones is a walk from the
+            // front. Past MAX_PENDING the oldest goes too (its echo, if
+            // Redis ever runs it, is then not delivered here).
+            loop {
+                let full = pending.len() >= MAX_PENDING;
+                match pending.first_entry() {
+                    Some(first) if full || first.get().expires <= now => drop(first.remove()),
+                    _ => break,
+                }
             }
             pending.insert(
                 seq,
@@ -391,9 +420,10 @@ impl Cluster {
             );
         }
         let payload = format!("{publish_id} {msg}");
+        let claim = format!("{request} {publish_id}");
         let (redis_key, id, ms) = (
             self.names.idempotency_key(key),
-            publish_id.clone(),
+            claim.clone(),
             ttl.as_millis() as u64,
         );
         let r = self
@@ -421,31 +451,49 @@ impl Cluster {
         self.stats.publishes.fetch_add(1, Relaxed);
         if fresh == 0 {
             self.pending().remove(&seq);
-            let stored: Option<String> = redis::from_redis_value(value).ok();
-            return Ok(Once::Repeat(stored.and_then(|s| serde_json::from_str(&s).ok())));
+            let stored: String = redis::from_redis_value(value).unwrap_or_default();
+            let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
+            if bound_to != request {
+                return Ok(Once::Mismatch);
+            }
+            return Ok(Once::Repeat(serde_json::from_str(rest).ok()));
         }
         let receivers: u64 = redis::from_redis_value(value).unwrap_or(0);
-        let here = if subscribed_here {
-            tokio::time::timeout(self.timeout(), rx)
+        let mut rx = rx;
+        if subscribed_here && let Ok(Ok(done)) = tokio::time::timeout(self.timeout(), &mut rx).await {
+            return Ok(Once::Fresh {
+                nodes: receivers.saturating_sub(1),
+                here: Here::Delivered(done),
+                claim,
+            });
+        }
+        // No echo: this node was not among the receivers, unless the echo
+        // took the entry just now and is delivering it.
+        if self.pending().remove(&seq).is_none() {
+            let done = tokio::time::timeout(self.timeout(), rx)
                 .await
                 .ok()
-                .and_then(Result::ok)
-        } else {
-            self.pending().remove(&seq);
-            None
-        };
+                .and_then(Result::ok);
+            return Ok(Once::Fresh {
+                nodes: receivers.saturating_sub(1),
+                here: Here::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
+                claim,
+            });
+        }
         Ok(Once::Fresh {
-            nodes: receivers.saturating_sub(u64::from(subscribed_here)),
-            here,
-            publish_id,
+            nodes: receivers,
+            here: Here::Deliver,
+            claim,
         })
     }
 
-    /// Records `answer` as the first answer of `key`, claimed by
-    /// `publish_id`, for repeats on any node. Best effort: a repeat that
-    /// finds only the publish id still is not delivered again.
-    pub(crate) async fn remember_answer(&self, key: &str, publish_id: String, answer: &Value) {
-        let (redis_key, answer) = (self.names.idempotency_key(key), answer.to_string());
+    /// Records `answer` as the first answer of `key`, which holds `claim`,
+    /// for repeats on any node. Best effort: a repeat that finds only the
+    /// claim still is not delivered again.
+    pub(crate) async fn remember_answer(&self, key: &str, claim: String, answer: &Value) {
+        let request = claim.split(' ').next().unwrap_or_default();
+        let (redis_key, answer) = (self.names.idempotency_key(key), format!("{request} {answer}"));
+        let publish_id = claim;
         let _ = self
             .command("SET", async move |mut c| {
                 redis::cmd("EVAL")
