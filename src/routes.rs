@@ -311,40 +311,51 @@ async fn deliver_here(
     msg: &Arc<str>,
 ) -> Result<serde_json::Value, ApiError> {
     let accepted = std::time::Instant::now();
-    let crashed = || ApiError::Crashed("router");
     Ok(match target {
         Target::Id(id) => {
-            let p = state
-                .router()
-                .send(Publish {
-                    id: id.clone(),
-                    msg: Arc::clone(msg),
+            let id = id.clone();
+            let msg = Arc::clone(msg);
+            let p: Published = taken(
+                state,
+                Publish {
+                    id,
+                    msg,
                     accepted,
                     limit: None,
-                })
-                .await
-                .ok()
-                .flatten()
-                .and_then(Result::ok)
-                .ok_or_else(crashed)?;
+                },
+            )
+            .await?;
             json!({ "delivered": p.delivered, "event_id": p.event })
         }
         Target::All => {
-            let n = state
-                .router()
-                .send(Broadcast {
-                    msg: Arc::clone(msg),
+            let msg = Arc::clone(msg);
+            let n: usize = taken(
+                state,
+                Broadcast {
+                    msg,
                     accepted,
                     limit: None,
-                })
-                .await
-                .ok()
-                .flatten()
-                .and_then(Result::ok)
-                .ok_or_else(crashed)?;
+                },
+            )
+            .await?;
             json!({ "delivered": n })
         }
     })
+}
+
+/// Hands the Router a publish it always takes (`limit: None`).
+async fn taken<M, T>(state: &ServerState, m: M) -> Result<T, ApiError>
+where
+    M: actix::Message<Result = Option<Result<T, Busy>>> + Send + 'static,
+    T: Send + 'static,
+    Router<Stream>: actix::Handler<M>,
+{
+    let answer = state.router().send(m).await;
+    answer
+        .ok()
+        .flatten()
+        .and_then(Result::ok)
+        .ok_or(ApiError::Crashed("router"))
 }
 
 /// The first answer to an `Idempotency-Key`, again.

@@ -458,21 +458,8 @@ fn raw_ws(addr: SocketAddr, path: &str) -> BufReader<TcpStream> {
 
 /// Reads server frames until a close; returns its code.
 fn close_code(r: &mut BufReader<TcpStream>) -> u16 {
-    loop {
-        let mut h = [0u8; 2];
-        r.read_exact(&mut h).unwrap();
-        let mut len = u64::from(h[1] & 0x7f);
-        if len == 126 {
-            let mut b = [0u8; 2];
-            r.read_exact(&mut b).unwrap();
-            len = u64::from(u16::from_be_bytes(b));
-        }
-        let mut payload = vec![0u8; len as usize];
-        r.read_exact(&mut payload).unwrap();
-        if h[0] & 0x0f == 0x8 {
-            return u16::from_be_bytes([payload[0], payload[1]]);
-        }
-    }
+    let payload = frame_of(r, 0x8);
+    u16::from_be_bytes([payload[0], payload[1]])
 }
 
 #[test]
