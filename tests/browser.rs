@@ -67,6 +67,25 @@ fn page_server(page: Arc<Mutex<String>>) -> (u16, mpsc::Receiver<String>) {
     (port, rx)
 }
 
+/// Opens the page server's page in headless Chromium and waits for the
+/// DOM the page posts back when it is done.
+fn run_page(page_port: u16, results: &mpsc::Receiver<String>) -> String {
+    let browser = Browser::open(&format!("http://127.0.0.1:{page_port}/"));
+    let dom = results
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the page posted no result within 60 s");
+    drop(browser);
+    println!("{dom}");
+    dom
+}
+
+/// The text of the element with this `id`, up to its first child tag.
+fn text_of<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
+    dom.split(&format!("id=\"{id}\">"))
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+}
+
 /// The text of each `<li>` in the list with this `id`.
 fn items(dom: &str, id: &str) -> Vec<String> {
     let start = dom
@@ -101,18 +120,9 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
     *page.lock().unwrap() =
         include_str!("browser/resume.html").replace("{{SERVER}}", &format!("http://{}", srv.addr));
 
-    let browser = Browser::open(&format!("http://127.0.0.1:{page_port}/"));
-    let dom = results
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the page posted no result within 60 s");
-    drop(browser);
-    println!("{dom}");
+    let dom = run_page(page_port, &results);
 
-    let status = dom
-        .split("id=\"status\">")
-        .nth(1)
-        .and_then(|s| s.split('<').next());
-    assert_eq!(status, Some("done"), "{dom}");
+    assert_eq!(text_of(&dom, "status"), Some("done"), "{dom}");
     for transport in ["sse", "ws"] {
         let got = items(&dom, transport);
         let texts: Vec<&str> = got.iter().map(|l| l.split_once(' ').unwrap().1).collect();
@@ -173,19 +183,8 @@ fn chromium_opens_a_stream_with_a_bearer_token_through_the_preflight() {
         .replace("{{SERVER}}", &format!("http://{}", srv.addr))
         .replace("{{TOKEN}}", &token);
 
-    let browser = Browser::open(&format!("http://127.0.0.1:{page_port}/"));
-    let dom = results
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the page posted no result within 60 s");
-    drop(browser);
-    println!("{dom}");
-    let text_of = |id: &str| {
-        dom.split(&format!("id=\"{id}\">"))
-            .nth(1)
-            .and_then(|s| s.split('<').next())
-            .map(str::to_owned)
-    };
-    assert_eq!(text_of("status").as_deref(), Some("done"), "{dom}");
+    let dom = run_page(page_port, &results);
+    assert_eq!(text_of(&dom, "status"), Some("done"), "{dom}");
     let lines = items(&dom, "lines");
     assert_eq!(
         lines[0], "Switchboard welcomes you! Your Id: cors-fetch",
@@ -195,7 +194,7 @@ fn chromium_opens_a_stream_with_a_bearer_token_through_the_preflight() {
         lines.iter().any(|l| l.ends_with("'through the preflight'")),
         "{lines:?}"
     );
-    let refused = text_of("refused").unwrap();
+    let refused = text_of(&dom, "refused").unwrap();
     assert!(
         refused.starts_with("401 subscriber token refused: token is not a valid JWT"),
         "{refused}"
