@@ -4,11 +4,13 @@ FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 # Only the server package is built. Cargo still reads the whole workspace,
 # so the tools' and harness's manifests come along, with an empty target
-# each: their sources never enter the image.
+# each: their sources never enter the image. The ports crate (the port-list
+# parser) is a dependency of the server and comes whole.
 COPY Cargo.toml Cargo.lock ./
 COPY tools/Cargo.toml ./tools/
 COPY bench/Cargo.toml ./bench/
 RUN mkdir -p tools/src bench/src && touch tools/src/lib.rs && echo 'fn main() {}' > bench/src/main.rs
+COPY ports ./ports
 COPY config ./config
 COPY src ./src
 # No debug info in the image (the release profile keeps some for profiling).

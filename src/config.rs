@@ -11,9 +11,6 @@ use serde::{Deserialize, Serialize};
 /// The documented defaults, the base layer of every configuration.
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
-/// Most listening ports one process will open (c1000k used 100).
-pub(crate) const MAX_PORTS: usize = 1000;
-
 /// Why the settings could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -64,7 +61,7 @@ pub struct ServerSettings {
     pub host: String,
     /// Main port; 0 picks a free one.
     pub port: u16,
-    /// More ports, as "8001-8099,9000"; see [`parse_ports`].
+    /// More ports, as "8001-8099,9000"; see [`switchboard_ports::parse_ports`].
     pub extra_ports: String,
     /// Worker threads; 0 means one per core.
     pub workers: usize,
@@ -515,30 +512,11 @@ impl Settings {
     }
 }
 
-/// Parses "8001-8003,9000" into `[8001, 8002, 8003, 9000]`. Empty means none.
+/// Parses "8001-8003,9000" into `[8001, 8002, 8003, 9000]` (at most
+/// [`switchboard_ports::MAX_PORTS`], the most listening ports one process
+/// will open). Empty means none.
 pub(crate) fn parse_ports(spec: &str) -> Result<Vec<u16>, String> {
-    let mut ports = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let port = |s: &str| {
-            s.trim()
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("{s:?} is not a port number from 1 to 65535"))
-        };
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (port(a)?, port(b)?),
-            None => (port(part)?, port(part)?),
-        };
-        if lo > hi {
-            return Err(format!("range {part:?} runs backwards"));
-        }
-        if ports.len() + usize::from(hi - lo) + 1 > MAX_PORTS {
-            return Err(format!("more than {MAX_PORTS} ports"));
-        }
-        ports.extend(lo..=hi);
-    }
-    Ok(ports)
+    switchboard_ports::parse_ports(spec).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -553,20 +531,6 @@ mod tests {
         assert_eq!(s.stream.tick_interval_ms, 10_000);
         assert!(!s.debug.fault_injection);
         assert!(s.auth.publish_token.is_empty());
-    }
-
-    #[test]
-    fn port_specs() {
-        assert_eq!(parse_ports("").unwrap(), Vec::<u16>::new());
-        assert_eq!(
-            parse_ports("8001-8003, 9000").unwrap(),
-            vec![8001, 8002, 8003, 9000]
-        );
-        assert!(parse_ports("9000-8000").is_err());
-        assert!(parse_ports("0").is_err());
-        assert!(parse_ports("70000").is_err());
-        assert!(parse_ports("1-2000").is_err());
-        assert!(parse_ports("abc").is_err());
     }
 
     #[test]

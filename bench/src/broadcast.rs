@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::flood::{Flood, FloodSpec, FloodSummary, Transport};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
-use super::servers::{Server, ServerKind};
+use super::servers::{Server, ServerKind, Servers};
 use super::table::{Table, fixed, opt, thousands, vs_nchan};
-use super::{Common, client, max_streams};
+use super::{Common, Ramp, client, max_streams};
 use switchboard_tools::flood::now_micros;
 
 /// Time allowed for the streams to open beyond count ÷ rate, at least
@@ -47,12 +47,12 @@ pub struct Args {
     /// Streams [default: the open-file limit less 1,000, 19,000 here; --smoke: 500].
     #[arg(long)]
     pub streams: Option<u64>,
-    /// Streams opened per second.
-    #[arg(long, default_value_t = 5000.0)]
-    pub rate: f64,
-    /// Servers to measure [default: switchboard,nchan].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
-    pub servers: Option<Vec<ServerKind>>,
+    /// `--rate`: streams opened per second.
+    #[command(flatten)]
+    pub ramp: Ramp,
+    /// `--servers`: the servers to measure.
+    #[command(flatten)]
+    pub servers: Servers,
     /// How switchboard's streams are opened: floodtest's `--transport`
     /// (chunked, sse, ws); a peer stays on chunked.
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
@@ -132,14 +132,14 @@ pub(crate) struct BroadcastRow {
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let c = &args.common;
     let streams = c.pick(args.streams, max_streams(), 500);
-    let servers = ServerKind::chosen(&args.servers);
-    super::check_streams(streams, args.rate)?;
+    let (servers, rate) = (args.servers.chosen(), args.ramp.rate);
+    super::check_streams(streams, rate)?;
     let dir = TempDir::new("broadcast")?;
     let mut rec = Recorder::new("broadcast", c.smoke);
     let mut rows = Vec::new();
     for case in CASES.iter().filter(|k| servers.contains(&k.server)) {
         println!("broadcast: {} to {} streams", case.label, thousands(streams));
-        let row = measure(case, streams, args.rate, args.transport, dir.path(), &mut rec)?;
+        let row = measure(case, streams, rate, args.transport, dir.path(), &mut rec)?;
         println!(
             "  received by {} streams, last after {} ms",
             thousands(row.received),

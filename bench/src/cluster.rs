@@ -25,7 +25,7 @@ use super::process::{self, TempDir};
 use super::redis::Redis;
 use super::servers::{Launch, Server, WORKERS};
 use super::table::{Table, fixed, opt, ratio, thousands, times};
-use super::{Common, client, max_streams, procfs};
+use super::{Common, Ramp, client, max_streams, procfs};
 use switchboard_tools::cli::parse_duration;
 
 /// Time allowed for the streams to open beyond count ÷ rate.
@@ -79,9 +79,9 @@ pub struct Args {
     /// How long messages are sent [default: 30s; --smoke: 10s].
     #[arg(long, value_parser = parse_duration)]
     pub send_for: Option<Duration>,
-    /// Streams opened per second.
-    #[arg(long, default_value_t = 5000.0)]
-    pub rate: f64,
+    /// `--rate`: streams opened per second.
+    #[command(flatten)]
+    pub ramp: Ramp,
     /// Server processes in the cluster setup (`switchboard --processes`).
     #[arg(long, default_value_t = 4)]
     pub processes: u32,
@@ -209,13 +209,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         bail!("--workers must be at least 1");
     }
     super::check_positive("--msg-rate", msg_rate)?;
-    super::check_positive("--rate", args.rate)?;
+    super::check_positive("--rate", args.ramp.rate)?;
     // Before anything starts: a missing Redis says how to install it.
     super::servers::find_program("redis-server").with_context(super::redis::install_hint)?;
     let load = Load {
         streams,
         msg_rate,
-        rate: args.rate,
+        rate: args.ramp.rate,
         send_for,
         ticks_per_sec: procfs::clock_ticks_per_sec(),
         transport: args.transport,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
-use super::servers::{Server, ServerKind};
+use super::servers::{Server, ServerKind, Servers};
 use super::table::{Table, fixed, opt, ratio, thousands, vs_nchan, whole};
 use super::{Common, max_streams, procfs};
 use switchboard_tools::cli::parse_duration;
@@ -44,9 +44,9 @@ pub struct Args {
     /// [default: 20s; --smoke: 4s].
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Servers to measure [default: switchboard,nchan].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
-    pub servers: Option<Vec<ServerKind>>,
+    /// `--servers`: the servers to measure.
+    #[command(flatten)]
+    pub servers: Servers,
     /// How switchboard's streams are opened: floodtest's `--transport`
     /// (chunked, sse, ws); a peer stays on chunked.
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
@@ -81,7 +81,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let c = &args.common;
     let streams = c.pick(args.streams, max_streams(), 500);
     let duration = c.pick(args.duration, Duration::from_secs(20), Duration::from_secs(4));
-    let servers = ServerKind::chosen(&args.servers);
+    let servers = args.servers.chosen();
     super::check_streams(streams, args.rate)?;
     let dir = TempDir::new("connect")?;
     let mut rec = Recorder::new("connect", c.smoke);

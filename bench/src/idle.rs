@@ -15,7 +15,7 @@ use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir, pause};
 use super::servers::{Matrix, Server, ServerKind};
 use super::table::{Table, fixed, opt, ratio, thousands, times, whole};
-use super::{Common, client, max_streams, procfs};
+use super::{Common, Ramp, client, max_streams, procfs};
 use switchboard_tools::cli::parse_duration;
 
 /// Time allowed for the streams to open beyond count ÷ rate.
@@ -62,9 +62,9 @@ pub struct Args {
     /// Servers and transports.
     #[command(flatten)]
     pub matrix: Matrix,
-    /// Streams opened per second.
-    #[arg(long, default_value_t = 5000.0)]
-    pub rate: f64,
+    /// `--rate`: streams opened per second.
+    #[command(flatten)]
+    pub ramp: Ramp,
     /// CPU window [default: 10s, one tick period; --smoke: 1s].
     #[arg(long, value_parser = parse_duration)]
     pub window: Option<Duration>,
@@ -148,7 +148,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         vec![1000, 10_000, max_streams()],
         vec![100, 300],
     );
-    let servers = ServerKind::chosen(&args.matrix.servers);
+    let servers = args.matrix.servers.chosen();
     let transports = c.pick(
         args.matrix.transports.clone(),
         vec![Transport::Chunked],
@@ -161,7 +161,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(&n) = counts.iter().find(|&&n| n == 0 || n > max) {
         bail!("--counts: {n} is not between 1 and {max} (the open-file limit less a margin)");
     }
-    super::check_positive("--rate", args.rate)?;
+    super::check_positive("--rate", args.ramp.rate)?;
     let dir = TempDir::new("idle")?;
     let mut rec = Recorder::new("idle", c.smoke);
     let mut data = IdleData {
@@ -178,7 +178,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 transport.name()
             );
             let phases = Phases {
-                rate: args.rate,
+                rate: args.ramp.rate,
                 drain,
                 settle,
                 window,

@@ -14,7 +14,7 @@ use super::outcome::{Outcome, Recorder};
 use super::process::TempDir;
 use super::servers::{Matrix, Server, ServerKind};
 use super::table::{Table, fixed, opt, thousands, vs_nchan};
-use super::{Common, max_streams};
+use super::{Common, Ramp, max_streams};
 use switchboard_tools::cli::parse_duration;
 
 /// Time allowed for the streams to open beyond count ÷ rate before sending
@@ -48,9 +48,9 @@ pub struct Args {
     /// How long messages are sent [default: 30s; --smoke: 3s].
     #[arg(long, value_parser = parse_duration)]
     pub send_for: Option<Duration>,
-    /// Streams opened per second.
-    #[arg(long, default_value_t = 5000.0)]
-    pub rate: f64,
+    /// `--rate`: streams opened per second.
+    #[command(flatten)]
+    pub ramp: Ramp,
     /// Servers and transports.
     #[command(flatten)]
     pub matrix: Matrix,
@@ -88,13 +88,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let streams = c.pick(args.streams, 10_000, 300);
     let msg_rate = c.pick(args.msg_rate, 1000.0, 100.0);
     let send_for = c.pick(args.send_for, Duration::from_secs(30), Duration::from_secs(3));
-    let servers = ServerKind::chosen(&args.matrix.servers);
+    let servers = args.matrix.servers.chosen();
     let max = max_streams();
     if !(2..=max).contains(&streams) {
         bail!("--streams must be between 2 and {max} (the open-file limit less a margin)");
     }
     super::check_positive("--msg-rate", msg_rate)?;
-    super::check_positive("--rate", args.rate)?;
+    super::check_positive("--rate", args.ramp.rate)?;
     let dir = TempDir::new("latency")?;
     let mut rec = Recorder::new("latency", c.smoke);
     let mut rows = Vec::new();
@@ -109,7 +109,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let load = Load {
             streams,
             msg_rate,
-            rate: args.rate,
+            rate: args.ramp.rate,
             send_for,
             transport,
         };

@@ -4,7 +4,8 @@
 //! processes it started (by PID), prints a markdown table and writes a JSON
 //! result; `report` turns the JSON results into `BENCHMARKS.md` and a chart.
 //!
-//! - [`Cli`], [`run`]: the command line and dispatch.
+//! - [`Cli`], [`run`]: the command line and dispatch; [`Common`] and
+//!   [`Ramp`] (and `servers::Servers`): flags several benchmarks share.
 //! - `idle`, `dispatcher`, `latency`, `broadcast`, `connect`, `soak`,
 //!   `cluster`: one benchmark each.
 //! - `report`: `BENCHMARKS.md`, the targets, `docs/bytes-per-stream.svg` (`chart`).
@@ -126,6 +127,16 @@ pub struct Common {
     pub smoke: bool,
 }
 
+/// How fast floodtest opens the streams, for the benchmarks that ramp up to
+/// a number of streams (`idle`, `latency`, `broadcast`, `cluster`; `connect`
+/// measures the opening itself and has its own `--rate`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Ramp {
+    /// Streams opened per second.
+    #[arg(long, default_value_t = 5000.0)]
+    pub rate: f64,
+}
+
 fn main() -> anyhow::Result<()> {
     run(Cli::parse())
 }
@@ -167,5 +178,56 @@ impl Common {
     /// `given` if the flag was passed, else the full or the smoke default.
     pub fn pick<T>(&self, given: Option<T>, full: T, smoke: T) -> T {
         given.unwrap_or(if self.smoke { smoke } else { full })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::servers::ServerKind;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn shared_flags_reach_each_benchmark() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["bench"], args].concat()).unwrap().command;
+        let both = vec![ServerKind::Switchboard, ServerKind::Nchan];
+        match parse(&["idle", "--rate", "250", "--servers", "nchan", "--transport", "ws"]) {
+            Command::Idle(a) => {
+                assert_eq!(a.ramp.rate, 250.0);
+                assert_eq!(a.matrix.servers.chosen(), vec![ServerKind::Nchan]);
+            }
+            c => panic!("{c:?}"),
+        }
+        match parse(&["latency"]) {
+            Command::Latency(a) => {
+                assert_eq!((a.ramp.rate, a.matrix.servers.chosen()), (5000.0, both.clone()))
+            }
+            c => panic!("{c:?}"),
+        }
+        match parse(&["broadcast", "--servers", "switchboard"]) {
+            Command::Broadcast(a) => {
+                assert_eq!(
+                    (a.ramp.rate, a.servers.chosen()),
+                    (5000.0, vec![ServerKind::Switchboard])
+                )
+            }
+            c => panic!("{c:?}"),
+        }
+        match parse(&["cluster", "--rate", "100"]) {
+            Command::Cluster(a) => assert_eq!(a.ramp.rate, 100.0),
+            c => panic!("{c:?}"),
+        }
+        // connect opens as fast as it can: its own --rate, its own default.
+        match parse(&["connect"]) {
+            Command::Connect(a) => assert_eq!((a.rate, a.servers.chosen()), (1_000_000.0, both)),
+            c => panic!("{c:?}"),
+        }
+        assert!(Cli::try_parse_from(["bench", "dispatcher", "--rate", "1"]).is_err());
     }
 }

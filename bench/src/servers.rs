@@ -42,13 +42,31 @@ pub enum ServerKind {
     Nchan,
 }
 
+/// Which servers a benchmark measures (`bench broadcast`, `bench connect`,
+/// and in [`Matrix`] `bench idle` and `bench latency`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Servers {
+    /// Servers to measure [default: switchboard,nchan].
+    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
+    pub servers: Option<Vec<ServerKind>>,
+}
+
+impl Servers {
+    /// The servers the flag chose: both when it was not given.
+    pub fn chosen(&self) -> Vec<ServerKind> {
+        self.servers
+            .clone()
+            .unwrap_or_else(|| vec![ServerKind::Switchboard, ServerKind::Nchan])
+    }
+}
+
 /// Which servers a benchmark measures, and over which transports
 /// switchboard's streams are opened (`bench idle` and `bench latency`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct Matrix {
-    /// Servers to measure [default: switchboard,nchan].
-    #[arg(long, value_delimiter = ',', value_enum, value_name = "SERVER,...")]
-    pub servers: Option<Vec<ServerKind>>,
+    /// `--servers`: the servers to measure.
+    #[command(flatten)]
+    pub servers: Servers,
     /// How switchboard's streams are opened, comma-separated: floodtest's
     /// `--transport` (chunked, sse, ws); the peers are measured on chunked
     /// only [default: chunked; `bench idle --smoke`: chunked,sse,ws].
@@ -75,12 +93,6 @@ impl ServerKind {
                     .map(move |&t| (kind, t))
             })
             .collect()
-    }
-
-    /// The servers a `--servers` flag chose: both when it was not given.
-    pub fn chosen(flag: &Option<Vec<ServerKind>>) -> Vec<ServerKind> {
-        flag.clone()
-            .unwrap_or_else(|| vec![ServerKind::Switchboard, ServerKind::Nchan])
     }
 
     /// Name in tables.

@@ -5,8 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-/// Most server ports one flood spreads over (c1000k used 100).
-const MAX_PORTS: usize = 1000;
+use switchboard_ports::{MAX_PORTS, PortsError};
 
 /// Most source addresses one flood binds (a /16).
 const MAX_SOURCE_IPS: usize = 65_536;
@@ -53,16 +52,16 @@ pub(crate) fn parse_ip_list(spec: &str) -> Result<Vec<IpAddr>, String> {
     })
 }
 
-/// Parses "8001-8003,9000" into `[8001, 8002, 8003, 9000]`. Empty means none.
+/// Parses "8001-8003,9000" into `[8001, 8002, 8003, 9000]` (at most
+/// [`MAX_PORTS`] server ports one flood spreads over). Empty means none.
+/// Errors are worded as the other lists here: a bad item without the spaces
+/// around it, and the list named when it is too long.
 pub(crate) fn parse_ports(spec: &str) -> Result<Vec<u16>, String> {
-    let one = |s: &str| {
-        s.parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .map(u64::from)
-            .ok_or_else(|| format!("{s:?} is not a port number from 1 to 65535"))
-    };
-    parse_ranges(spec, MAX_PORTS, one, |x| u16::try_from(x).unwrap_or(u16::MAX))
+    switchboard_ports::parse_ports(spec).map_err(|e| match e {
+        PortsError::NotAPort(item) => PortsError::NotAPort(item.trim().to_owned()).to_string(),
+        PortsError::TooMany => format!("more than {MAX_PORTS} in {spec:?}"),
+        e => e.to_string(),
+    })
 }
 
 /// A comma-separated list of items and inclusive `A-B` ranges, at most `max`
@@ -120,16 +119,19 @@ mod tests {
     }
 
     #[test]
-    fn port_lists() {
-        assert_eq!(parse_ports("").unwrap(), Vec::<u16>::new());
+    fn port_lists_keep_this_crates_wording() {
         assert_eq!(
             parse_ports("8001-8003, 9000").unwrap(),
             vec![8001, 8002, 8003, 9000]
         );
-        assert!(parse_ports("9000-8000").is_err());
-        assert!(parse_ports("0").is_err());
-        assert!(parse_ports("70000").is_err());
-        assert!(parse_ports("1-2000").is_err());
-        assert!(parse_ports("abc").is_err());
+        assert_eq!(
+            parse_ports("8001- x").unwrap_err(),
+            "\"x\" is not a port number from 1 to 65535"
+        );
+        assert_eq!(
+            parse_ports("9000-8000").unwrap_err(),
+            "range \"9000-8000\" runs backwards"
+        );
+        assert_eq!(parse_ports("1-2000").unwrap_err(), "more than 1000 in \"1-2000\"");
     }
 }
