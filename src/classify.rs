@@ -32,8 +32,7 @@ const PEEK_SMALL: usize = 128;
 /// twice the size, up to `server.max_head_bytes`. These buffers are allocated only for a stream
 /// request line longer than [`PEEK_SMALL`]: a transient allocation for
 /// every connection costs idle streams RSS through fragmentation
-/// (measured: ~90 bytes per stream with this and the head buffer below
-/// allocated for every stream).
+/// (docs/design-notes.md).
 pub(crate) const PEEK_BYTES: usize = 1024;
 
 /// First wait before peeking again when the request line is incomplete

@@ -13,10 +13,10 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use actix::{Actor, Context, Handler, Message, Response, Supervised};
 
-use crate::cluster::Cluster;
 use crate::error::ApiError;
+use crate::hub::cluster::Cluster;
 use crate::stats::Stats;
-use crate::supervision::guarded;
+use crate::supervision::{Crash, guarded};
 
 /// The `/dispatcher` counter.
 pub(crate) struct Counter {
@@ -62,17 +62,15 @@ impl Supervised for Counter {
 /// if Redis did not answer in cluster mode.
 #[derive(Message)]
 #[rtype(result = "Result<u64, ApiError>")]
-pub(crate) struct Take(pub u64);
-
-/// Fault injection: panic inside the handler.
-#[derive(Message)]
-#[rtype(result = "Option<()>")]
-pub(crate) struct Crash;
+pub(crate) struct Take {
+    /// How many numbers.
+    pub(crate) n: u64,
+}
 
 impl Handler<Take> for Counter {
     type Result = Response<Result<u64, ApiError>>;
 
-    fn handle(&mut self, Take(n): Take, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Take { n }: Take, ctx: &mut Context<Self>) -> Self::Result {
         if let Some(cluster) = &self.cluster {
             let cluster = Arc::clone(cluster);
             return Response::fut(async move { cluster.take_numbers(n).await });

@@ -62,7 +62,12 @@ pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
         ),
         (
             "cluster_hidden",
-            if state.cluster.is_some() { "" } else { "hidden" }.to_owned(),
+            if state.hub.cluster().is_some() {
+                ""
+            } else {
+                "hidden"
+            }
+            .to_owned(),
         ),
     ];
     let mut html = PAGE.to_owned();
@@ -101,7 +106,7 @@ pub(crate) async fn events(state: Data<ServerState>) -> HttpResponse {
 
 /// One sample: this node's `/stats`, and the cluster's nodes.
 async fn sample(state: &Arc<ServerState>) -> Value {
-    let cluster = match &state.cluster {
+    let cluster = match state.hub.cluster() {
         // Shared by every open dashboard: one read from Redis a second.
         Some(c) => match c.recent_view(VIEW_MAX_AGE).await {
             Ok(v) => v,

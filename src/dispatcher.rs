@@ -61,7 +61,7 @@ pub(crate) enum Parsed {
 }
 
 /// Reads one request head at the start of `buf`.
-pub(crate) fn parse(buf: &[u8]) -> Parsed {
+pub(crate) fn parse_request(buf: &[u8]) -> Parsed {
     let k = buf.len().min(REQUEST_LINE.len());
     if buf[..k] != REQUEST_LINE[..k] {
         return Parsed::Other;
@@ -150,7 +150,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
         filled += n;
         let (mut len, mut count, mut close, mut other) = (0, 0u64, false, false);
         while len < filled && !close {
-            match parse(&buf[len..filled]) {
+            match parse_request(&buf[len..filled]) {
                 Parsed::Plain { len: l, close: c } => {
                     len += l;
                     count += 1;
@@ -257,7 +257,7 @@ async fn flush(counter: Addr<Counter>) {
     let batch = BATCH.take();
     let total = batch.iter().map(|(n, _)| n).sum();
     let first = counter
-        .send(Take(total))
+        .send(Take { n: total })
         .await
         .unwrap_or(Err(ApiError::Crashed("counter")));
     let mut next = first;
@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn plain_requests() {
         assert_eq!(
-            parse(PLAIN.as_bytes()),
+            parse_request(PLAIN.as_bytes()),
             Parsed::Plain {
                 len: PLAIN.len(),
                 close: false
@@ -285,14 +285,14 @@ mod tests {
         let close =
             "GET /dispatcher HTTP/1.1\r\nConnection: keep-alive, Close\r\nContent-Length: 0\r\n\r\nGET";
         assert_eq!(
-            parse(close.as_bytes()),
+            parse_request(close.as_bytes()),
             Parsed::Plain {
                 len: close.len() - 3,
                 close: true
             }
         );
         assert_eq!(
-            parse(b"GET /dispatcher HTTP/1.1\r\n\r\n"),
+            parse_request(b"GET /dispatcher HTTP/1.1\r\n\r\n"),
             Parsed::Plain {
                 len: 28,
                 close: false
@@ -303,7 +303,11 @@ mod tests {
     #[test]
     fn partial_requests_wait() {
         for cut in 1..PLAIN.len() {
-            assert_eq!(parse(&PLAIN.as_bytes()[..cut]), Parsed::Incomplete, "{cut}");
+            assert_eq!(
+                parse_request(&PLAIN.as_bytes()[..cut]),
+                Parsed::Incomplete,
+                "{cut}"
+            );
         }
     }
 
@@ -323,7 +327,7 @@ mod tests {
             "GET /dispatcher HTTP/1.1\r\n folded: x\r\n\r\n",
             "GET /dispatcher HTTP/1.1\r\nbad name: x\r\n\r\n",
         ] {
-            assert_eq!(parse(req.as_bytes()), Parsed::Other, "{req:?}");
+            assert_eq!(parse_request(req.as_bytes()), Parsed::Other, "{req:?}");
         }
     }
 
@@ -422,12 +426,12 @@ mod properties {
                 b.extend_from_slice(&bytes);
                 bytes = b;
             }
-            let whole = parse(&bytes);
+            let whole = parse_request(&bytes);
             if let Parsed::Plain { len, .. } = whole {
                 prop_assert!(len <= bytes.len());
             }
             for k in 0..bytes.len() {
-                match parse(&bytes[..k]) {
+                match parse_request(&bytes[..k]) {
                     Parsed::Incomplete => {}
                     early => {
                         prop_assert_eq!(early, whole, "prefix of {} bytes", k);
@@ -454,10 +458,10 @@ mod properties {
                 Some(close) => Parsed::Plain { len: head.len(), close },
                 None => Parsed::Other,
             };
-            prop_assert_eq!(parse(&bytes), expected);
+            prop_assert_eq!(parse_request(&bytes), expected);
             if reference(&headers).is_some() {
                 for k in 0..head.len() {
-                    prop_assert_eq!(parse(&bytes[..k]), Parsed::Incomplete, "prefix of {} bytes", k);
+                    prop_assert_eq!(parse_request(&bytes[..k]), Parsed::Incomplete, "prefix of {} bytes", k);
                 }
             }
         }

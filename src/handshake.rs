@@ -1,20 +1,19 @@
 //! What a stream request asks for beyond its id, read from its head once
 //! the head has passed [`crate::classify::HeadCheck`]: the transport
 //! (chunked text, SSE, WebSocket), where to resume, a subscriber token, and
-//! the page origin for CORS. Also the response head each transport starts
-//! with.
+//! the page origin for CORS. (The response head each transport starts
+//! with is written by `crate::stream`.)
 //!
 //! The WebSocket handshake is checked by tungstenite's own server side
 //! (`create_response`: method, version, `Upgrade`, `Connection`,
 //! `Sec-WebSocket-Version: 13`, a valid key), so the rules are RFC 6455's as
 //! a maintained implementation reads them.
 
-use std::io::Write as _;
-
 use tungstenite::error::ProtocolError;
 use tungstenite::http;
 
-use crate::error::{ApiError, Cors};
+use crate::error::ApiError;
+use crate::token::bearer_credentials;
 
 /// How a stream's events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +31,8 @@ pub(crate) enum Transport {
 pub(crate) struct StreamRequest {
     /// The transport asked for.
     pub(crate) transport: Transport,
+    /// The request line says HTTP/1.0: the body is close-delimited.
+    pub(crate) http10: bool,
     /// `?ids=1`: plain lines and WebSocket frames start with the event id.
     pub(crate) ids: bool,
     /// Resume after this event id (`Last-Event-ID`, else `?since=`).
@@ -45,7 +46,7 @@ pub(crate) struct StreamRequest {
 }
 
 /// Reads a validated stream request head (request line to blank line).
-pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
+pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
     let request_line = lines.next().unwrap_or_default();
@@ -57,6 +58,7 @@ pub(crate) fn parse(head: &[u8]) -> Result<StreamRequest, ApiError> {
     );
     let mut req = StreamRequest {
         transport: Transport::Plain,
+        http10: version == "HTTP/1.0",
         ids: false,
         since: None,
         token: None,
@@ -157,16 +159,6 @@ pub(crate) fn origin(head: &[u8]) -> Result<Option<&str>, ApiError> {
     Ok(found)
 }
 
-/// The credentials of `Bearer <token>`, the scheme in any case.
-pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = value.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
-        return None;
-    }
-    let start = rest.iter().position(|b| *b != b' ')?;
-    Some(&rest[start..])
-}
-
 /// A media type without its parameters, lower case.
 fn media_type(t: &str) -> String {
     t.split(';')
@@ -216,45 +208,12 @@ fn websocket_accept(
     }
 }
 
-/// Writes the response head a lean stream starts with into `out`, with
-/// `cors`, the page's CORS headers.
-pub(crate) fn response_head(out: &mut Vec<u8>, req: &StreamRequest, http10: bool, cors: Cors<'_>) {
-    // unwrap (each write!): writing into a Vec cannot fail.
-    if let Some(accept) = &req.ws_accept {
-        write!(
-            out,
-            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {accept}\r\n\r\n"
-        )
-        .expect("format into Vec");
-        return;
-    }
-    let content_type = match req.transport {
-        Transport::Sse => "text/event-stream",
-        _ => "text/plain; charset=utf-8",
-    };
-    if http10 {
-        write!(out, "HTTP/1.0 200 OK\r\ncontent-type: {content_type}\r\n").expect("format into Vec");
-    } else {
-        write!(
-            out,
-            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n"
-        )
-        .expect("format into Vec");
-    }
-    out.extend_from_slice(b"cache-control: no-cache\r\nx-accel-buffering: no\r\n");
-    cors.write(out);
-    if http10 {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn p(head: &str) -> Result<StreamRequest, ApiError> {
-        parse(head.as_bytes())
+        read_request(head.as_bytes())
     }
 
     #[test]
@@ -305,17 +264,6 @@ mod tests {
             ),
             Err(ApiError::RepeatedAuthorization)
         );
-    }
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive() {
-        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"BEARER   abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"Bearerabc"), None);
-        assert_eq!(bearer_credentials(b"Basic abc"), None);
-        assert_eq!(bearer_credentials(b"Bearer "), None);
-        assert_eq!(bearer_credentials(b"Bear"), None);
     }
 
     #[test]

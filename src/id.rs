@@ -1,5 +1,7 @@
 //! Stream ids: what a client names its stream and a publisher addresses.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,21 @@ pub(crate) enum IdError {
     /// A character outside the unreserved URL set.
     #[error("invalid id: only A-Za-z0-9 and . _ ~ - are allowed")]
     BadChar,
+}
+
+/// Below this many slots a table keyed by id is never shrunk (a shrink
+/// costs a rehash).
+const SHRINK_MIN_CAPACITY: usize = 1024;
+
+/// Gives a large table keyed by stream id its memory back once it is less
+/// than a quarter full: a `HashMap` keeps its peak capacity otherwise (the
+/// Router's streams, the history's rings, the bus's lingering ids, after a
+/// crowd has left).
+pub(crate) fn shrink_if_sparse<K: Eq + Hash, V, S: BuildHasher>(table: &mut HashMap<K, V, S>) {
+    let cap = table.capacity();
+    if cap > SHRINK_MIN_CAPACITY && table.len() < cap / 4 {
+        table.shrink_to_fit();
+    }
 }
 
 /// True for the characters an id may contain: RFC 3986 "unreserved", so an id

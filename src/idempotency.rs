@@ -8,7 +8,7 @@
 //! (nothing delivered: 4xx, or a full backlog's 503) does not keep its key,
 //! so its retry is a first attempt. In a single process the keys live here,
 //! in memory; in cluster mode in Redis, fleet-wide (`SET NX PX` in the same
-//! script as the PUBLISH: see `crate::cluster`).
+//! script as the PUBLISH: see `crate::hub::cluster`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

@@ -8,63 +8,69 @@
 //!
 //! # Layout
 //!
-//! Calls go one way, from the top of this list down:
+//! Calls go one way, from the top of this list down (`.ci/run` checks that
+//! no modules import each other in a circle):
 //!
 //! - `server`: binding, worker threads, the accept loop, graceful shutdown,
 //!   and the one `match` that decides what becomes of a new connection.
-//! - `classify`: peeks a new connection's request line (lean stream, lean
-//!   `/dispatcher`, or actix-web) and reads a lean stream's head.
-//! - `handshake`: what a stream request asks for beyond its id (transport:
-//!   chunked, SSE or WebSocket; resume point; token; origin) and the
-//!   response head each transport starts with.
-//! - `token`: subscriber tokens (HS256 JWTs), checked before a stream starts.
 //! - `dispatcher`: the lean `GET /dispatcher` path, numbers taken from the
 //!   Counter in one message per worker per event-loop turn.
 //! - `routes`: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
-//!   `/stats`, the fallback `/test`) and publish auth.
-//! - `state`: what the workers and handlers of one server share.
-//! - `stream`: the Stream actor (one per streaming connection), its sink and
-//!   the per-worker tick wheel.
-//! - `cluster`: cluster mode, the Redis pub/sub bus between processes: the
-//!   command connection (publish, the fleet's count, heartbeats, `/cluster`)
-//!   and the supervised Bus actor that holds this node's subscriptions.
+//!   `/stats`, the fallback `/test`) and publish auth; `dashboard`: the live
+//!   page at `/` and its feed; `metrics`: the counters in the Prometheus
+//!   text format (`/metrics`), with the latency and lifetime histograms.
+//! - `state`: what the workers and handlers of one server share, and the one
+//!   admission decision for every stream, lean or fallback.
+//! - `counter`: the Counter actor behind `/dispatcher` (in cluster mode its
+//!   numbers come from Redis, through the hub's command connection).
+//! - `stream`: the Stream actor (one per streaming connection), the one
+//!   place its response head is decided, its sink and the per-worker tick
+//!   wheel.
+//! - `hub`: where a message is published and a stream resumes: the Router
+//!   (id -> streams, event ids, history), and in cluster mode the Redis
+//!   command connection and the supervised Bus that holds this node's
+//!   subscriptions. Route handlers publish through `Hub::publish`; nothing
+//!   above the hub touches the bus, the lingering table or the history.
+//! - `classify`: peeks a new connection's request line (lean stream, lean
+//!   `/dispatcher`, or actix-web) and reads a lean stream's head.
+//! - `handshake`: what a stream request asks for beyond its id (transport,
+//!   HTTP version, resume point, token, origin).
+//! - `token`: subscriber tokens (HS256 JWTs), bearer credentials, the
+//!   constant-time compare.
 //! - `idempotency`: `Idempotency-Key`s of publishes in one process.
-//! - `router`: the Router actor, id -> streams; generic over the stream
-//!   actor, so it never names it. It tells the bus which ids it holds.
-//! - `history`: the Router's event ids and per-id rings of recent messages,
-//!   and what a resuming stream is owed.
-//! - `counter`: the Counter actor behind `/dispatcher`.
-//! - `supervision`: how a panic in a Router or Counter handler becomes a
-//!   restart that keeps the actor's state.
+//! - `supervision`: how a panic in a Router, Counter or Bus handler becomes
+//!   a restart that keeps the actor's state.
 //! - `socket`: socket helpers for the lean paths (refusing, writing, handing
 //!   a connection to actix-web with bytes put back in front).
 //! - `error`: the one error vocabulary, for actix-web and the lean paths.
-//! - `stats`: the counters behind `/stats`; `metrics`: the same in the
-//!   Prometheus text format (`/metrics`), with the latency and lifetime
-//!   histograms; `dashboard`: the live page at `/` and its feed.
-//! - `id`: stream id rules.
+//! - `stats`: the counters behind `/stats`.
+//! - `id`: stream id rules, connection ids, the shrink rule of tables keyed
+//!   by id.
 //! - [`config`]: typed settings from `config/default.toml`, a file, and
 //!   `SWITCHBOARD__*` environment variables.
 //! - [`telemetry`]: logging setup for the binary, with the `event` field
 //!   names and the per-statement rate limit.
 //!
+//! Measurements behind constants and choices in the code:
+//! `docs/design-notes.md`.
+//!
 //! There is no `unsafe` in this crate.
 #![forbid(unsafe_code)]
 
 mod classify;
-mod cluster;
+
 pub mod config;
 mod counter;
 mod dashboard;
 mod dispatcher;
 mod error;
 mod handshake;
-mod history;
+
 mod http_date;
+mod hub;
 mod id;
 mod idempotency;
 mod metrics;
-mod router;
 mod routes;
 mod server;
 mod socket;

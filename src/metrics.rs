@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::cluster::Cluster;
+use crate::hub::cluster::Cluster;
 use crate::stats::{Stats, rss_bytes};
 
 /// The content type of the answer.

@@ -38,17 +38,16 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{self, Class, HeadError};
-use crate::cluster::Cluster;
-use crate::cluster::bus::Bus;
 use crate::config::Settings;
 use crate::counter::Counter;
 use crate::dispatcher;
 use crate::error::ApiError;
-use crate::router::{Attach, CloseAll, Router};
+use crate::hub::Hub;
+use crate::hub::router::CloseAll;
 use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 use crate::stats::Stats;
-use crate::stream::{self, Stream};
+use crate::stream::{self, Stream, Via};
 
 /// Pause after `accept` fails for lack of file descriptors. The pending
 /// connection stays in the backlog and is accepted once descriptors free up.
@@ -115,64 +114,26 @@ impl Server {
         let workers = settings.workers();
         let stats = Arc::new(Stats::new());
 
-        // The Router and the Counter run on the first worker's thread, not a
-        // thread of their own: on a machine with few cores every extra
-        // runnable thread costs context switches, and half of the hops to
-        // them become same-thread mailbox pushes instead of cross-thread
-        // wake-ups (measured on /dispatcher; see dispatch.rs).
+        // The Router, the Counter and in cluster mode the bus run on the
+        // first worker's thread, not a thread of their own: on a machine
+        // with few cores every extra runnable thread costs context
+        // switches, and half of the hops to them become same-thread
+        // mailbox pushes instead of cross-thread wake-ups
+        // (docs/design-notes.md, "Threads").
         let arbiters: Vec<Arbiter> = (0..workers).map(|_| Arbiter::new()).collect();
-        let router = {
-            let stats = Arc::clone(&stats);
-            let history = settings.history.clone();
-            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| {
-                Router::<Stream>::new(stats, history.size, Duration::from_millis(history.ttl_ms))
-            })
-        };
-        // Cluster mode: the command connection, and below the Bus, live on
-        // the first worker's thread beside the Router (see above): a
-        // message from Redis then reaches the Router without a wake-up of
-        // another thread, and so does a publish its connection.
-        let cluster = if settings.cluster.enabled() {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let (c, max, s, addr) = (
-                settings.cluster.clone(),
-                settings.message.max_bytes,
-                Arc::clone(&stats),
-                crate::cluster::advertised(main_addr),
-            );
-            arbiters[0].spawn(async move {
-                let _ = tx.send(Cluster::new(&c, max, s, addr));
-            });
-            let cluster = rx
-                .await
-                .map_err(|_| io::Error::other("the first worker stopped"))?
-                .map_err(|e| {
-                    io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}"))
-                })?;
-            Some(Arc::new(cluster))
-        } else {
-            None
-        };
+        let cancel = CancellationToken::new();
+        let hub = Hub::<Stream>::start(
+            &settings,
+            &stats,
+            &arbiters[0].handle(),
+            main_addr,
+            cancel.clone(),
+        )
+        .await?;
         let counter = {
-            let (stats, cluster) = (Arc::clone(&stats), cluster.clone());
+            let (stats, cluster) = (Arc::clone(&stats), hub.cluster().cloned());
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats, cluster))
         };
-        // The Bus is attached to the Router before any stream can log in.
-        let bus = cluster.as_ref().map(|cluster| {
-            let (cluster, router) = (Arc::clone(cluster), router.clone());
-            Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| {
-                Bus::new(
-                    cluster,
-                    router.clone().recipient(),
-                    router.clone().recipient(),
-                    router.clone().recipient(),
-                    router.recipient(),
-                )
-            })
-        });
-        if let Some(bus) = &bus {
-            router.do_send(Attach(bus.clone().recipient()));
-        }
         let auth = &settings.auth;
         let verifier = match auth.subscribe_secret.as_str() {
             "" => None,
@@ -186,21 +147,18 @@ impl Server {
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
-            router,
-            await_welcome: bus.is_some(),
+            router: hub.router().clone(),
+            await_welcome: hub.cluster().is_some(),
             verifier,
         });
-        let idempotency_ttl = settings.publish.idempotency_ttl_ms;
         let state = Arc::new(ServerState {
             settings,
             stats,
             streams,
             counter,
-            cluster,
-            bus,
-            addr: crate::cluster::advertised(main_addr),
-            keys: crate::idempotency::Keys::new(Duration::from_millis(idempotency_ttl)),
-            shutdown: CancellationToken::new(),
+            hub,
+            addr: crate::hub::cluster::advertised(main_addr),
+            shutdown: cancel,
         });
 
         let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
@@ -233,7 +191,7 @@ impl Server {
 
         shutdown.await;
         shut_down(&state).await;
-        if let Some(cluster) = &state.cluster {
+        if let Some(cluster) = state.hub.cluster() {
             cluster.leave().await;
         }
         for a in arbiters {
@@ -531,8 +489,8 @@ impl Drop for HttpConn {
 /// While the head is classified the connection holds only its
 /// `max_connections` permit: shutdown does not wait for it (a client that
 /// never sends a head cannot hold shutdown up), and no shutdown future is
-/// raced here, which would enlarge every connection's short-lived task and,
-/// measured, cost ~100 bytes of RSS per idle stream through fragmentation.
+/// raced here: it would enlarge every connection's short-lived task, which
+/// costs idle streams memory (docs/design-notes.md, "Per-stream memory").
 async fn serve<S>(io: TcpStream, http: Rc<S>, state: Arc<ServerState>, permit: OwnedSemaphorePermit)
 where
     S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
@@ -542,10 +500,8 @@ where
     let max_line = settings.server.max_head_bytes;
     match classify::classify(&io, deadline, settings.stream.max_id_len, max_line).await {
         Class::Stream { id, http10 } => {
-            // Boxed: reading and checking the head (token, handshake,
-            // resume point) would otherwise grow every connection's task
-            // past 1 KiB, out of the allocator's per-thread cache of freed
-            // blocks; measured, that cost ~50 bytes of RSS per idle stream.
+            // Boxed: reading and checking the head would otherwise grow
+            // every connection's task (docs/design-notes.md).
             Box::pin(serve_stream(io, id, http10, &state, permit, deadline)).await;
         }
         Class::Dispatcher => {
@@ -572,9 +528,10 @@ where
     }
 }
 
-/// A lean stream request whose line has been classified: reads and checks
-/// its head (every check before any stream state exists), then starts the
-/// stream or refuses it.
+/// A lean stream request whose line has been classified (`http10`: its
+/// request line said HTTP/1.0, which changes what a valid head is): reads
+/// and checks its head, then starts the stream or refuses it
+/// ([`ServerState::admit_stream`], before any stream state exists).
 async fn serve_stream(
     io: TcpStream,
     id: Arc<str>,
@@ -584,20 +541,17 @@ async fn serve_stream(
     deadline: Instant,
 ) {
     let max_head = state.settings.server.max_head_bytes;
-    let open = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
-        state.open_stream(&id, head, early)
+    let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
+        state.admit_stream(&id, head, early, Via::Lean)
     })
     .await;
-    match open {
-        Ok(Ok(open)) => match admit_stream(state) {
-            Ok(()) => {
-                // A stream is not an HTTP connection: its slot is counted by
-                // `stream.max_streams` from here on.
-                drop(permit);
-                Stream::start_lean(io, id, http10, open, Arc::clone(&state.streams));
-            }
-            Err(e) => socket::refuse(io, &e, state.cors(open.req.origin.as_deref())).await,
-        },
+    match admitted {
+        Ok(Ok(open)) => {
+            // A stream is not an HTTP connection: its slot is counted by
+            // `stream.max_streams` from here on.
+            drop(permit);
+            Stream::start_lean(io, id, open, Arc::clone(&state.streams));
+        }
         Ok(Err(refused)) => socket::refuse(io, &refused.error, state.cors(refused.origin.as_deref())).await,
         Err(e) => state.refuse_head(io, e).await,
     }
@@ -620,19 +574,5 @@ where
             close.requested().await;
             sleep(CLOSE_AFTER_ANSWER).await;
         } => {}
-    }
-}
-
-/// Takes a stream slot for a lean stream whose head has been read, or says
-/// why not (503): the server is shutting down, or `stream.max_streams` are
-/// open. The slot is given back when the stream stops.
-fn admit_stream(state: &ServerState) -> Result<(), ApiError> {
-    let max = state.settings.stream.max_streams;
-    if state.shutdown.is_cancelled() {
-        Err(ApiError::ShuttingDown)
-    } else if !state.stats.try_reserve_stream(max) {
-        Err(ApiError::StreamLimit(max))
-    } else {
-        Ok(())
     }
 }

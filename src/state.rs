@@ -9,16 +9,15 @@ use actix_rt::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::HeadError;
-use crate::cluster::Cluster;
-use crate::cluster::bus::Bus;
 use crate::config::Settings;
 use crate::counter::Counter;
 use crate::error::{ApiError, Cors};
 use crate::handshake::{self, Transport};
-use crate::router::Router;
+use crate::hub::Hub;
+use crate::hub::router::Router;
 use crate::socket;
 use crate::stats::Stats;
-use crate::stream::{self, Open, Stream};
+use crate::stream::{self, Open, Stream, Via};
 
 /// A stream request refused before any stream state exists.
 #[derive(Debug)]
@@ -40,15 +39,10 @@ pub(crate) struct ServerState {
     pub(crate) streams: Arc<stream::Shared>,
     /// The supervised Counter.
     pub(crate) counter: Addr<Counter>,
-    /// Cluster mode: this node's side of the Redis bus.
-    pub(crate) cluster: Option<Arc<Cluster>>,
-    /// Cluster mode: the supervised Bus actor.
-    pub(crate) bus: Option<Addr<Bus>>,
+    /// Publishing and resuming: the Router and, in cluster mode, the bus.
+    pub(crate) hub: Hub<Stream>,
     /// The main listening address, as `/cluster` shows it.
     pub(crate) addr: String,
-    /// `Idempotency-Key`s of publishes (single-process mode; in cluster
-    /// mode they live in Redis).
-    pub(crate) keys: crate::idempotency::Keys,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
     /// accept loops stop, actix-web connections drain, new streams are refused.
     pub(crate) shutdown: CancellationToken,
@@ -59,7 +53,7 @@ impl ServerState {
     /// a `cluster` section (also what the dashboard's feed carries).
     pub(crate) fn stats_document(&self) -> serde_json::Value {
         let mut snapshot = self.stats.snapshot();
-        if let Some(cluster) = &self.cluster {
+        if let Some(cluster) = self.hub.cluster() {
             snapshot["cluster"] = cluster.snapshot();
         }
         snapshot
@@ -67,7 +61,7 @@ impl ServerState {
 
     /// This node's name as the dashboard shows it.
     pub(crate) fn node_name(&self) -> String {
-        match &self.cluster {
+        match self.hub.cluster() {
             Some(c) => c.node.clone(),
             None => "(single process)".to_owned(),
         }
@@ -75,7 +69,7 @@ impl ServerState {
 
     /// The supervised Router (its address survives restarts).
     pub(crate) fn router(&self) -> &Addr<Router<Stream>> {
-        &self.streams.router
+        self.hub.router()
     }
 
     /// Answers a head a lean path refuses (400, 408, 431), counted in
@@ -117,30 +111,55 @@ impl ServerState {
         }
     }
 
-    /// Checks a stream request (its whole head, validated) for stream `id`:
-    /// its transport and resume point ([`handshake::parse`]), its page
-    /// origin, and its subscriber token when `auth.subscribe_secret` is set.
-    /// Refusals are counted, and carry the page's origin when
+    /// A refusal of a stream request, counted (`tokens_refused`,
+    /// `origins_refused`, or `bad_heads`), naming `origin` when
     /// `http.cors_origins` allows it.
-    pub(crate) fn open_stream(&self, id: &str, head: &[u8], early: &[u8]) -> Result<Open, Refusal> {
+    pub(crate) fn refusal(&self, error: ApiError, origin: Option<&str>) -> Refusal {
+        let counter = match error {
+            ApiError::BadToken(_) => Some(&self.stats.tokens_refused),
+            ApiError::OriginNotAllowed => Some(&self.stats.origins_refused),
+            ApiError::ShuttingDown | ApiError::StreamLimit(_) => None,
+            _ => Some(&self.stats.bad_heads),
+        };
+        if let Some(counter) = counter {
+            counter.fetch_add(1, Relaxed);
+        }
+        Refusal {
+            error,
+            origin: origin
+                .filter(|o| self.settings.http.allows_origin(o.as_bytes()))
+                .map(str::to_owned),
+        }
+    }
+
+    /// The one admission decision for a stream of `id`, lean or fallback
+    /// (`via`), whose whole head (validated) is `head`, with `early` the
+    /// bytes the client sent right behind it: its transport, HTTP version
+    /// and resume point ([`handshake::read_request`]; a WebSocket only as a
+    /// connection's first request, on the lean path), its page origin, its
+    /// subscriber token when `auth.subscribe_secret` is set, then shutdown
+    /// and a `stream.max_streams` slot, which it takes (given back when the
+    /// stream stops). Refusals are counted ([`ServerState::refusal`]).
+    pub(crate) fn admit_stream(
+        &self,
+        id: &str,
+        head: &[u8],
+        early: &[u8],
+        via: Via,
+    ) -> Result<Open, Refusal> {
         // The origin first, so that every refusal after it can name it.
         let origin = handshake::origin(head).ok().flatten();
-        let allowed = origin.filter(|o| self.settings.http.allows_origin(o.as_bytes()));
-        let refused = |error: ApiError| {
-            let counter = match error {
-                ApiError::BadToken(_) => &self.stats.tokens_refused,
-                ApiError::OriginNotAllowed => &self.stats.origins_refused,
-                _ => &self.stats.bad_heads,
-            };
-            counter.fetch_add(1, Relaxed);
-            Refusal {
-                error,
-                origin: allowed.map(str::to_owned),
-            }
-        };
-        let req = handshake::parse(head).map_err(refused)?;
+        let refused = |error: ApiError| self.refusal(error, origin);
+        let req = handshake::read_request(head).map_err(refused)?;
         let http = &self.settings.http;
-        let cors = allowed.is_some();
+        let cors = origin.is_some_and(|o| http.allows_origin(o.as_bytes()));
+        if req.transport == Transport::Ws && via == Via::Fallback {
+            // Only a first request on a connection is peeked and can become a
+            // WebSocket (every WebSocket client opens a connection for it).
+            return Err(refused(ApiError::BadWebSocket(
+                "a WebSocket upgrade must be the first request on its connection".to_owned(),
+            )));
+        }
         // Browsers apply no CORS to WebSockets: the server checks the
         // origin itself, once a list is configured.
         if req.transport == Transport::Ws && http.cors_enabled() && req.origin.is_some() && !cors {
@@ -161,6 +180,13 @@ impl ServerState {
                 )
             }
         };
+        let max = self.settings.stream.max_streams;
+        if self.shutdown.is_cancelled() {
+            return Err(refused(ApiError::ShuttingDown));
+        }
+        if !self.stats.try_reserve_stream(max) {
+            return Err(refused(ApiError::StreamLimit(max)));
+        }
         Ok(Open {
             req,
             cors,

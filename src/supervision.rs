@@ -14,7 +14,14 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use actix::{Actor, ActorContext, Context};
+use actix::{Actor, ActorContext, Context, Message};
+
+/// Fault injection (`POST /admin/crash/{actor}`): the Router, the Counter
+/// and the Bus each panic inside their handler of it, so the restart path
+/// can be tested on a live server. Answers `None` (the handler panicked).
+#[derive(Message)]
+#[rtype(result = "Option<()>")]
+pub(crate) struct Crash;
 
 /// Runs `body`; on panic logs it, stops the actor (so its Supervisor restarts
 /// it) and returns `None`.
@@ -62,7 +69,7 @@ mod tests {
     fn actors_are_named_as_in_restart_lines() {
         assert_eq!(super::actor_name::<crate::counter::Counter>(), "counter");
         assert_eq!(
-            super::actor_name::<crate::router::Router<crate::stream::Stream>>(),
+            super::actor_name::<crate::hub::router::Router<crate::stream::Stream>>(),
             "router"
         );
     }

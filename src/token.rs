@@ -131,6 +131,22 @@ pub fn mint(secret: &str, ids: &[String], ttl: Duration) -> anyhow::Result<Strin
     )?)
 }
 
+/// The credentials of `Bearer <token>`, the scheme in any case.
+pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|b| *b != b' ')?;
+    Some(&rest[start..])
+}
+
+/// Compares without an early exit, so timing does not leak a secret (the
+/// publish token).
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +233,23 @@ mod tests {
             "{why}"
         );
         assert!(!why.contains("invalid type"), "{why}");
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"BEARER   abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"Bearerabc"), None);
+        assert_eq!(bearer_credentials(b"Basic abc"), None);
+        assert_eq!(bearer_credentials(b"Bearer "), None);
+        assert_eq!(bearer_credentials(b"Bear"), None);
+    }
+
+    #[test]
+    fn token_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }

@@ -333,7 +333,7 @@ fn json_logs_name_their_events_and_a_storm_is_rate_limited() {
             .filter(|f| {
                 f["statement"]
                     .as_str()
-                    .is_some_and(|s| s.starts_with("src/router.rs:"))
+                    .is_some_and(|s| s.starts_with("src/hub/router.rs:"))
             })
             .map(|f| f["lines"].as_u64().unwrap())
             .sum()

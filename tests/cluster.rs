@@ -1144,6 +1144,62 @@ fn a_stream_resumes_on_its_node_with_messages_published_elsewhere() {
     assert_eq!(a.stats()["history"]["gaps"], 0);
 }
 
+/// Issue 22: a message's event id is minted once, by the node that
+/// accepted it, and carried on the bus: the streams of its id on every
+/// node get it under the id `/send` answered, for a plain publish and for
+/// a keyed one (minted before Redis runs the publish, delivered here from
+/// its echo), and each node's history keeps it under that id.
+#[test]
+fn one_message_has_one_event_id_on_every_node() {
+    let redis = RedisServer::start();
+    let p = prefix("oneid");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let req = "GET /test/same?ids=1 HTTP/1.1\r\nhost: t\r\n\r\n";
+    let mut on_a = StreamClient::open_raw(a.addr, req);
+    let mut on_b = StreamClient::open_raw(b.addr, req);
+    on_a.line();
+    on_b.line();
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "same"), 2, WAIT), 2);
+    let plain = post(a.addr, "/send/same", "plain");
+    assert_eq!(plain.status, 200);
+    let keyed = request(
+        b.addr,
+        "POST",
+        "/send/same",
+        &[("idempotency-key", "one-id")],
+        b"keyed",
+    )
+    .unwrap();
+    assert_eq!(keyed.status, 200);
+    let mut last = String::new();
+    for (answer, text) in [(&plain, "plain"), (&keyed, "keyed")] {
+        let event = answer.json()["event_id"].as_u64().unwrap().to_string();
+        for (node, s) in [("a", &mut on_a), ("b", &mut on_b)] {
+            let line = s.line();
+            let (id, rest) = line.split_once(' ').unwrap();
+            assert_eq!(id, event, "{text} on {node}: {line}");
+            assert!(rest.ends_with(&format!("'{text}'")), "{text} on {node}: {line}");
+        }
+        last = event;
+    }
+    // Resuming on either node after the first id replays the second under
+    // its one id.
+    let first = plain.json()["event_id"].as_u64().unwrap();
+    for n in [&a, &b] {
+        let mut s = StreamClient::open_raw(
+            n.addr,
+            &format!("GET /test/same?ids=1&since={first} HTTP/1.1\r\nhost: t\r\n\r\n"),
+        );
+        s.line();
+        let replayed = s.line();
+        assert!(
+            replayed.starts_with(&format!("{last} ")) && replayed.ends_with("'keyed'"),
+            "{replayed}"
+        );
+    }
+}
+
 /// In cluster mode every metric carries this node's name.
 #[test]
 fn metrics_carry_the_node_name_in_cluster_mode() {
@@ -1316,15 +1372,18 @@ fn oversized_or_multiline_bus_messages_are_dropped_and_counted() {
     let n = start_node(s);
     let mut c = open(n.addr, "victim");
     redis.wait_numsub(&id_channel(&p, "victim"), 1, WAIT);
-    let big = format!("intruder {}", "x".repeat(5000));
-    let two = "intruder one\ntwo".to_owned();
-    let fine = format!("intruder {}", "y".repeat(100));
-    for payload in [&big, &two, &fine] {
+    // `<origin> <event id> <line>`; the last one in the format of before
+    // event ids travelled on the bus.
+    let big = format!("intruder 1 {}", "x".repeat(5000));
+    let two = "intruder 2 one\ntwo".to_owned();
+    let old = "intruder hello".to_owned();
+    let fine = format!("intruder 3 {}", "y".repeat(100));
+    for payload in [&big, &two, &old, &fine] {
         redis.command(&["PUBLISH", &id_channel(&p, "victim"), payload]);
     }
     assert_eq!(c.line(), format!("Recvd msg #1: '{}'", "y".repeat(100)));
     let st = n.stats();
-    assert_eq!(st["cluster"]["malformed"], 2, "{st}");
+    assert_eq!(st["cluster"]["malformed"], 3, "{st}");
     assert_eq!(st["history"]["messages"], 1, "{st}");
     assert_eq!(st["messages"]["routed"], 1, "{st}");
 }

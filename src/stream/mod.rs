@@ -14,6 +14,7 @@
 //! feeds actix-web's streaming body. Either way it watches for the client
 //! going away ([`Watch`]) and stops at once, which logs it out of the Router.
 
+mod head;
 mod sink;
 mod ticker;
 mod ws;
@@ -30,16 +31,18 @@ use std::time::{Duration, Instant};
 use actix::{Actor, ActorContext, ActorFuture, Addr, AsyncContext, Context, Handler, WeakAddr};
 use actix_rt::net::TcpStream;
 
+pub(crate) use head::Head;
 pub(crate) use sink::BodyStream;
-use sink::{Event, Framing, Sink, SinkError, Written};
+pub(crate) use sink::Framing;
+use sink::{Counted, Sink, SinkError, Written};
 use ticker::Tick;
 use tungstenite::protocol::frame::coding::Control;
 
 use crate::config::StreamSettings;
 use crate::handshake::{StreamRequest, Transport};
-use crate::history::Resume;
+use crate::hub::history::Resume;
+use crate::hub::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
 use crate::id::{ConnId, conn_age, next_conn_id};
-use crate::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
 use crate::token::Verifier;
@@ -69,10 +72,20 @@ pub(crate) struct Shared {
     pub(crate) verifier: Option<Verifier>,
 }
 
+/// Which path a stream came in by, which decides who writes its response
+/// head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// The lean path: the stream owns its socket and writes its head.
+    Lean,
+    /// actix-web's fallback route: actix-web writes the head.
+    Fallback,
+}
+
 /// A stream request that passed every check: what it asked for, whether
 /// its page origin gets CORS headers, and how long its token has left.
 pub(crate) struct Open {
-    /// Transport, resume point, `ids`.
+    /// Transport, HTTP version, resume point, `ids`.
     pub(crate) req: StreamRequest,
     /// `req.origin` is allowed: the response head names it.
     pub(crate) cors: bool,
@@ -85,20 +98,9 @@ pub(crate) struct Open {
     pub(crate) expires: Option<Duration>,
 }
 
-/// How events are written: the transport, as the Stream keeps it (one byte).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
-    /// One line per event.
-    Plain,
-    /// `id:`, `event:` and `data:` lines and a blank line per event.
-    Sse,
-    /// One text frame per event.
-    Ws,
-}
-
 /// What an event is, for SSE's `event:` line.
 #[derive(Debug, Clone, Copy)]
-enum Kind {
+enum EventKind {
     Welcome,
     Tick,
     Message,
@@ -106,14 +108,14 @@ enum Kind {
     End,
 }
 
-impl Kind {
+impl EventKind {
     fn name(self) -> &'static str {
         match self {
-            Kind::Welcome => "welcome",
-            Kind::Tick => "tick",
-            Kind::Message => "message",
-            Kind::Gap => "gap",
-            Kind::End => "end",
+            EventKind::Welcome => "welcome",
+            EventKind::Tick => "tick",
+            EventKind::Message => "message",
+            EventKind::Gap => "gap",
+            EventKind::End => "end",
         }
     }
 }
@@ -121,10 +123,10 @@ impl Kind {
 /// One streaming connection.
 ///
 /// Kept small on purpose: the actor lives inside a tokio task cell that is
-/// aligned to 128 bytes, so its size is rounded up to a multiple of 128. With
-/// everything inline the cell took 640 bytes; with the cold fields boxed it
-/// takes 512, and the box 48 (the README's Architecture section has the
-/// per-stream breakdown).
+/// aligned to 128 bytes, so its size is rounded up to a multiple of 128;
+/// what need not be inline is boxed ([`Core`], [`Tracking`]), and the test
+/// below keeps the cell at 512 bytes (the README's Architecture section has
+/// the per-stream breakdown).
 pub(crate) struct Stream {
     /// Where events go.
     sink: Sink,
@@ -134,18 +136,18 @@ pub(crate) struct Stream {
     /// WebSocket).
     framing: Framing,
     /// How events are written.
-    format: Format,
+    transport: Transport,
     /// `?ids=1`: plain lines and WebSocket frames start with the event id.
     ids: bool,
     /// What only SSE, WebSocket and resuming streams need; `None` for a
     /// plain stream, which pays nothing for them.
-    x: Option<Box<Extras>>,
-    /// The rest.
-    f: Box<Fields>,
+    tracking: Option<Box<Tracking>>,
+    /// Its id, connection, count and the server's shared parts.
+    core: Box<Core>,
 }
 
-/// A stream's fields that need not sit in its task cell.
-struct Fields {
+/// What every stream has, boxed out of its task cell.
+struct Core {
     /// The id the client asked for; shared with the Router's table key.
     id: Arc<str>,
     /// Tells this connection apart from others with the same id.
@@ -156,8 +158,9 @@ struct Fields {
     shared: Arc<Shared>,
 }
 
-/// The state of event ids and WebSocket frames.
-struct Extras {
+/// What SSE, WebSocket and resuming streams track: their event position
+/// and WebSocket frame state.
+struct Tracking {
     /// The event id of the last message this stream was given (or where
     /// it started): every event carries it, so a client that reconnects
     /// with it resumes exactly after what it has.
@@ -170,33 +173,18 @@ struct Extras {
     closing: bool,
 }
 
-impl Format {
-    fn of(t: Transport) -> Self {
-        match t {
-            Transport::Plain => Format::Plain,
-            Transport::Sse => Format::Sse,
-            Transport::Ws => Format::Ws,
-        }
-    }
-}
-
 impl Stream {
-    /// Starts a lean stream on the current worker: the actor owns `io`, whose
-    /// request head has been read. The caller has reserved a stream slot.
-    /// `http10`: the client spoke HTTP/1.0 and gets a close-delimited body.
-    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, http10: bool, open: Open, shared: Arc<Shared>) {
+    /// Starts a lean stream on the current worker: the actor owns `io`,
+    /// whose request head has been read, and writes its response head. The
+    /// stream was admitted (`ServerState::admit_stream`).
+    pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, open: Open, shared: Arc<Shared>) {
         let _ = io.set_nodelay(true);
-        let format = Format::of(open.req.transport);
-        let framing = if http10 || format == Format::Ws {
-            Framing::Close
-        } else {
-            Framing::Chunked
-        };
-        Stream::launch(id, Sink::socket(io), framing, open, shared, Some(http10));
+        Stream::launch(id, Sink::socket(io), open, shared, Via::Lean);
     }
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
-    /// returns. The caller has reserved a stream slot.
+    /// returns; actix-web writes the response head ([`Head`]). The stream
+    /// was admitted (`ServerState::admit_stream`).
     /// `close` closes the connection under the body if the stream is cut.
     pub(crate) fn start_body(
         id: Arc<str>,
@@ -205,63 +193,47 @@ impl Stream {
         close: Option<CloseHandle>,
     ) -> BodyStream {
         let (sink, body) = Sink::body(Arc::clone(&shared.stats), close);
-        Stream::launch(id, sink, Framing::Chunked, open, shared, None);
+        Stream::launch(id, sink, open, shared, Via::Fallback);
         body
     }
 
-    /// Writes the response head (and SSE's `retry:`), arms the token's
-    /// expiry, and starts the actor. `lean`: the HTTP version of a lean
-    /// stream, which writes its own response head (`None`: the fallback
-    /// path, where actix-web writes it).
-    fn launch(
-        id: Arc<str>,
-        sink: Sink,
-        framing: Framing,
-        open: Open,
-        shared: Arc<Shared>,
-        lean: Option<bool>,
-    ) {
-        let fallback = lean.is_none();
-        let format = Format::of(open.req.transport);
-        match format {
-            Format::Plain => {}
-            Format::Sse => drop(shared.stats.streams_sse.fetch_add(1, Relaxed)),
-            Format::Ws => drop(shared.stats.streams_ws.fetch_add(1, Relaxed)),
+    /// Writes the response head on the lean path (and SSE's `retry:`),
+    /// arms the token's expiry, and starts the actor.
+    fn launch(id: Arc<str>, sink: Sink, open: Open, shared: Arc<Shared>, via: Via) {
+        let transport = open.req.transport;
+        match transport {
+            Transport::Plain => {}
+            Transport::Sse => drop(shared.stats.streams_sse.fetch_add(1, Relaxed)),
+            Transport::Ws => drop(shared.stats.streams_ws.fetch_add(1, Relaxed)),
         }
-        let needs_extras = format != Format::Plain || open.req.ids || open.req.since.is_some();
-        let retry = (format == Format::Sse).then_some(shared.settings.sse_retry_ms);
-        let mut stream = Stream::new(id, sink, framing, shared, fallback);
-        stream.format = format;
+        // actix-web frames a fallback body itself: the sink writes chunks.
+        let framing = match via {
+            Via::Lean => Head::of(&open).framing(),
+            Via::Fallback => Framing::Chunked,
+        };
+        let needs_tracking = transport != Transport::Plain || open.req.ids || open.req.since.is_some();
+        let retry = (transport == Transport::Sse).then_some(shared.settings.sse_retry_ms);
+        let mut stream = Stream::new(id, sink, framing, shared, via == Via::Fallback);
+        stream.transport = transport;
         stream.ids = open.req.ids;
-        stream.x = needs_extras.then(|| {
-            Box::new(Extras {
+        stream.tracking = needs_tracking.then(|| {
+            Box::new(Tracking {
                 position: 0,
                 since: open.req.since,
                 ws: None,
                 closing: false,
             })
         });
-        let Open {
-            req,
-            cors,
-            vary,
-            expires,
-            early,
-        } = open;
         Stream::create(move |ctx| {
-            let max = stream.f.shared.settings.max_pending_bytes;
-            let stats = Arc::clone(&stream.f.shared.stats);
+            let max = stream.core.shared.settings.max_pending_bytes;
+            let stats = Arc::clone(&stream.core.shared.stats);
             // Formatted in the worker's scratch buffer: no allocation per
             // stream, even a transient one (see `classify::PEEK_BYTES`).
             let mut opened = Ok(Written::Done);
-            if let Some(http10) = lean {
-                let cors = crate::error::Cors {
-                    allow: req.origin.as_deref().filter(|_| cors),
-                    vary,
-                };
+            if via == Via::Lean {
                 opened = LINE.with_borrow_mut(|buf| {
                     buf.clear();
-                    crate::handshake::response_head(buf, &req, http10, cors);
+                    Head::of(&open).write(buf);
                     stream.sink.open(buf, max, &stats)
                 });
             }
@@ -269,7 +241,7 @@ impl Stream {
                 let line = format!("retry: {ms}\n\n");
                 opened = stream
                     .sink
-                    .push_line(line.as_bytes(), framing, Event::Other, max, &stats);
+                    .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
             }
             match opened {
                 Ok(Written::Pending) => {
@@ -280,12 +252,12 @@ impl Stream {
                 Err(_) => ctx.stop(),
             }
             // Frames a WebSocket client sent right behind its handshake.
-            if opened.is_ok() && stream.format == Format::Ws && !early.is_empty() {
-                stream.ws_input(ctx, &early);
+            if opened.is_ok() && stream.transport == Transport::Ws && !open.early.is_empty() {
+                stream.ws_input(ctx, &open.early);
             }
-            if let Some(left) = expires {
+            if let Some(left) = open.expires {
                 ctx.run_later(left, |s: &mut Stream, ctx| {
-                    s.f.shared.stats.tokens_expired.fetch_add(1, Relaxed);
+                    s.core.shared.stats.tokens_expired.fetch_add(1, Relaxed);
                     s.end(ctx, ws::POLICY, "token expired", Some("Token expired"));
                 });
             }
@@ -299,10 +271,10 @@ impl Stream {
             sink,
             flushing: false,
             framing,
-            format: Format::Plain,
+            transport: Transport::Plain,
             ids: false,
-            x: None,
-            f: Box::new(Fields {
+            tracking: None,
+            core: Box::new(Core {
                 id,
                 conn: next_conn_id(),
                 seq: 0,
@@ -317,7 +289,7 @@ impl Stream {
     fn after_write(&mut self, ctx: &mut Context<Self>, result: Result<Written, SinkError>) -> bool {
         match result {
             Ok(written) => {
-                self.f.shared.stats.chunks_sent.fetch_add(1, Relaxed);
+                self.core.shared.stats.chunks_sent.fetch_add(1, Relaxed);
                 if written == Written::Pending && !self.flushing {
                     self.flushing = true;
                     ctx.spawn(Flush);
@@ -325,8 +297,8 @@ impl Stream {
                 true
             }
             Err(SinkError::Full) => {
-                self.f.shared.stats.slow_disconnects.fetch_add(1, Relaxed);
-                tracing::debug!(id = %self.f.id, "client not reading; pending bound reached, disconnecting");
+                self.core.shared.stats.slow_disconnects.fetch_add(1, Relaxed);
+                tracing::debug!(id = %self.core.id, "client not reading; pending bound reached, disconnecting");
                 ctx.stop();
                 false
             }
@@ -340,19 +312,25 @@ impl Stream {
     /// Writes one event in the stream's format: `line` is its text (the
     /// plain line). Returns whether the stream goes on (a WebSocket that
     /// has sent its close frame writes nothing more: false).
-    fn emit(&mut self, ctx: &mut Context<Self>, kind: Kind, event: Event, line: fmt::Arguments<'_>) -> bool {
-        if self.x.as_ref().is_some_and(|x| x.closing) {
+    fn emit(
+        &mut self,
+        ctx: &mut Context<Self>,
+        kind: EventKind,
+        event: Counted,
+        line: fmt::Arguments<'_>,
+    ) -> bool {
+        if self.tracking.as_ref().is_some_and(|x| x.closing) {
             return false;
         }
-        let position = self.x.as_ref().map_or(0, |x| x.position);
-        let (format, ids, framing) = (self.format, self.ids, self.framing);
-        let max = self.f.shared.settings.max_pending_bytes;
-        let (sink, stats) = (&mut self.sink, &self.f.shared.stats);
+        let position = self.tracking.as_ref().map_or(0, |x| x.position);
+        let (format, ids, framing) = (self.transport, self.ids, self.framing);
+        let max = self.core.shared.settings.max_pending_bytes;
+        let (sink, stats) = (&mut self.sink, &self.core.shared.stats);
         let written = LINE.with_borrow_mut(|buf| {
             buf.clear();
             // unwrap (each write): writing into a Vec cannot fail.
             match format {
-                Format::Plain => {
+                Transport::Plain => {
                     if ids {
                         write!(buf, "{position} ").expect("format into Vec");
                     }
@@ -360,13 +338,13 @@ impl Stream {
                     buf.push(b'\n');
                     sink.push_line(buf, framing, event, max, stats)
                 }
-                Format::Sse => {
+                Transport::Sse => {
                     write!(buf, "id: {position}\nevent: {}\ndata: ", kind.name()).expect("format into Vec");
                     buf.write_fmt(line).expect("format into Vec");
                     buf.extend_from_slice(b"\n\n");
                     sink.push_line(buf, framing, event, max, stats)
                 }
-                Format::Ws => {
+                Transport::Ws => {
                     // Room for the frame header, written once the length is known.
                     buf.extend_from_slice(&[0; 10]);
                     if ids {
@@ -385,10 +363,14 @@ impl Stream {
 
     /// Writes raw bytes (a WebSocket control frame).
     fn emit_raw(&mut self, ctx: &mut Context<Self>, bytes: &[u8]) -> bool {
-        let max = self.f.shared.settings.max_pending_bytes;
-        let written = self
-            .sink
-            .push_line(bytes, Framing::Close, Event::Other, max, &self.f.shared.stats);
+        let max = self.core.shared.settings.max_pending_bytes;
+        let written = self.sink.push_line(
+            bytes,
+            Framing::Close,
+            Counted::Other,
+            max,
+            &self.core.shared.stats,
+        );
         self.after_write(ctx, written)
     }
 
@@ -396,27 +378,27 @@ impl Stream {
     /// `code` and `reason` and waits a moment for the client's; other
     /// transports write `line` (if any) and the end of the body.
     fn end(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, line: Option<&str>) {
-        if self.format == Format::Ws {
+        if self.transport == Transport::Ws {
             let frame = ws::close(code, reason);
-            if self.x.as_ref().is_some_and(|x| x.closing) || !self.emit_raw(ctx, &frame) {
+            if self.tracking.as_ref().is_some_and(|x| x.closing) || !self.emit_raw(ctx, &frame) {
                 return;
             }
-            if let Some(x) = &mut self.x {
+            if let Some(x) = &mut self.tracking {
                 x.closing = true;
             }
             ctx.run_later(WS_CLOSE_WAIT, |_, ctx| ctx.stop());
             return;
         }
         if let Some(line) = line {
-            self.emit(ctx, Kind::End, Event::Other, format_args!("{line}"));
+            self.emit(ctx, EventKind::End, Counted::Other, format_args!("{line}"));
         }
-        self.sink.finish(self.framing, &self.f.shared.stats);
+        self.sink.finish(self.framing, &self.core.shared.stats);
         ctx.stop();
     }
 
     /// Bytes a WebSocket client sent. Returns whether to keep reading.
     fn ws_input(&mut self, ctx: &mut Context<Self>, bytes: &[u8]) -> bool {
-        let Some(x) = self.x.as_mut() else {
+        let Some(x) = self.tracking.as_mut() else {
             return true;
         };
         let inbox = x.ws.get_or_insert_with(Box::default);
@@ -426,7 +408,7 @@ impl Stream {
             x.ws = None;
         }
         let closing = x.closing;
-        let stats = Arc::clone(&self.f.shared.stats);
+        let stats = Arc::clone(&self.core.shared.stats);
         for action in actions {
             match action {
                 ws::Action::Ignored => drop(stats.ws_frames_ignored.fetch_add(1, Relaxed)),
@@ -452,7 +434,7 @@ impl Stream {
                 }
                 ws::Action::Fail(code, reason) => {
                     stats.ws_protocol_errors.fetch_add(1, Relaxed);
-                    tracing::debug!(id = %self.f.id, code, reason, "WebSocket client broke the protocol; closing");
+                    tracing::debug!(id = %self.core.id, code, reason, "WebSocket client broke the protocol; closing");
                     if !closing {
                         self.emit_raw(ctx, &ws::close(code, reason));
                     }
@@ -469,12 +451,12 @@ impl Handler<Tick> for Stream {
     type Result = ();
 
     fn handle(&mut self, _: Tick, ctx: &mut Context<Self>) {
-        self.f.seq += 1;
-        let (seq, id) = (self.f.seq, Arc::clone(&self.f.id));
+        self.core.seq += 1;
+        let (seq, id) = (self.core.seq, Arc::clone(&self.core.id));
         self.emit(
             ctx,
-            Kind::Tick,
-            Event::Other,
+            EventKind::Tick,
+            Counted::Other,
             format_args!("Chunk {seq} for id {id}"),
         );
     }
@@ -499,13 +481,13 @@ impl Actor for Stream {
         // keeps the actor running until the client goes.
         let me = ctx.address().downgrade();
         let login = Login {
-            id: Arc::clone(&self.f.id),
-            conn: self.f.conn,
+            id: Arc::clone(&self.core.id),
+            conn: self.core.conn,
             addr: me.clone(),
         };
-        match &self.x {
-            None => self.f.shared.router.do_send(login),
-            Some(x) => self.f.shared.router.do_send(LoginAt {
+        match &self.tracking {
+            None => self.core.shared.router.do_send(login),
+            Some(x) => self.core.shared.router.do_send(LoginAt {
                 login,
                 since: x.since,
             }),
@@ -513,22 +495,22 @@ impl Actor for Stream {
         ctx.spawn(Watch);
         // A stream with event ids waits for the Router's Welcome, which
         // says where it starts (and what it missed).
-        if !self.f.shared.await_welcome && self.x.is_none() {
+        if !self.core.shared.await_welcome && self.tracking.is_none() {
             self.welcome(ctx, me, Resume::default());
         }
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.f.shared.router.do_send(Logout {
-            id: Arc::clone(&self.f.id),
-            conn: self.f.conn,
+        self.core.shared.router.do_send(Logout {
+            id: Arc::clone(&self.core.id),
+            conn: self.core.conn,
         });
-        let stats = &self.f.shared.stats;
+        let stats = &self.core.shared.stats;
         // Messages still pending never reached the client's kernel.
         stats
             .messages_dropped
             .fetch_add(self.sink.pending_messages() as u64, Relaxed);
-        stats.stream_closed(conn_age(self.f.conn));
+        stats.stream_closed(conn_age(self.core.conn));
     }
 }
 
@@ -537,14 +519,14 @@ impl Stream {
     /// messages it missed, and starts the ticks (`me`: this actor, for the
     /// tick wheel; one address made per stream start, not two).
     fn welcome(&mut self, ctx: &mut Context<Self>, me: WeakAddr<Self>, resume: Resume) {
-        if let Some(x) = &mut self.x {
+        if let Some(x) = &mut self.tracking {
             x.position = resume.position;
         }
-        let id = Arc::clone(&self.f.id);
+        let id = Arc::clone(&self.core.id);
         let mut ok = self.emit(
             ctx,
-            Kind::Welcome,
-            Event::Other,
+            EventKind::Welcome,
+            Counted::Other,
             format_args!("Switchboard welcomes you! Your Id: {id}"),
         );
         if let (true, Some(gap)) = (ok, resume.gap) {
@@ -552,16 +534,16 @@ impl Stream {
             ok = match gap.next {
                 Some(next) => self.emit(
                     ctx,
-                    Kind::Gap,
-                    Event::Other,
+                    EventKind::Gap,
+                    Counted::Other,
                     format_args!(
                         "Gap: messages after event {after} may be missing; history resumes at event {next}"
                     ),
                 ),
                 None => self.emit(
                     ctx,
-                    Kind::Gap,
-                    Event::Other,
+                    EventKind::Gap,
+                    Counted::Other,
                     format_args!("Gap: messages after event {after} may be missing; new messages follow"),
                 ),
             };
@@ -571,13 +553,13 @@ impl Stream {
             if !ok {
                 // Not written: dropped, as a refused Deliver is.
                 let left = (total - i) as u64;
-                self.f.shared.stats.messages_dropped.fetch_add(left, Relaxed);
+                self.core.shared.stats.messages_dropped.fetch_add(left, Relaxed);
                 break;
             }
             ok = self.message(ctx, &msg, Some(event), None);
         }
         if ok {
-            ticker::register(me, self.f.shared.settings.tick_interval());
+            ticker::register(me, self.core.shared.settings.tick_interval());
         }
     }
 
@@ -592,19 +574,19 @@ impl Stream {
         event: Option<u64>,
         accepted: Option<Instant>,
     ) -> bool {
-        if let (Some(x), Some(event)) = (&mut self.x, event) {
+        if let (Some(x), Some(event)) = (&mut self.tracking, event) {
             x.position = x.position.max(event);
         }
-        self.f.seq += 1;
-        let seq = self.f.seq;
+        self.core.seq += 1;
+        let seq = self.core.seq;
         let ok = self.emit(
             ctx,
-            Kind::Message,
-            Event::Message(accepted),
+            EventKind::Message,
+            Counted::Message(accepted),
             format_args!("Recvd msg #{seq}: '{msg}'"),
         );
         if !ok {
-            self.f.shared.stats.messages_dropped.fetch_add(1, Relaxed);
+            self.core.shared.stats.messages_dropped.fetch_add(1, Relaxed);
         }
         ok
     }
@@ -669,7 +651,7 @@ impl ActorFuture<Stream> for Watch {
                 }
                 // Anything else a client sends after its head is ignored.
                 Poll::Ready(Some(n)) => {
-                    if act.format == Format::Ws && !act.ws_input(ctx, &scratch[..n]) {
+                    if act.transport == Transport::Ws && !act.ws_input(ctx, &scratch[..n]) {
                         return Poll::Ready(());
                     }
                 }
@@ -694,7 +676,7 @@ impl ActorFuture<Stream> for Flush {
         ctx: &mut Context<Stream>,
         cx: &mut task::Context<'_>,
     ) -> Poll<()> {
-        match act.sink.poll_flush(cx, &act.f.shared.stats) {
+        match act.sink.poll_flush(cx, &act.core.shared.stats) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 act.flushing = false;
@@ -709,11 +691,8 @@ impl ActorFuture<Stream> for Flush {
 
 #[cfg(test)]
 mod tests {
-    /// The actor runs as a tokio task whose cell is aligned to 128 bytes:
-    /// header 32 + scheduler and id 16 + the future + trailer 48, rounded up.
-    /// At 400 bytes of future (plus its 8-byte stage tag) the cell is 512;
-    /// past that it becomes 640, and every idle stream pays 128 bytes more
-    /// (measured with heaptrack; the release build's future is exactly 400).
+    /// At 400 bytes of future the task cell is 512; past that it becomes
+    /// 640, and every idle stream pays 128 bytes more (docs/design-notes.md).
     ///
     /// The limit is the release layout's. tokio's socket is 8 bytes larger
     /// in a debug build (what `cargo test` compiles), so the socket's own

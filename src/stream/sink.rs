@@ -66,7 +66,7 @@ pub(crate) enum Framing {
 
 /// What an event is, for the message books (`messages.written`/`.dropped`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Event {
+pub(crate) enum Counted {
     /// A routed message: counted written once all its bytes reach the
     /// kernel (or actix-web takes it from the body queue), dropped if the
     /// stream ends first. When this node accepted it, for the latency
@@ -138,7 +138,9 @@ impl Sink {
         stats: &Stats,
     ) -> Result<Written, SinkError> {
         match self {
-            Sink::Socket { io, pending } => write_all(io, pending, &[head], Event::Other, max_pending, stats),
+            Sink::Socket { io, pending } => {
+                write_all(io, pending, &[head], Counted::Other, max_pending, stats)
+            }
             Sink::Body(_) => Ok(Written::Done),
         }
     }
@@ -150,7 +152,7 @@ impl Sink {
         &mut self,
         line: &[u8],
         framing: Framing,
-        event: Event,
+        event: Counted,
         max_pending: usize,
         stats: &Stats,
     ) -> Result<Written, SinkError> {
@@ -293,7 +295,7 @@ fn write_all(
     io: &TcpStream,
     pending: &mut Option<Box<Pending>>,
     parts: &[&[u8]],
-    event: Event,
+    event: Counted,
     max_pending: usize,
     stats: &Stats,
 ) -> Result<Written, SinkError> {
@@ -305,7 +307,7 @@ fn write_all(
             std::array::from_fn(|i| IoSlice::new(parts.get(i).copied().unwrap_or_default()));
         match io.try_write_vectored(&slices[..parts.len()]) {
             Ok(n) if n == total => {
-                if let Event::Message(accepted) = event {
+                if let Counted::Message(accepted) = event {
                     stats.message_written(accepted);
                 }
                 return Ok(Written::Done);
@@ -325,7 +327,7 @@ fn write_all(
         p.bytes.extend_from_slice(&part[s..]);
         skip -= s;
     }
-    if let Event::Message(accepted) = event {
+    if let Counted::Message(accepted) = event {
         p.ends.push_back((p.drained + p.bytes.len(), accepted));
     }
     Ok(Written::Pending)
@@ -346,7 +348,7 @@ fn chunk_head(len: usize, buf: &mut [u8; 18]) -> &[u8] {
 pub(crate) struct BodyQueue {
     /// Event lines not yet taken by actix-web's HTTP/1 dispatcher; each
     /// becomes one chunk. What each is, for the message books.
-    lines: VecDeque<(Bytes, Event)>,
+    lines: VecDeque<(Bytes, Counted)>,
     /// Total bytes in `lines`, held under the pending bound.
     bytes: usize,
     /// The Stream has ended; the body ends once `lines` is drained.
@@ -384,7 +386,7 @@ impl BodyQueue {
         }
     }
 
-    fn push(&mut self, line: &[u8], event: Event, max_pending: usize) -> Result<Written, SinkError> {
+    fn push(&mut self, line: &[u8], event: Counted, max_pending: usize) -> Result<Written, SinkError> {
         if self.reader_gone {
             return Err(SinkError::Closed);
         }
@@ -405,7 +407,7 @@ impl Drop for BodyQueue {
         let left = self
             .lines
             .iter()
-            .filter(|(_, e)| matches!(e, Event::Message(_)))
+            .filter(|(_, e)| matches!(e, Counted::Message(_)))
             .count();
         self.stats.messages_dropped.fetch_add(left as u64, Relaxed);
     }
@@ -429,7 +431,7 @@ impl futures_core::Stream for BodyStream {
         }
         if let Some((line, event)) = q.lines.pop_front() {
             q.bytes -= line.len();
-            if let Event::Message(accepted) = event {
+            if let Counted::Message(accepted) = event {
                 q.stats.message_written(accepted);
             }
             Poll::Ready(Some(Ok(line)))

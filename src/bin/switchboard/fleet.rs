@@ -62,7 +62,7 @@ fn hostname() -> String {
 }
 
 /// What the parent hears about.
-enum Event {
+enum ChildEvent {
     Exited {
         index: usize,
         pid: u32,
@@ -124,7 +124,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
         let tx = tx.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
-            let _ = tx.send(Event::Exited { index, pid, status });
+            let _ = tx.send(ChildEvent::Exited { index, pid, status });
         });
         Ok(pid)
     };
@@ -148,7 +148,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
             e = rx.recv() => e,
         };
         match event {
-            Some(Event::Exited { index, pid, status }) => {
+            Some(ChildEvent::Exited { index, pid, status }) => {
                 let slot = &mut slots[index];
                 slot.pid = None;
                 let lived = slot.started.elapsed();
@@ -187,10 +187,10 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
                 slot.delay = (slot.delay * 2).min(RESTART_MAX);
                 tokio::spawn(async move {
                     sleep(delay).await;
-                    let _ = tx.send(Event::Restart(index));
+                    let _ = tx.send(ChildEvent::Restart(index));
                 });
             }
-            Some(Event::Restart(index)) => match start(index) {
+            Some(ChildEvent::Restart(index)) => match start(index) {
                 Ok(pid) => {
                     let slot = &mut slots[index];
                     (slot.pid, slot.started, slot.first_start) = (Some(pid), Instant::now(), false);
@@ -214,7 +214,7 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
                     let delay = slots[index].delay;
                     tokio::spawn(async move {
                         sleep(delay).await;
-                        let _ = tx.send(Event::Restart(index));
+                        let _ = tx.send(ChildEvent::Restart(index));
                     });
                 }
             },
@@ -235,7 +235,11 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
 
 /// SIGTERM to every running child, then waits for them (SIGKILL past the
 /// grace time). True if every one exited 0.
-async fn stop_all(slots: &mut [Slot], rx: &mut mpsc::UnboundedReceiver<Event>, settings: &Settings) -> bool {
+async fn stop_all(
+    slots: &mut [Slot],
+    rx: &mut mpsc::UnboundedReceiver<ChildEvent>,
+    settings: &Settings,
+) -> bool {
     let deadline = Instant::now() + Duration::from_millis(settings.server.shutdown_timeout_ms) + EXIT_GRACE;
     for pid in slots.iter().filter_map(|s| s.pid) {
         signal_pid(pid, Signal::SIGTERM);
@@ -254,7 +258,7 @@ async fn stop_all(slots: &mut [Slot], rx: &mut mpsc::UnboundedReceiver<Event>, s
             }
         };
         match event {
-            Some(Event::Exited { index, pid, status }) => {
+            Some(ChildEvent::Exited { index, pid, status }) => {
                 slots[index].pid = None;
                 let ok = status.as_ref().is_ok_and(ExitStatus::success);
                 clean &= ok;
@@ -266,7 +270,7 @@ async fn stop_all(slots: &mut [Slot], rx: &mut mpsc::UnboundedReceiver<Event>, s
                     "server process exited"
                 );
             }
-            Some(Event::Restart(_)) => {}
+            Some(ChildEvent::Restart(_)) => {}
             None => break,
         }
     }

@@ -16,11 +16,11 @@
 //! - `/dispatcher` numbers come from `INCRBY <prefix>:dispatcher n`, one
 //!   command per batch of requests.
 //!
-//! A message on the bus is `"<instance> <text>"`: the publishing process's
-//! random instance id, a space, the message line.
-
-pub(crate) mod bus;
-mod link;
+//! A message on the bus is `"<origin> <event> <text>"`: the publishing
+//! process's random instance id (`<instance>/<seq>` for a keyed publish,
+//! whose echo delivers it on its own node), its event id (`-` for a
+//! broadcast, which has none), and the message line. Every node records and
+//! delivers the message under that event id: it is minted once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -118,7 +118,7 @@ const MAX_PENDING: usize = 100_000;
 /// One of this node's keyed publishes, waiting for its echo: this node's
 /// own streams get the message when Redis hands it back, so that they get
 /// it exactly when (and only if) the other nodes do.
-pub(crate) struct Pending {
+pub(crate) struct AwaitedEcho {
     /// Told what this node's streams got.
     pub(crate) waiter: Option<tokio::sync::oneshot::Sender<Value>>,
     /// Forgotten after this (the key's TTL): an echo later than that is
@@ -291,14 +291,14 @@ pub(crate) struct Cluster {
     /// The command connection.
     conn: ConnectionManager,
     /// The client the Bus opens its pub/sub connections with.
-    client: redis::Client,
+    pub(crate) client: redis::Client,
     /// Ids whose last local stream left, still subscribed until the time
     /// given (the Bus keeps it; `/send` asks whether this node is among
     /// PUBLISH's receivers).
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
     /// Keyed publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
-    pending: Mutex<BTreeMap<u64, Pending>>,
+    pending: Mutex<BTreeMap<u64, AwaitedEcho>>,
     /// The last sequence number given to a keyed publish.
     seq: AtomicU64,
 }
@@ -315,7 +315,7 @@ impl Cluster {
     ) -> Result<Self, redis::RedisError> {
         // TCP_NODELAY, which redis-rs leaves off: with Nagle on, a PUBLISH
         // written while the previous one is unacknowledged waits for the
-        // delayed ACK (measured: max 202 ms in `bench cluster`).
+        // delayed ACK (docs/design-notes.md).
         let info = settings
             .redis_url
             .as_str()
@@ -364,8 +364,9 @@ impl Cluster {
         })
     }
 
-    /// The pending table (a panic while it was held leaves it usable).
-    fn pending(&self) -> MutexGuard<'_, BTreeMap<u64, Pending>> {
+    /// The table of awaited echoes (a panic while it was held leaves it
+    /// usable).
+    fn pending(&self) -> MutexGuard<'_, BTreeMap<u64, AwaitedEcho>> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -373,17 +374,19 @@ impl Cluster {
 
     /// Takes the keyed publish `seq` of this node whose echo just came, if
     /// it is still waited for.
-    pub(crate) fn take_pending(&self, seq: u64) -> Option<Pending> {
+    pub(crate) fn take_awaited(&self, seq: u64) -> Option<AwaitedEcho> {
         self.pending().remove(&seq).filter(|p| p.expires > Instant::now())
     }
 
     /// PUBLISHes `msg` on `channel` unless `key` was used within `ttl`, in
     /// one script ([`PUBLISH_ONCE_SCRIPT`]). This node's streams get it from
-    /// its echo (see [`Pending`]); `subscribed_here`: this node is
+    /// its echo (see [`AwaitedEcho`]); `subscribed_here`: this node is
     /// subscribed to `channel`, so the echo comes and is waited for.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn publish_once(
         &self,
         channel: String,
+        event: Option<u64>,
         msg: &str,
         key: &str,
         request: &str,
@@ -413,13 +416,13 @@ impl Cluster {
             }
             pending.insert(
                 seq,
-                Pending {
+                AwaitedEcho {
                     waiter: Some(tx),
                     expires: now + ttl,
                 },
             );
         }
-        let payload = format!("{publish_id} {msg}");
+        let payload = payload(&publish_id, event, msg);
         let claim = format!("{request} {publish_id}");
         let (redis_key, id, ms) = (
             self.names.idempotency_key(key),
@@ -537,7 +540,7 @@ impl Cluster {
     /// or PING before it is given up: the heartbeat TTL, not the command
     /// timeout. A box busy enough to miss one command deadline would
     /// otherwise drop the link and resubscribe every id it holds, more
-    /// load on top (seen at 600,000 streams: a cascade of 91 dropped links).
+    /// load on top (docs/design-notes.md).
     pub(crate) fn link_timeout(&self) -> Duration {
         Duration::from_millis(
             self.settings
@@ -575,6 +578,7 @@ impl Cluster {
     pub(crate) async fn publish(
         &self,
         channel: String,
+        event: Option<u64>,
         msg: &str,
         subscribed_here: bool,
     ) -> Result<u64, PublishFailed> {
@@ -582,7 +586,7 @@ impl Cluster {
             self.stats.publish_errors.fetch_add(1, Relaxed);
             return Err(PublishFailed::NotSent);
         }
-        let payload = format!("{} {msg}", self.instance);
+        let payload = payload(&self.instance, event, msg);
         let r = self
             .command("PUBLISH", async move |mut c| {
                 c.publish::<_, _, u64>(channel, payload).await
@@ -798,11 +802,44 @@ fn view_json(mode: &str, node: &str, nodes: &[NodeInfo]) -> Value {
     })
 }
 
-/// A bus payload's origin and message, if it is `"<instance> <one line>"`.
-pub(crate) fn parse_payload(payload: &[u8]) -> Option<(&str, &str)> {
+/// A message as it travels on the bus (see the module docs).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Payload<'a> {
+    /// `<instance>` or `<instance>/<seq>`.
+    pub(crate) origin: &'a str,
+    /// The event id its node minted; `None` for a broadcast.
+    pub(crate) event: Option<u64>,
+    /// The message line.
+    pub(crate) text: &'a str,
+}
+
+/// A bus payload: `"<origin> <event or -> <text>"`.
+fn payload(origin: &str, event: Option<u64>, text: &str) -> String {
+    match event {
+        Some(event) => format!("{origin} {event} {text}"),
+        None => format!("{origin} - {text}"),
+    }
+}
+
+/// A bus payload's parts, if it is `"<origin> <event id or -> <one line>"`.
+pub(crate) fn parse_payload(payload: &[u8]) -> Option<Payload<'_>> {
     let text = std::str::from_utf8(payload).ok()?;
-    let (origin, msg) = text.split_once(' ')?;
-    (!origin.is_empty() && !msg.is_empty() && !msg.contains(['\r', '\n'])).then_some((origin, msg))
+    let (origin, rest) = text.split_once(' ')?;
+    let (event, text) = rest.split_once(' ')?;
+    let event = match event {
+        "-" => None,
+        digits => Some(
+            digits
+                .parse()
+                .ok()
+                .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))?,
+        ),
+    };
+    (!origin.is_empty() && !text.is_empty() && !text.contains(['\r', '\n'])).then_some(Payload {
+        origin,
+        event,
+        text,
+    })
 }
 
 fn now_ms() -> u64 {
@@ -852,12 +889,28 @@ mod tests {
 
     #[test]
     fn payloads() {
-        assert_eq!(parse_payload(b"abc hello world"), Some(("abc", "hello world")));
+        let p = |origin, event, text| Some(Payload { origin, event, text });
+        assert_eq!(
+            parse_payload(b"abc 17 hello world"),
+            p("abc", Some(17), "hello world")
+        );
+        assert_eq!(parse_payload(b"abc/3 - hi"), p("abc/3", None, "hi"));
+        assert_eq!(
+            parse_payload(payload("abc", Some(5), "x y").as_bytes()),
+            p("abc", Some(5), "x y")
+        );
+        assert_eq!(
+            parse_payload(payload("abc", None, "x").as_bytes()),
+            p("abc", None, "x")
+        );
+        // The format before event ids travelled: refused, not misread.
+        assert_eq!(parse_payload(b"abc hello world"), None);
+        assert_eq!(parse_payload(b"abc +1 hi"), None);
         assert_eq!(parse_payload(b"abc"), None);
-        assert_eq!(parse_payload(b" hello"), None);
-        assert_eq!(parse_payload(b"abc "), None);
-        assert_eq!(parse_payload(b"abc a\nb"), None);
-        assert_eq!(parse_payload(b"abc \xff"), None);
+        assert_eq!(parse_payload(b" 1 hello"), None);
+        assert_eq!(parse_payload(b"abc 1 "), None);
+        assert_eq!(parse_payload(b"abc 1 a\nb"), None);
+        assert_eq!(parse_payload(b"abc 1 \xff"), None);
     }
 
     #[test]

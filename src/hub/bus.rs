@@ -38,18 +38,18 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::link::{Conn, Event};
-use super::{Cluster, parse_payload};
-use crate::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
-use crate::supervision::guarded;
+use super::cluster::{AwaitedEcho, Cluster, Payload, parse_payload};
+use super::link::{Conn, Received};
+use crate::hub::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
+use crate::supervision::{Crash, guarded};
 
 /// Most channels in one SUBSCRIBE or UNSUBSCRIBE.
 pub(crate) const MAX_BATCH: usize = 1000;
 
 /// How long the writer gathers subscription changes after the first one
-/// before it sends them: streams that open at 5,000 a second then share a
-/// command 50 at a time (measured without the window: 13), and a stream can
-/// get messages from other nodes at most this much later.
+/// before it sends them, so streams that open together share a command
+/// (docs/design-notes.md); a stream can get messages from other nodes at
+/// most this much later.
 const GATHER: Duration = Duration::from_millis(10);
 
 /// Added to `reconnect_max_ms` for [`Bus::settle`].
@@ -69,20 +69,27 @@ enum Op {
     Ping,
 }
 
-/// A message that came over link `generation`: its channel and payload.
+/// A message that came over a link.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Incoming(u64, Bytes, Bytes);
+struct Incoming {
+    /// The link it came over (one replaced since is ignored).
+    generation: u64,
+    /// Its channel.
+    channel: Bytes,
+    /// `"<origin> <event id or -> <text>"`.
+    payload: Bytes,
+}
 
-/// The link of `generation` failed (sent by its link task).
+/// A link failed (sent by its link task).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct LinkLost(u64, String);
-
-/// Fault injection: panic inside the handler.
-#[derive(Message)]
-#[rtype(result = "Option<()>")]
-pub(crate) struct Crash;
+struct LinkLost {
+    /// Which link.
+    generation: u64,
+    /// Why, for the log.
+    why: String,
+}
 
 /// An established link: where ops go. Dropping it ends the link task.
 struct Link {
@@ -165,7 +172,7 @@ impl Bus {
         }
         if self.link.take().is_some() {
             // SUBSCRIBEs in flight are lost with the link.
-            self.subscribed.do_send(Subscribed::All);
+            self.subscribed.do_send(Subscribed::LinkDown);
             tracing::warn!(
                 event = "bus_down",
                 cause = why,
@@ -203,8 +210,8 @@ impl Bus {
             let opened = async {
                 let mut conn = Conn::open(&client).await?;
                 conn.write(&subscribe).await.map_err(|e| e.to_string())?;
-                match Event::of(conn.next().await?)? {
-                    Event::Subscribed => Ok(conn),
+                match Received::of(conn.next().await?)? {
+                    Received::Subscribed => Ok(conn),
                     other => Err(format!("unexpected answer to SUBSCRIBE: {other:?}")),
                 }
             };
@@ -327,11 +334,8 @@ impl Bus {
                 }
                 keep
             });
-            if !expired.is_empty()
-                && lingering.capacity() > 1024
-                && lingering.len() < lingering.capacity() / 4
-            {
-                lingering.shrink_to_fit();
+            if !expired.is_empty() {
+                crate::id::shrink_if_sparse(&mut lingering);
             }
         }
         for id in &expired {
@@ -359,8 +363,8 @@ impl Bus {
 }
 
 /// A command sent on the link whose confirmations are still due.
-struct Pending {
-    kind: Kind,
+struct Unconfirmed {
+    command: LinkCommand,
     /// Confirmations still to come (one per channel).
     remaining: usize,
     /// A SUBSCRIBE's ids, for the Router once it is confirmed.
@@ -370,8 +374,9 @@ struct Pending {
     sent: Instant,
 }
 
+/// What a command on the link is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum LinkCommand {
     Subscribe,
     Unsubscribe,
     Ping,
@@ -387,7 +392,7 @@ async fn run_link(
     generation: u64,
 ) {
     let why = drive(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
-    bus.do_send(LinkLost(generation, why));
+    bus.do_send(LinkLost { generation, why });
 }
 
 /// Sends ops in order and hands messages to the Bus; returns why the link
@@ -395,10 +400,8 @@ async fn run_link(
 /// queued within [`GATHER`] of the first, then, while a command waits for
 /// its confirmations, everything queued meanwhile goes in the next (up to
 /// [`MAX_BATCH`] channels of one kind). So the slower Redis answers, the
-/// larger and fewer the commands: pipelining a command every 10 ms from 55
-/// processes instead left Redis (one process among ~60 runnable on two
-/// cores) further and further behind during the million-stream ramp, until
-/// every link timed out at once. PINGs go at once.
+/// larger and fewer the commands (why not pipelined: docs/design-notes.md,
+/// "The cluster bus under load"). PINGs go at once.
 async fn drive(
     conn: &mut Conn,
     rx: &mut mpsc::UnboundedReceiver<Op>,
@@ -410,7 +413,7 @@ async fn drive(
     let timeout = cluster.link_timeout();
     let mut queued: VecDeque<Op> = VecDeque::new();
     let mut gather_until: Option<Instant> = None;
-    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut pending: VecDeque<Unconfirmed> = VecDeque::new();
     let mut last_read = Instant::now();
     let mut ping = false;
     loop {
@@ -420,20 +423,24 @@ async fn drive(
                 Ok(None) => break,
                 Err(e) => return format!("unreadable reply from Redis: {e}"),
             };
-            let event = match Event::of(reply) {
+            let event = match Received::of(reply) {
                 Ok(event) => event,
                 Err(e) => return e,
             };
             let kind = match event {
-                Event::Message { channel, payload } => {
-                    bus.do_send(Incoming(generation, channel, payload));
+                Received::Message { channel, payload } => {
+                    bus.do_send(Incoming {
+                        generation,
+                        channel,
+                        payload,
+                    });
                     continue;
                 }
-                Event::Subscribed => Kind::Subscribe,
-                Event::Unsubscribed => Kind::Unsubscribe,
-                Event::Pong => Kind::Ping,
+                Received::Subscribed => LinkCommand::Subscribe,
+                Received::Unsubscribed => LinkCommand::Unsubscribe,
+                Received::Pong => LinkCommand::Ping,
             };
-            let Some(front) = pending.front_mut().filter(|p| p.kind == kind) else {
+            let Some(front) = pending.front_mut().filter(|p| p.command == kind) else {
                 return format!("a {kind:?} confirmation Redis sent matches no command");
             };
             front.remaining -= 1;
@@ -458,7 +465,7 @@ async fn drive(
         {
             return format!("writing to Redis: {e}");
         }
-        let in_flight = pending.iter().any(|p| p.kind != Kind::Ping);
+        let in_flight = pending.iter().any(|p| p.command != LinkCommand::Ping);
         if !in_flight && !queued.is_empty() && gather_until.is_none_or(|t| Instant::now() >= t) {
             gather_until = None;
             if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster, timeout).await {
@@ -521,12 +528,12 @@ async fn write_within(conn: &mut Conn, bytes: &[u8], timeout: Duration) -> std::
 /// Writes a PING, noting it in `pending`.
 async fn send_ping(
     conn: &mut Conn,
-    pending: &mut VecDeque<Pending>,
+    pending: &mut VecDeque<Unconfirmed>,
     timeout: Duration,
 ) -> std::io::Result<()> {
     write_within(conn, &redis::cmd("PING").get_packed_command(), timeout).await?;
-    pending.push_back(Pending {
-        kind: Kind::Ping,
+    pending.push_back(Unconfirmed {
+        command: LinkCommand::Ping,
         remaining: 1,
         ids: Vec::new(),
         sent: Instant::now(),
@@ -539,16 +546,16 @@ async fn send_ping(
 async fn send_command(
     conn: &mut Conn,
     queued: &mut VecDeque<Op>,
-    pending: &mut VecDeque<Pending>,
+    pending: &mut VecDeque<Unconfirmed>,
     cluster: &Cluster,
     timeout: Duration,
 ) -> std::io::Result<()> {
     let kind = match queued.front() {
-        Some(Op::Subscribe(_)) => Kind::Subscribe,
-        Some(Op::Unsubscribe(_)) => Kind::Unsubscribe,
+        Some(Op::Subscribe(_)) => LinkCommand::Subscribe,
+        Some(Op::Unsubscribe(_)) => LinkCommand::Unsubscribe,
         Some(Op::Ping) | None => return Ok(()),
     };
-    let mut cmd = redis::cmd(if kind == Kind::Subscribe {
+    let mut cmd = redis::cmd(if kind == LinkCommand::Subscribe {
         "SUBSCRIBE"
     } else {
         "UNSUBSCRIBE"
@@ -557,13 +564,13 @@ async fn send_command(
     let mut channels = 0;
     while channels < MAX_BATCH {
         match queued.front() {
-            Some(Op::Subscribe(_)) if kind == Kind::Subscribe => {
+            Some(Op::Subscribe(_)) if kind == LinkCommand::Subscribe => {
                 if let Some(Op::Subscribe(id)) = queued.pop_front() {
                     cmd.arg(cluster.names.id_channel(&id));
                     ids.push(id);
                 }
             }
-            Some(Op::Unsubscribe(_)) if kind == Kind::Unsubscribe => {
+            Some(Op::Unsubscribe(_)) if kind == LinkCommand::Unsubscribe => {
                 if let Some(Op::Unsubscribe(channel)) = queued.pop_front() {
                     cmd.arg(channel);
                 }
@@ -574,8 +581,8 @@ async fn send_command(
     }
     cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
     write_within(conn, &cmd.get_packed_command(), timeout).await?;
-    pending.push_back(Pending {
-        kind,
+    pending.push_back(Unconfirmed {
+        command: kind,
         remaining: channels,
         ids,
         sent: Instant::now(),
@@ -606,7 +613,7 @@ impl Supervised for Bus {
         self.link = None;
         self.generation += 1;
         self.attempts = 0;
-        self.subscribed.do_send(Subscribed::All);
+        self.subscribed.do_send(Subscribed::LinkDown);
         tracing::warn!(
             event = "restart",
             actor = "bus",
@@ -641,7 +648,15 @@ impl Handler<Interest> for Bus {
 impl Handler<Incoming> for Bus {
     type Result = ();
 
-    fn handle(&mut self, Incoming(generation, channel, payload): Incoming, ctx: &mut Context<Self>) {
+    fn handle(
+        &mut self,
+        Incoming {
+            generation,
+            channel,
+            payload,
+        }: Incoming,
+        ctx: &mut Context<Self>,
+    ) {
         guarded(self, ctx, |bus, _| {
             if generation == bus.generation {
                 bus.deliver(&channel, &payload);
@@ -655,14 +670,15 @@ impl Bus {
     fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
-        let parsed = parse_payload(payload).filter(|(_, text)| text.len() <= self.cluster.max_message_bytes);
-        let Some((origin, text)) = parsed else {
+        let parsed = parse_payload(payload).filter(|p| p.text.len() <= self.cluster.max_message_bytes);
+        let Some(Payload { origin, event, text }) = parsed else {
             if stats.malformed.fetch_add(1, Relaxed) == 0 {
                 tracing::warn!(
                     event = "bus_malformed",
                     channel = %channel,
                     bytes = payload.len(),
-                    "a bus message is not \"<instance> <one line>\" with a line of at most message.max_bytes; \
+                    "a bus message is not \"<instance> <event id or -> <one line>\" with a line of at most \
+                     message.max_bytes; \
                      dropped, never delivered or kept (counted in /stats cluster.malformed)"
                 );
             }
@@ -676,8 +692,8 @@ impl Bus {
         };
         if instance == self.cluster.instance {
             stats.echoes.fetch_add(1, Relaxed);
-            if let Some(pending) = seq.and_then(|seq| self.cluster.take_pending(seq)) {
-                self.deliver_here(&channel, text, pending);
+            if let Some(echo) = seq.and_then(|seq| self.cluster.take_awaited(seq)) {
+                self.deliver_here(&channel, text, event, echo);
             }
             return;
         }
@@ -693,6 +709,7 @@ impl Bus {
             self.publish.do_send(Publish {
                 id: id.to_owned(),
                 msg: text,
+                event,
                 accepted,
                 limit: None,
             });
@@ -707,8 +724,8 @@ impl Bus {
 impl Bus {
     /// This node's own keyed publish, back from Redis: its streams get it
     /// now, and the waiting `/send` or `/broadcast` is told what they got.
-    fn deliver_here(&self, channel: &str, text: &str, pending: crate::cluster::Pending) {
-        let (msg, accepted, waiter) = (Arc::from(text), std::time::Instant::now(), pending.waiter);
+    fn deliver_here(&self, channel: &str, text: &str, event: Option<u64>, echo: AwaitedEcho) {
+        let (msg, accepted, waiter) = (Arc::from(text), std::time::Instant::now(), echo.waiter);
         if channel == self.cluster.names.broadcast() {
             let done = self.broadcast.send(Broadcast {
                 msg,
@@ -724,6 +741,7 @@ impl Bus {
             let done = self.publish.send(Publish {
                 id: id.to_owned(),
                 msg,
+                event,
                 accepted,
                 limit: None,
             });
@@ -739,7 +757,7 @@ impl Bus {
 impl Handler<LinkLost> for Bus {
     type Result = ();
 
-    fn handle(&mut self, LinkLost(generation, why): LinkLost, ctx: &mut Context<Self>) {
+    fn handle(&mut self, LinkLost { generation, why }: LinkLost, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, ctx| bus.lost(generation, &why, ctx));
     }
 }
@@ -749,5 +767,111 @@ impl Handler<Crash> for Bus {
 
     fn handle(&mut self, _: Crash, ctx: &mut Context<Self>) -> Option<()> {
         guarded(self, ctx, |_, _| panic!("fault injection: bus crash requested"))
+    }
+}
+
+/// The Bus with a fake Router and no Redis (its link never comes up): the
+/// unsubscribe linger, which lives in the Bus alone.
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::config::Settings;
+    use crate::hub::router::Published;
+    use crate::stats::Stats;
+
+    /// A Router that records what the Bus tells it.
+    #[derive(Default)]
+    struct FakeRouter {
+        subscribed: Arc<Mutex<Vec<Arc<str>>>>,
+    }
+
+    impl Actor for FakeRouter {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Publish> for FakeRouter {
+        type Result = Option<Result<Published, crate::hub::router::Busy>>;
+        fn handle(&mut self, _: Publish, _: &mut Context<Self>) -> Self::Result {
+            None
+        }
+    }
+
+    impl Handler<Broadcast> for FakeRouter {
+        type Result = Option<Result<usize, crate::hub::router::Busy>>;
+        fn handle(&mut self, _: Broadcast, _: &mut Context<Self>) -> Self::Result {
+            None
+        }
+    }
+
+    impl Handler<HeldIds> for FakeRouter {
+        type Result = actix::MessageResult<HeldIds>;
+        fn handle(&mut self, _: HeldIds, _: &mut Context<Self>) -> Self::Result {
+            actix::MessageResult(Vec::new())
+        }
+    }
+
+    impl Handler<Subscribed> for FakeRouter {
+        type Result = ();
+        fn handle(&mut self, m: Subscribed, _: &mut Context<Self>) {
+            if let Subscribed::Ids(ids) = m {
+                self.subscribed.lock().unwrap().extend(ids);
+            }
+        }
+    }
+
+    #[actix_rt::test]
+    async fn an_id_lingers_after_its_last_stream_and_is_unsubscribed_after() {
+        let mut settings = Settings::defaults();
+        // Nothing listens on port 1: the link stays down, which is all the
+        // linger needs.
+        settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
+        settings.cluster.unsubscribe_linger_ms = 200;
+        settings.cluster.reconnect_min_ms = 60_000;
+        settings.cluster.reconnect_max_ms = 60_000;
+        let cluster = Arc::new(
+            Cluster::new(&settings.cluster, 1000, Arc::new(Stats::new()), "test".to_owned()).unwrap(),
+        );
+        let router = FakeRouter::default();
+        let subscribed = Arc::clone(&router.subscribed);
+        let router = router.start();
+        let bus = Bus::new(
+            Arc::clone(&cluster),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.recipient(),
+        )
+        .start();
+        let subscriptions = || cluster.stats.subscriptions.load(Relaxed);
+        let id: Arc<str> = Arc::from("a");
+        bus.send(Interest::Held(Arc::clone(&id))).await.unwrap();
+        assert_eq!(subscriptions(), 1);
+        // Without a link, a stream need not wait for one.
+        assert_eq!(*subscribed.lock().unwrap(), [Arc::clone(&id)]);
+        // Its last stream leaves: it lingers, still subscribed.
+        bus.send(Interest::Released(Arc::clone(&id))).await.unwrap();
+        assert!(cluster.is_lingering("a"));
+        assert_eq!(subscriptions(), 1);
+        // Back within the linger: no new SUBSCRIBE, and its stream is
+        // welcomed at once.
+        bus.send(Interest::Held(Arc::clone(&id))).await.unwrap();
+        assert!(!cluster.is_lingering("a"));
+        assert_eq!(subscriptions(), 1);
+        assert_eq!(subscribed.lock().unwrap().len(), 2);
+        // Gone again, for longer than the linger: unsubscribed.
+        bus.send(Interest::Released(Arc::clone(&id))).await.unwrap();
+        let left = Instant::now();
+        while cluster.is_lingering("a") {
+            assert!(left.elapsed() < Duration::from_secs(5), "still lingering");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            left.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            left.elapsed()
+        );
+        assert_eq!(subscriptions(), 0);
     }
 }

@@ -7,11 +7,16 @@
 //! [`crate::supervision`] for what survives a panic.
 //!
 //! The Router never names the stream actor: it is generic over any actor
-//! that takes [`Deliver`] and [`Close`], the two messages it sends, so calls
-//! go one way (the stream knows the Router, not the other way round). It
-//! keeps the actor's own weak address rather than a type-erased recipient:
-//! a `WeakRecipient` is a boxed trait object, one more allocation for every
-//! idle stream.
+//! that takes the messages it sends ([`StreamActor`]: [`Deliver`],
+//! [`Welcome`], [`Close`], [`Cut`]), so calls go one way (the stream knows
+//! the Router, not the other way round), and unit tests drive it with a
+//! fake stream. It keeps the actor's own weak address rather than a
+//! type-erased recipient: a `WeakRecipient` is a boxed trait object, one
+//! more allocation for every idle stream.
+//!
+//! It also mints event ids and keeps the [`History`] (see
+//! [`crate::hub::history`]), so a message's id, its history entry and its
+//! deliveries are one step of one actor.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -24,25 +29,15 @@ use actix::{
 };
 use smallvec::SmallVec;
 
-use crate::history::{History, Resume};
-use crate::id::ConnId;
+use crate::hub::history::{History, Resume};
+use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
-use crate::supervision::guarded;
+use crate::supervision::{Crash, guarded};
 
-/// Below this many slots the table is never shrunk (shrinking costs a rehash).
-const SHRINK_MIN_CAPACITY: usize = 1024;
-
-/// Most broadcast deliveries the Router keeps queued at its streams at once.
-/// Handing a broadcast to 18,000 streams in one go puts 18,000 deliveries in
-/// their worker's run queue, and every tick, routed message and request of
-/// that worker waits behind all of them: in the million-stream run (55
-/// processes on two cores) ticks came up to 16 s late and `/broadcast`
-/// itself answered after 14 s. With a window they wait behind at most this
-/// many, and the broadcast takes the CPU that is left. 64, not 256: in
-/// the million-stream run 256 let ticks fall to p99 ≤ 1 s (64: ≤ 500 ms)
-/// and routed messages during the broadcast to p99 ≤ 2 s (64: ≤ 1 s), and
-/// `bench broadcast` to 19,000 streams gave 188-253 ms with 256 against
-/// 187-269 ms with 64: within this host's noise.
+/// Most broadcast deliveries the Router keeps queued at its streams at once,
+/// so ticks, routed messages and requests of a worker wait behind at most
+/// this many, not behind a whole broadcast (why 64: BENCHMARKS.md,
+/// "Broadcast pacing").
 const FANOUT_WINDOW: usize = 64;
 
 /// A broadcast whose window is full is handed more once this few are left
@@ -54,7 +49,7 @@ const FANOUT_RECHECK: Duration = Duration::from_millis(100);
 
 /// A broadcast's deliveries in flight, and the Router's wake-up.
 #[derive(Default)]
-pub(crate) struct Window {
+pub(crate) struct InFlight {
     in_flight: AtomicUsize,
     refill: tokio::sync::Notify,
 }
@@ -89,7 +84,7 @@ pub(crate) struct Deliver {
     /// Where it is counted dropped unless a handler takes it.
     books: Option<Arc<Stats>>,
     /// A broadcast's deliveries in flight, less this one once it is gone.
-    window: Option<Arc<Window>>,
+    window: Option<Arc<InFlight>>,
     /// When this node accepted the message (for the latency histogram).
     accepted: Instant,
 }
@@ -108,7 +103,7 @@ impl Deliver {
 
     /// A broadcast's delivery, counted in `window` until it is handled or
     /// dropped.
-    fn in_window(msg: &Arc<str>, accepted: Instant, stats: &Arc<Stats>, window: &Arc<Window>) -> Self {
+    fn in_window(msg: &Arc<str>, accepted: Instant, stats: &Arc<Stats>, window: &Arc<InFlight>) -> Self {
         window.in_flight.fetch_add(1, Relaxed);
         Deliver {
             msg: Arc::clone(msg),
@@ -220,7 +215,7 @@ fn hand<S: StreamActor>(
     target: &WeakAddr<S>,
     f: &Fanout<S>,
     stats: &Arc<Stats>,
-    window: Option<&Arc<Window>>,
+    window: Option<&Arc<InFlight>>,
 ) {
     match target.upgrade() {
         Some(addr) => addr.do_send(match window {
@@ -277,7 +272,7 @@ pub(crate) struct Router<S: StreamActor> {
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
-    window: Arc<Window>,
+    window: Arc<InFlight>,
     /// A [`Router::pump`] is scheduled.
     pumping: bool,
 }
@@ -337,13 +332,21 @@ impl<S: StreamActor> Router<S> {
     fn admit(&mut self, id: &Arc<str>) {
         if let Some(waiting) = self.awaiting.remove(id) {
             self.streams += waiting.len();
-            let table = self.table.entry(Arc::clone(id)).or_default();
+            let mut admitted = Streams::new();
             for w in waiting {
-                let resume = self.history.resume(id, w.since);
+                let resume = self.resume(id, w.since);
                 tell(&w.addr, Welcome::new(resume, &self.stats));
-                table.push((w.conn, w.addr));
+                admitted.push((w.conn, w.addr));
             }
+            self.table.entry(Arc::clone(id)).or_default().extend(admitted);
         }
+    }
+
+    /// What a stream of `id` that saw everything up to `since` is owed
+    /// (`None`: it starts now): the one place a resume reads history, so
+    /// where history lives can change behind it.
+    fn resume(&mut self, id: &str, since: Option<u64>) -> Resume {
+        self.history.resume(id, since)
     }
 
     /// Publishes the history's sizes in `/stats`.
@@ -356,15 +359,6 @@ impl<S: StreamActor> Router<S> {
     fn notify(&self, m: impl FnOnce() -> Interest) {
         if let Some(interest) = &self.interest {
             interest.do_send(m());
-        }
-    }
-
-    /// Gives memory back once most of a large table has left: a `HashMap`
-    /// keeps its peak capacity otherwise.
-    fn maybe_shrink(&mut self) {
-        let cap = self.table.capacity();
-        if cap > SHRINK_MIN_CAPACITY && self.table.len() < cap / 4 {
-            self.table.shrink_to_fit();
         }
     }
 }
@@ -473,6 +467,11 @@ pub(crate) struct Publish {
     pub(crate) id: String,
     /// One line of text, already validated.
     pub(crate) msg: Arc<str>,
+    /// Its event id: `None` for a message accepted on this node (the
+    /// Router mints it); the id its node minted for a message from the
+    /// cluster bus, or for a keyed publish ([`MintEventId`]): recorded and
+    /// delivered as it is, never minted again.
+    pub(crate) event: Option<u64>,
     /// When this node accepted it: its body read, or its arrival from the
     /// cluster bus.
     pub(crate) accepted: Instant,
@@ -514,15 +513,18 @@ pub(crate) struct CloseAll;
 #[rtype(result = "()")]
 pub(crate) struct Cut;
 
-/// Fault injection: cut every stream of `0`. Answers how many.
+/// Fault injection: cut every stream of `id`. Answers how many.
 #[derive(Message)]
 #[rtype(result = "Option<usize>")]
-pub(crate) struct CutId(pub(crate) String);
+pub(crate) struct CutId {
+    /// The stream id.
+    pub(crate) id: String,
+}
 
 impl<S: StreamActor> Handler<CutId> for Router<S> {
     type Result = Option<usize>;
 
-    fn handle(&mut self, CutId(id): CutId, ctx: &mut Context<Self>) -> Option<usize> {
+    fn handle(&mut self, CutId { id }: CutId, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             let streams = r.table.get(id.as_str()).map_or(&[][..], |s| &s[..]);
             for (_, stream) in streams {
@@ -532,11 +534,6 @@ impl<S: StreamActor> Handler<CutId> for Router<S> {
         })
     }
 }
-
-/// Fault injection: panic inside the handler.
-#[derive(Message)]
-#[rtype(result = "Option<()>")]
-pub(crate) struct Crash;
 
 /// What the Router tells the cluster bus: the first stream of an id logged
 /// in here, or its last one left.
@@ -549,21 +546,26 @@ pub(crate) enum Interest {
     Released(Arc<str>),
 }
 
-/// From now on, tell `0` about [`Interest`] changes. Sent once, before the
-/// first stream can log in.
+/// From now on, tell the bus about [`Interest`] changes. Sent once, before
+/// the first stream can log in.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct Attach(pub(crate) Recipient<Interest>);
+pub(crate) struct Attach {
+    /// The Bus.
+    pub(crate) bus: Recipient<Interest>,
+}
 
-/// From the cluster bus: these ids are subscribed now (or, `All`, the bus
-/// cannot subscribe anything for the moment: its link is down).
+/// From the cluster bus: these ids are subscribed now, or its link is down
+/// and nothing can be subscribed for the moment.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub(crate) enum Subscribed {
     /// SUBSCRIBE confirmed for these ids.
     Ids(Vec<Arc<str>>),
-    /// Welcome every stream still waiting.
-    All,
+    /// The link to Redis is down: welcome every stream still waiting, as
+    /// waiting for a SUBSCRIBE would gain them nothing (their messages
+    /// from this node reach them; the others' once the link is back).
+    LinkDown,
 }
 
 impl<S: StreamActor> Handler<Subscribed> for Router<S> {
@@ -578,7 +580,7 @@ impl<S: StreamActor> Handler<Subscribed> for Router<S> {
                     }
                 }
             }
-            Subscribed::All => {
+            Subscribed::LinkDown => {
                 let ids: Vec<Arc<str>> = r.awaiting.keys().cloned().collect();
                 for id in &ids {
                     r.admit(id);
@@ -596,22 +598,39 @@ pub(crate) struct HeldIds;
 impl<S: StreamActor> Handler<Attach> for Router<S> {
     type Result = ();
 
-    fn handle(&mut self, Attach(interest): Attach, _: &mut Context<Self>) {
-        self.interest = Some(interest);
+    fn handle(&mut self, Attach { bus }: Attach, _: &mut Context<Self>) {
+        self.interest = Some(bus);
     }
 }
 
-/// Whether this node has a stream of `0` (in the table, or waiting for
-/// its id's subscription).
+/// An event id for a keyed cluster publish to `id`, minted before Redis
+/// runs it (the message then carries it on the bus, this node's echo too).
+/// Answers `None` if the Router crashed handling it.
 #[derive(Message)]
-#[rtype(result = "bool")]
-pub(crate) struct Holds(pub(crate) String);
+#[rtype(result = "Option<Minted>")]
+pub(crate) struct MintEventId {
+    /// The target id.
+    pub(crate) id: String,
+}
 
-impl<S: StreamActor> Handler<Holds> for Router<S> {
-    type Result = bool;
+/// What [`MintEventId`] answers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Minted {
+    /// The event id.
+    pub(crate) event: u64,
+    /// This node has a stream of the id (in the table, or waiting for its
+    /// id's subscription), so it is among the PUBLISH's receivers.
+    pub(crate) held: bool,
+}
 
-    fn handle(&mut self, Holds(id): Holds, _: &mut Context<Self>) -> bool {
-        self.table.contains_key(id.as_str()) || self.awaiting.contains_key(id.as_str())
+impl<S: StreamActor> Handler<MintEventId> for Router<S> {
+    type Result = Option<Minted>;
+
+    fn handle(&mut self, MintEventId { id }: MintEventId, ctx: &mut Context<Self>) -> Option<Minted> {
+        guarded(self, ctx, |r, _| Minted {
+            event: r.history.next_id(),
+            held: r.table.contains_key(id.as_str()) || r.awaiting.contains_key(id.as_str()),
+        })
     }
 }
 
@@ -648,10 +667,10 @@ impl<S: StreamActor> Router<S> {
         }
         if self.interest.is_some() {
             // Cluster mode: a new id waits for its SUBSCRIBE.
-            if let Some(streams) = self.table.get_mut(&m.id) {
-                let resume = self.history.resume(&m.id, since);
+            if self.table.contains_key(&m.id) {
+                let resume = self.resume(&m.id, since);
                 tell(&m.addr, Welcome::new(resume, &self.stats));
-                streams.push((m.conn, m.addr));
+                self.table.entry(m.id).or_default().push((m.conn, m.addr));
                 self.streams += 1;
             } else {
                 let waiting = self.awaiting.entry(Arc::clone(&m.id)).or_default();
@@ -667,7 +686,7 @@ impl<S: StreamActor> Router<S> {
             return;
         }
         if welcome {
-            let resume = self.history.resume(&m.id, since);
+            let resume = self.resume(&m.id, since);
             tell(&m.addr, Welcome::new(resume, &self.stats));
         }
         self.table.entry(m.id).or_default().push((m.conn, m.addr));
@@ -687,7 +706,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
                 if streams.is_empty() {
                     r.table.remove(&*m.id);
                     r.notify(|| Interest::Released(m.id));
-                    r.maybe_shrink();
+                    shrink_if_sparse(&mut r.table);
                 }
             } else if let Some(waiting) = r.awaiting.get_mut(&*m.id) {
                 waiting.retain(|w| w.conn != m.conn);
@@ -723,7 +742,10 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let held = r.table.get(m.id.as_str()).map_or(0, SmallVec::len);
             r.room(held, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            let event = r.history.next_id();
+            let event = match m.event {
+                Some(event) => r.history.witness(event),
+                None => r.history.next_id(),
+            };
             r.history.record(&m.id, event, &m.msg);
             r.history_stats();
             let delivered = match r.table.get(m.id.as_str()) {
@@ -819,6 +841,10 @@ mod tests {
     struct Fake {
         held: Vec<Deliver>,
         took: Arc<Mutex<Vec<String>>>,
+        /// The event id of each message it took, in order.
+        events: Arc<Mutex<Vec<Option<u64>>>>,
+        /// The Welcomes it got.
+        welcomed: Arc<Mutex<Vec<Resume>>>,
     }
 
     impl Actor for Fake {
@@ -835,7 +861,7 @@ mod tests {
     impl Handler<Welcome> for Fake {
         type Result = ();
         fn handle(&mut self, w: Welcome, _: &mut Context<Self>) {
-            w.arrived();
+            self.welcomed.lock().unwrap().push(w.arrived());
         }
     }
 
@@ -874,8 +900,9 @@ mod tests {
         type Result = ();
         fn handle(&mut self, _: Take, _: &mut Context<Self>) {
             for d in self.held.drain(..) {
-                let (msg, _, _) = d.arrived();
+                let (msg, event, _) = d.arrived();
                 self.took.lock().unwrap().push(msg.to_string());
+                self.events.lock().unwrap().push(event);
             }
         }
     }
@@ -910,12 +937,55 @@ mod tests {
     }
 
     fn publish(msg: &str, limit: Option<u64>) -> Publish {
+        publish_to("a", msg, limit)
+    }
+
+    fn publish_to(id: &str, msg: &str, limit: Option<u64>) -> Publish {
         Publish {
-            id: "a".into(),
+            id: id.into(),
             msg: Arc::from(msg),
+            event: None,
             accepted: Instant::now(),
             limit,
         }
+    }
+
+    /// A fake stream of `id` logged in to `router` (`since`: with a
+    /// [`LoginAt`], which gets a Welcome); its address and the fake's logs.
+    async fn log_in(
+        router: &Addr<Router<Fake>>,
+        id: &str,
+        since: Option<Option<u64>>,
+    ) -> (Addr<Fake>, ConnId, Fake) {
+        let fake = Fake::default();
+        let logs = Fake {
+            held: Vec::new(),
+            took: Arc::clone(&fake.took),
+            events: Arc::clone(&fake.events),
+            welcomed: Arc::clone(&fake.welcomed),
+        };
+        let addr = fake.start();
+        let conn = next_conn_id();
+        let login = Login {
+            id: Arc::from(id),
+            conn,
+            addr: addr.downgrade(),
+        };
+        match since {
+            None => router.send(login).await.unwrap(),
+            Some(since) => router.send(LoginAt { login, since }).await.unwrap(),
+        }
+        (addr, conn, logs)
+    }
+
+    /// Publishes `msg` to `id`, answering what the Router did.
+    async fn sent(router: &Addr<Router<Fake>>, id: &str, msg: &str) -> Published {
+        router
+            .send(publish_to(id, msg, None))
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
     }
 
     /// Waits (a few event-loop turns at most) until `f` holds.
@@ -1004,5 +1074,121 @@ mod tests {
             assert_eq!(*log.lock().unwrap(), ["x", "y"]);
         }
         assert_eq!(stats.publish_backlog.load(Relaxed), 0);
+    }
+
+    #[actix_rt::test]
+    async fn streams_of_an_id_get_its_messages_in_order_until_they_log_out() {
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let (a1, c1, log1) = log_in(&router, "a", None).await;
+        let (a2, _, log2) = log_in(&router, "a", None).await;
+        let (b, _, logb) = log_in(&router, "b", None).await;
+        let mut events = Vec::new();
+        for m in ["m1", "m2", "m3"] {
+            let p = sent(&router, "a", m).await;
+            assert_eq!(p.delivered, 2);
+            events.push(Some(p.event));
+        }
+        assert!(events.windows(2).all(|w| w[0] < w[1]), "{events:?}");
+        for f in [&a1, &a2, &b] {
+            f.send(Take).await.unwrap();
+        }
+        for log in [&log1, &log2] {
+            assert_eq!(*log.took.lock().unwrap(), ["m1", "m2", "m3"]);
+            assert_eq!(*log.events.lock().unwrap(), events);
+        }
+        assert!(logb.took.lock().unwrap().is_empty());
+        // One of a's streams leaves: the next message goes to the other.
+        router
+            .send(Logout {
+                id: Arc::from("a"),
+                conn: c1,
+            })
+            .await
+            .unwrap();
+        assert_eq!(sent(&router, "a", "m4").await.delivered, 1);
+        a2.send(Take).await.unwrap();
+        assert_eq!(log2.took.lock().unwrap().last().map(String::as_str), Some("m4"));
+        // An id nobody holds: delivered to none, still given an id and kept.
+        let p = sent(&router, "nobody", "m5").await;
+        assert_eq!(p.delivered, 0);
+        assert_eq!(stats.messages_routed.load(Relaxed), 5);
+        assert_eq!(stats.history_messages.load(Relaxed), 5);
+    }
+
+    #[actix_rt::test]
+    async fn a_resuming_stream_is_welcomed_with_what_it_missed_and_told_of_a_gap() {
+        let stats = Arc::new(Stats::new());
+        // Two messages kept per id.
+        let router = Router::<Fake>::new(Arc::clone(&stats), 2, Duration::from_secs(60)).start();
+        let (_, _, fresh) = log_in(&router, "a", Some(None)).await;
+        let start = fresh.welcomed.lock().unwrap()[0].position;
+        let mut ids = Vec::new();
+        for m in ["m1", "m2", "m3", "m4"] {
+            ids.push(sent(&router, "a", m).await.event);
+        }
+        // After m2: m3 and m4, nothing missing.
+        let (_, _, exact) = log_in(&router, "a", Some(Some(ids[1]))).await;
+        let got = exact.welcomed.lock().unwrap().pop().unwrap();
+        assert_eq!(got.position, ids[1]);
+        assert_eq!(
+            got.replay,
+            vec![(ids[2], Arc::from("m3")), (ids[3], Arc::from("m4"))]
+        );
+        assert_eq!(got.gap, None);
+        // From before m1: m1 and m2 were evicted, told with the next id.
+        let (_, _, behind) = log_in(&router, "a", Some(Some(start))).await;
+        let got = behind.welcomed.lock().unwrap().pop().unwrap();
+        assert_eq!(got.replay.len(), 2);
+        assert_eq!(
+            got.gap,
+            Some(crate::hub::history::Gap {
+                after: start,
+                next: Some(ids[2])
+            })
+        );
+        assert_eq!(stats.history_gaps.load(Relaxed), 1);
+        assert_eq!(stats.history_replayed.load(Relaxed), 4);
+        // A plain stream (Login) is not welcomed without a bus.
+        let (_, _, plain) = log_in(&router, "a", None).await;
+        assert!(plain.welcomed.lock().unwrap().is_empty());
+    }
+
+    #[actix_rt::test]
+    async fn an_event_id_from_another_node_is_kept_not_minted_again() {
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let (s, _, log) = log_in(&router, "a", None).await;
+        let mine = sent(&router, "a", "mine").await.event;
+        // A message another node minted a little earlier, arriving now.
+        let theirs = mine - 5;
+        let mut m = publish_to("a", "theirs", None);
+        m.event = Some(theirs);
+        let p = router.send(m).await.unwrap().unwrap().unwrap();
+        assert_eq!(p.event, theirs);
+        s.send(Take).await.unwrap();
+        assert_eq!(*log.events.lock().unwrap(), [Some(mine), Some(theirs)]);
+        // Its history holds both in id order; ids minted later are larger.
+        let (_, _, resumed) = log_in(&router, "a", Some(Some(theirs - 1))).await;
+        let got = resumed.welcomed.lock().unwrap().pop().unwrap();
+        assert_eq!(
+            got.replay,
+            vec![(theirs, Arc::from("theirs")), (mine, Arc::from("mine"))]
+        );
+        let minted = router
+            .send(MintEventId { id: "a".into() })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(minted.event > mine);
+        assert!(minted.held);
+        assert!(
+            !router
+                .send(MintEventId { id: "z".into() })
+                .await
+                .unwrap()
+                .unwrap()
+                .held
+        );
     }
 }

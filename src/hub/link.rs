@@ -2,17 +2,13 @@
 //! redis-rs's pub/sub connection.
 //!
 //! Why by hand: redis-rs's pub/sub connection keeps a copy of every channel
-//! it is subscribed to (its `SubscriptionTracker`, there to count the
-//! confirmations of an UNSUBSCRIBE without arguments, which this node never
-//! sends). That is a `Vec<u8>` in a hash set for every id a node holds:
-//! heaptrack counted 61 requested bytes per id, and one process holding
-//! 18,000 idle streams of distinct ids took 1,298 B of RSS per stream in
-//! cluster mode against 1,245 B without Redis; with this link, 1,252 B.
-//! Per-stream memory is what this server exists to save, so:
+//! it is subscribed to, which cost ~50 bytes of RSS per idle stream in
+//! cluster mode (docs/design-notes.md, "Per-stream memory"). Per-stream
+//! memory is what this server exists to save, so:
 //!
 //! - commands are still encoded by redis-rs (`redis::cmd`), and the
 //!   connection address and credentials come from its parsed URL;
-//! - replies are read by [`parse`]: RESP2 simple strings, errors, integers,
+//! - replies are read by [`parse_reply`]: RESP2 simple strings, errors, integers,
 //!   bulk strings and arrays, everything a subscribed connection receives.
 //!   The tests check it against redis-rs's own parser.
 //!
@@ -59,7 +55,7 @@ impl Reply {
 
 /// Parses one reply from the front of `buf`: `Ok(None)` if `buf` holds only
 /// part of one, else the reply and the bytes it took.
-pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+pub(crate) fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
     parse_at(buf, 0, 0)
 }
 
@@ -137,7 +133,7 @@ fn number(line: &[u8]) -> Result<i64, String> {
 /// What a subscribed connection tells: a message, or the confirmation of a
 /// command.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Event {
+pub(crate) enum Received {
     /// `message <channel> <payload>`.
     Message { channel: Bytes, payload: Bytes },
     /// One channel of a SUBSCRIBE confirmed.
@@ -148,29 +144,29 @@ pub(crate) enum Event {
     Pong,
 }
 
-impl Event {
+impl Received {
     /// Reads `reply` as a subscribed connection's event; an error reply or
     /// anything else is the reason the link must end.
-    pub(crate) fn of(reply: Reply) -> Result<Event, String> {
+    pub(crate) fn of(reply: Reply) -> Result<Received, String> {
         let items = match reply {
             Reply::Array(Some(items)) => items,
             Reply::Error(e) => return Err(format!("Redis answered an error: {e}")),
             // PING outside subscribed mode (not used, but harmless).
-            Reply::Simple(s) if s == "PONG" => return Ok(Event::Pong),
+            Reply::Simple(s) if s == "PONG" => return Ok(Received::Pong),
             other => return Err(format!("unexpected reply on the pub/sub link: {other:?}")),
         };
         let kind = items.first().and_then(Reply::bytes).unwrap_or_default();
         match (kind, items.len()) {
             (b"message", 3) => match (&items[1], &items[2]) {
-                (Reply::Bulk(Some(channel)), Reply::Bulk(Some(payload))) => Ok(Event::Message {
+                (Reply::Bulk(Some(channel)), Reply::Bulk(Some(payload))) => Ok(Received::Message {
                     channel: channel.clone(),
                     payload: payload.clone(),
                 }),
                 _ => Err("a message without channel or payload".to_owned()),
             },
-            (b"subscribe", 3) => Ok(Event::Subscribed),
-            (b"unsubscribe", 3) => Ok(Event::Unsubscribed),
-            (b"pong", 2) => Ok(Event::Pong),
+            (b"subscribe", 3) => Ok(Received::Subscribed),
+            (b"unsubscribe", 3) => Ok(Received::Unsubscribed),
+            (b"pong", 2) => Ok(Received::Pong),
             _ => Err(format!(
                 "unexpected event on the pub/sub link: {:?}",
                 String::from_utf8_lossy(kind)
@@ -249,7 +245,7 @@ impl Conn {
 
     /// A reply already in the buffer, if there is one whole.
     pub(crate) fn parsed(&mut self) -> Result<Option<Reply>, String> {
-        match parse(&self.buf)? {
+        match parse_reply(&self.buf)? {
             Some((reply, used)) => {
                 self.buf.advance(used);
                 Ok(Some(reply))
@@ -337,11 +333,11 @@ mod tests {
         fn agrees_with_redis_rs(r in reply()) {
             let mut bytes = Vec::new();
             encode(&r, &mut bytes);
-            let (ours, used) = parse(&bytes).unwrap().expect("whole reply");
+            let (ours, used) = parse_reply(&bytes).unwrap().expect("whole reply");
             prop_assert_eq!(used, bytes.len());
             prop_assert_eq!(&ours, &theirs(redis::parse_redis_value(&bytes).unwrap()));
             for cut in 0..bytes.len() {
-                prop_assert_eq!(parse(&bytes[..cut]).unwrap(), None);
+                prop_assert_eq!(parse_reply(&bytes[..cut]).unwrap(), None);
             }
         }
     }
@@ -350,13 +346,13 @@ mod tests {
     fn two_replies_in_one_buffer() {
         let buf =
             b"*3\r\n$9\r\nsubscribe\r\n$3\r\nfoo\r\n:1\r\n*3\r\n$7\r\nmessage\r\n$3\r\nfoo\r\n$2\r\nhi\r\n";
-        let (first, used) = parse(buf).unwrap().unwrap();
-        assert_eq!(Event::of(first).unwrap(), Event::Subscribed);
-        let (second, rest) = parse(&buf[used..]).unwrap().unwrap();
+        let (first, used) = parse_reply(buf).unwrap().unwrap();
+        assert_eq!(Received::of(first).unwrap(), Received::Subscribed);
+        let (second, rest) = parse_reply(&buf[used..]).unwrap().unwrap();
         assert_eq!(used + rest, buf.len());
         assert_eq!(
-            Event::of(second).unwrap(),
-            Event::Message {
+            Received::of(second).unwrap(),
+            Received::Message {
                 channel: Bytes::from_static(b"foo"),
                 payload: Bytes::from_static(b"hi")
             }
@@ -373,27 +369,27 @@ mod tests {
                     .collect(),
             ))
         };
-        assert_eq!(Event::of(arr(&[b"pong", b""])).unwrap(), Event::Pong);
+        assert_eq!(Received::of(arr(&[b"pong", b""])).unwrap(), Received::Pong);
         let mut unsub = arr(&[b"unsubscribe", b"foo"]);
         if let Reply::Array(Some(items)) = &mut unsub {
             items.push(Reply::Int(0));
         }
-        assert_eq!(Event::of(unsub).unwrap(), Event::Unsubscribed);
+        assert_eq!(Received::of(unsub).unwrap(), Received::Unsubscribed);
         assert!(
-            Event::of(Reply::Error("NOAUTH Authentication required.".into()))
+            Received::of(Reply::Error("NOAUTH Authentication required.".into()))
                 .unwrap_err()
                 .contains("NOAUTH")
         );
-        assert!(Event::of(arr(&[b"message", b"foo"])).is_err());
-        assert!(Event::of(Reply::Int(1)).is_err());
+        assert!(Received::of(arr(&[b"message", b"foo"])).is_err());
+        assert!(Received::of(Reply::Int(1)).is_err());
     }
 
     #[test]
     fn malformed_input_is_an_error_not_a_panic() {
         for bad in [&b"?x\r\n"[..], b":12a\r\n", b"$3\r\nabcd\r\n", b"$9999999999\r\n"] {
-            assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(parse_reply(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
-        assert!(parse(deep.as_bytes()).is_err());
+        assert!(parse_reply(deep.as_bytes()).is_err());
     }
 }

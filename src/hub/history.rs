@@ -6,7 +6,11 @@
 //! increase for every id (and across ids), survive being forgotten (an id
 //! whose history expired gets larger ids later, not 1 again), stay above the
 //! previous run's as long as the clock does, and tell the age of a message:
-//! history needs no timestamps of its own.
+//! history needs no timestamps of its own. In cluster mode a message from
+//! another node keeps the id its node minted ([`History::witness`]); this
+//! node's next ids stay above every id it has seen. Messages of one id
+//! published on two nodes at the same moment can then arrive out of id
+//! order; the ring keeps them in id order regardless.
 //!
 //! **History**: an id gets a ring once a message is sent to it (an id that
 //! is only held costs nothing here), keeping its last `history.size`
@@ -97,6 +101,13 @@ impl History {
         self.last
     }
 
+    /// Takes note of `event`, minted by another node, and returns it: ids
+    /// this node mints from now on are larger.
+    pub(crate) fn witness(&mut self, event: u64) -> u64 {
+        self.last = self.last.max(event);
+        event
+    }
+
     /// The last event id given: where a stream that does not resume starts.
     #[cfg(test)]
     pub(crate) fn last_id(&self) -> u64 {
@@ -126,7 +137,10 @@ impl History {
         let (size, ttl) = (self.size, self.ttl_us);
         // unwrap: inserted above if it was missing.
         let ring = self.rings.get_mut(id).expect("ring exists");
-        ring.entries.push_back((ev, Arc::clone(msg)));
+        // In id order: a message from another node may come after a later
+        // one of this node (nearly always it goes at the back).
+        let at = ring.entries.partition_point(|(kept, _)| *kept <= ev);
+        ring.entries.insert(at, (ev, Arc::clone(msg)));
         self.kept += 1;
         self.kept -= ring.expire(ev, ttl);
         while ring.entries.len() > size {
@@ -187,9 +201,7 @@ impl History {
             !ring.entries.is_empty()
         });
         self.kept -= dropped;
-        if self.rings.capacity() > 1024 && self.rings.len() < self.rings.capacity() / 4 {
-            self.rings.shrink_to_fit();
-        }
+        crate::id::shrink_if_sparse(&mut self.rings);
     }
 
     /// How often [`History::sweep`] should run.
@@ -306,6 +318,24 @@ mod tests {
                 next: None
             })
         );
+    }
+
+    #[test]
+    fn ids_minted_elsewhere_are_kept_in_order_and_raise_the_clock() {
+        let mut h = History::new(10, Duration::from_secs(60));
+        let mine = h.next_id();
+        h.record("a", mine, &msg("mine"));
+        // Another node's message minted just before this node's.
+        let theirs = h.witness(mine - 1);
+        h.record("a", theirs, &msg("theirs"));
+        let r = h.resume("a", Some(theirs - 1));
+        assert_eq!(r.replay, vec![(theirs, msg("theirs")), (mine, msg("mine"))]);
+        // One from a node whose clock is ahead: later ids here are above it.
+        let ahead = h.witness(mine + 1_000_000);
+        h.record("a", ahead, &msg("ahead"));
+        assert_eq!(h.last_id(), ahead);
+        assert!(h.next_id() > ahead);
+        assert_eq!(h.resume("a", Some(mine)).replay, vec![(ahead, msg("ahead"))]);
     }
 
     #[test]

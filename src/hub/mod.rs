@@ -1,0 +1,496 @@
+//! The hub: the one place where a message is published and a stream
+//! resumes. Route handlers call [`Hub::publish`]; nothing above this module
+//! touches the bus, the lingering table or the history.
+//!
+//! - [`router`]: the Router actor, id -> this node's streams. It mints a
+//!   message's event id, records it in the [`history`] and hands it to the
+//!   streams in one step (one actor, so no locks), and answers a resuming
+//!   stream's login from the history (`Router::resume`, the one call the
+//!   fleet's shared history will replace).
+//! - [`cluster`]: cluster mode's command connection to Redis (PUBLISH, the
+//!   fleet's `/dispatcher` count, heartbeats, `/cluster`); [`bus`] with
+//!   `link`: the supervised Bus actor holding this node's subscriptions and
+//!   handing other nodes' messages to the Router.
+//!
+//! An event id is minted once, by the Router of the node that accepted the
+//! message, and travels with it on the bus: every node's Router records
+//! and delivers it under that id. A broadcast has no event id.
+
+pub(crate) mod bus;
+pub(crate) mod cluster;
+pub(crate) mod history;
+mod link;
+pub(crate) mod router;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use actix::{Addr, ArbiterHandle, Supervisor};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{PublishSettings, Settings};
+use crate::error::ApiError;
+use crate::idempotency::{self, Begin, Keys};
+use crate::stats::Stats;
+use bus::Bus;
+use cluster::{Cluster, Here, Once, PublishFailed};
+use router::{Attach, Broadcast, Busy, MintEventId, Publish, Published, Router, StreamActor};
+
+/// How often a publish that found the backlog full looks again.
+const BACKLOG_RETRY: Duration = Duration::from_millis(10);
+
+/// Who a publish is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// Every stream of this id (`/send`).
+    Id(String),
+    /// Every stream (`/broadcast`).
+    All,
+}
+
+impl Target {
+    /// How an `Idempotency-Key` names the target it is bound to.
+    fn name(&self) -> String {
+        match self {
+            Target::Id(id) => format!("send:{id}"),
+            Target::All => "broadcast".to_owned(),
+        }
+    }
+}
+
+/// What became of a publish, as `/send` and `/broadcast` answer it.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// Published everywhere it could go: 200 with this body.
+    Done(Value),
+    /// A repeat of an `Idempotency-Key`: its first answer (200, marked
+    /// replayed); nothing delivered again.
+    Replayed(Value),
+    /// This node's streams got it, the other nodes' part failed (503; the
+    /// body says which way, see [`Hub::publish`]).
+    Partial(Value),
+    /// Delivered nowhere (a keyed publish while the bus failed): 503 with
+    /// `Retry-After`.
+    NotDelivered(Value),
+}
+
+/// This node's Router and, in cluster mode, its bus: see the module docs.
+pub(crate) struct Hub<S: StreamActor> {
+    /// The supervised Router (its address survives restarts).
+    router: Addr<Router<S>>,
+    /// Cluster mode: the command connection and the node's bus stats.
+    cluster: Option<Arc<Cluster>>,
+    /// Cluster mode: the supervised Bus actor.
+    bus: Option<Addr<Bus>>,
+    /// Where publishes are counted.
+    stats: Arc<Stats>,
+    /// The `[publish]` settings: backlog bound, wait, key TTL.
+    publish: PublishSettings,
+    /// `Idempotency-Key`s of a single process (in cluster mode they live in
+    /// Redis).
+    keys: Keys,
+    /// Cancelled at shutdown: a publish waiting for room gives up.
+    shutdown: CancellationToken,
+}
+
+impl<S: StreamActor> Hub<S> {
+    /// Starts the Router and, when `cluster.redis_url` is set, the command
+    /// connection and the Bus, all on `arbiter` (beside each other: a
+    /// message from Redis reaches the Router without waking another
+    /// thread). The Bus is attached before any stream can log in.
+    pub(crate) async fn start(
+        settings: &Settings,
+        stats: &Arc<Stats>,
+        arbiter: &ArbiterHandle,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> io::Result<Self> {
+        let router = {
+            let stats = Arc::clone(stats);
+            let history = settings.history.clone();
+            Supervisor::start_in_arbiter(arbiter, move |_| {
+                Router::<S>::new(stats, history.size, Duration::from_millis(history.ttl_ms))
+            })
+        };
+        let cluster = if settings.cluster.enabled() {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (c, max, s, addr) = (
+                settings.cluster.clone(),
+                settings.message.max_bytes,
+                Arc::clone(stats),
+                cluster::advertised(addr),
+            );
+            // The connection's tasks run where it is made.
+            arbiter.spawn(async move {
+                let _ = tx.send(Cluster::new(&c, max, s, addr));
+            });
+            let cluster = rx
+                .await
+                .map_err(|_| io::Error::other("the first worker stopped"))?
+                .map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidInput, format!("cluster.redis_url: {e}"))
+                })?;
+            Some(Arc::new(cluster))
+        } else {
+            None
+        };
+        let bus = cluster.as_ref().map(|cluster| {
+            let (cluster, router) = (Arc::clone(cluster), router.clone());
+            Supervisor::start_in_arbiter(arbiter, move |_| {
+                Bus::new(
+                    cluster,
+                    router.clone().recipient(),
+                    router.clone().recipient(),
+                    router.clone().recipient(),
+                    router.recipient(),
+                )
+            })
+        });
+        if let Some(bus) = &bus {
+            router.do_send(Attach {
+                bus: bus.clone().recipient(),
+            });
+        }
+        Ok(Hub {
+            router,
+            cluster,
+            bus,
+            stats: Arc::clone(stats),
+            publish: settings.publish.clone(),
+            keys: Keys::new(Duration::from_millis(settings.publish.idempotency_ttl_ms)),
+            shutdown,
+        })
+    }
+
+    /// The supervised Router: streams log in and out here.
+    pub(crate) fn router(&self) -> &Addr<Router<S>> {
+        &self.router
+    }
+
+    /// Cluster mode: the command connection (the Counter's numbers,
+    /// `/cluster`, `/stats`).
+    pub(crate) fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Cluster mode: the Bus (fault injection).
+    pub(crate) fn bus(&self) -> Option<&Addr<Bus>> {
+        self.bus.as_ref()
+    }
+
+    /// Publishes `msg` to `target`: this node's streams, its history, and
+    /// in cluster mode the other nodes. With an `Idempotency-Key`, once per
+    /// key (see [`crate::idempotency`]): a repeat within
+    /// `publish.idempotency_ttl_ms` gets the first answer and delivers
+    /// nothing.
+    ///
+    /// Waits while this node's publish backlog is full, at most
+    /// `publish.wait_ms`; then [`ApiError::Backlogged`], nothing delivered
+    /// or kept.
+    pub(crate) async fn publish(
+        &self,
+        target: Target,
+        msg: &Arc<str>,
+        key: Option<String>,
+    ) -> Result<Answer, ApiError> {
+        let Some(key) = key else {
+            return self.publish_here_first(&target, msg).await;
+        };
+        let request = idempotency::fingerprint(&target.name(), msg);
+        if let Some(cluster) = &self.cluster {
+            return self.publish_once(cluster, &target, msg, &key, &request).await;
+        }
+        match self.keys.begin(&key, &request) {
+            Begin::Replay(answer) => Ok(self.replayed(answer)),
+            Begin::InFlight => Err(ApiError::IdempotencyInFlight),
+            Begin::Mismatch => Err(ApiError::IdempotencyKeyReused),
+            Begin::Full => Err(ApiError::TooManyKeys),
+            Begin::New(ticket) => {
+                // A failure (an error, or a full backlog) releases the key:
+                // nothing was delivered, so a retry is a first attempt. One
+                // process has no bus, so what it answers is a success.
+                let outcome = self.publish_here_first(&target, msg).await?;
+                if let Answer::Done(body) = &outcome {
+                    ticket.finish(body);
+                }
+                Ok(outcome)
+            }
+        }
+    }
+
+    /// The first answer to an `Idempotency-Key`, again.
+    fn replayed(&self, answer: Value) -> Answer {
+        self.stats.publish_replayed.fetch_add(1, Relaxed);
+        Answer::Replayed(answer)
+    }
+
+    /// Delivers to this node's streams (waiting for room in the backlog),
+    /// then in cluster mode PUBLISHes for the others, with the event id
+    /// this node's Router gave it.
+    ///
+    /// A full backlog means nothing was delivered anywhere. A failed
+    /// PUBLISH is [`Answer::Partial`]: this node's streams got the
+    /// message, and the body's `other_nodes` says "not sent" (the bus was
+    /// down) or "unknown" (Redis did not answer in time and may still run
+    /// the PUBLISH; only a retry with an `Idempotency-Key` is then safe).
+    async fn publish_here_first(&self, target: &Target, msg: &Arc<str>) -> Result<Answer, ApiError> {
+        let accepted = Instant::now();
+        let (mut body, delivered, event) = match target {
+            Target::Id(id) => {
+                let Published { delivered, event } = self
+                    .admitted(1, |limit| Publish {
+                        id: id.clone(),
+                        msg: Arc::clone(msg),
+                        event: None,
+                        accepted,
+                        limit,
+                    })
+                    .await?;
+                (
+                    json!({ "id": id, "delivered": delivered, "event_id": event }),
+                    delivered,
+                    Some(event),
+                )
+            }
+            Target::All => {
+                let streams = self.stats.streams_active() as u64;
+                let delivered = self
+                    .admitted(streams, |limit| Broadcast {
+                        msg: Arc::clone(msg),
+                        accepted,
+                        limit,
+                    })
+                    .await?;
+                (json!({ "delivered": delivered }), delivered, None)
+            }
+        };
+        let Some(cluster) = &self.cluster else {
+            return Ok(Answer::Done(body));
+        };
+        // This node's own subscription is counted out when it holds the id
+        // or lingers on it; every node subscribes to the broadcast channel.
+        let (channel, subscribed_here) = match target {
+            Target::Id(id) => (
+                cluster.names.id_channel(id),
+                delivered > 0 || cluster.is_lingering(id),
+            ),
+            Target::All => (cluster.names.broadcast().to_owned(), true),
+        };
+        match cluster.publish(channel, event, msg, subscribed_here).await {
+            Ok(nodes) => {
+                body["nodes"] = nodes.into();
+                Ok(Answer::Done(body))
+            }
+            Err(failed) => {
+                body["error"] = ApiError::BusUnavailable.to_string().into();
+                body["other_nodes"] = match failed {
+                    PublishFailed::NotSent => "not sent: the bus is down",
+                    PublishFailed::Unknown => {
+                        "unknown: Redis did not answer in time and may still deliver it; \
+                         retry only with an Idempotency-Key"
+                    }
+                }
+                .into();
+                Ok(Answer::Partial(body))
+            }
+        }
+    }
+
+    /// A publish with an `Idempotency-Key` in cluster mode: the key is
+    /// claimed in Redis in the same script as the PUBLISH, and this node's
+    /// streams get the message from its echo, so every node, this one
+    /// included, delivers it exactly when Redis runs the script, and a
+    /// retry with the key never delivers it twice, whichever node it
+    /// reaches. Its event id is minted here before the script runs.
+    async fn publish_once(
+        &self,
+        cluster: &Cluster,
+        target: &Target,
+        msg: &Arc<str>,
+        key: &str,
+        request: &str,
+    ) -> Result<Answer, ApiError> {
+        self.wait_for_room().await?;
+        let (channel, subscribed_here, event) = match target {
+            Target::Id(id) => {
+                let minted = self
+                    .router
+                    .send(MintEventId { id: id.clone() })
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or(ApiError::Crashed("router"))?;
+                (
+                    cluster.names.id_channel(id),
+                    minted.held || cluster.is_lingering(id),
+                    Some(minted.event),
+                )
+            }
+            Target::All => (cluster.names.broadcast().to_owned(), true, None),
+        };
+        let ttl = Duration::from_millis(self.publish.idempotency_ttl_ms);
+        match cluster
+            .publish_once(channel, event, msg, key, request, ttl, subscribed_here)
+            .await
+        {
+            Ok(Once::Mismatch) => Err(ApiError::IdempotencyKeyReused),
+            Ok(Once::Repeat(first)) => Ok(self.replayed(first.unwrap_or_else(|| {
+                json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
+            }))),
+            Ok(Once::Fresh { nodes, here, claim }) => {
+                let mut body = match here {
+                    Here::Delivered(body) => body,
+                    Here::Deliver => self.deliver_here(target, msg, event).await?,
+                };
+                if let Target::Id(id) = target {
+                    body["id"] = id.as_str().into();
+                }
+                body["nodes"] = nodes.into();
+                cluster.remember_answer(key, claim, &body).await;
+                Ok(Answer::Done(body))
+            }
+            Err(failed) => {
+                let outcome = match failed {
+                    PublishFailed::NotSent => "not delivered anywhere: the bus is down; retry",
+                    PublishFailed::Unknown => {
+                        "unknown: Redis did not answer in time; if it runs the publish later, every node \
+                         delivers it then; retry with the same Idempotency-Key, which never delivers twice"
+                    }
+                };
+                let mut body =
+                    json!({ "error": ApiError::BusUnavailable.to_string(), "delivered": 0, "outcome": outcome });
+                if let Target::Id(id) = target {
+                    body["id"] = id.as_str().into();
+                }
+                Ok(Answer::NotDelivered(body))
+            }
+        }
+    }
+
+    /// A keyed cluster publish whose echo did not come back here: this
+    /// node's streams get it now, under the event id minted for it (always
+    /// taken, as a message from the bus is).
+    async fn deliver_here(
+        &self,
+        target: &Target,
+        msg: &Arc<str>,
+        event: Option<u64>,
+    ) -> Result<Value, ApiError> {
+        let accepted = Instant::now();
+        Ok(match target {
+            Target::Id(id) => {
+                let p: Published = self
+                    .taken(Publish {
+                        id: id.clone(),
+                        msg: Arc::clone(msg),
+                        event,
+                        accepted,
+                        limit: None,
+                    })
+                    .await?;
+                json!({ "delivered": p.delivered, "event_id": p.event })
+            }
+            Target::All => {
+                let n: usize = self
+                    .taken(Broadcast {
+                        msg: Arc::clone(msg),
+                        accepted,
+                        limit: None,
+                    })
+                    .await?;
+                json!({ "delivered": n })
+            }
+        })
+    }
+
+    /// Hands the Router a publish it always takes (`limit: None`).
+    async fn taken<M, T>(&self, m: M) -> Result<T, ApiError>
+    where
+        M: actix::Message<Result = Option<Result<T, Busy>>> + Send + 'static,
+        T: Send + 'static,
+        Router<S>: actix::Handler<M>,
+        <Router<S> as actix::Actor>::Context: actix::dev::ToEnvelope<Router<S>, M>,
+    {
+        let answer = self.router.send(m).await;
+        answer
+            .ok()
+            .flatten()
+            .and_then(Result::ok)
+            .ok_or(ApiError::Crashed("router"))
+    }
+
+    /// Hands a publish (`make(limit)`) to the Router, waiting while the
+    /// publish backlog is full ([`Hub::with_room`]); `need`: about how many
+    /// deliveries it makes. The Router, one actor, decides each admission,
+    /// so concurrent publishers cannot overshoot the bound together.
+    async fn admitted<M, T>(&self, need: u64, make: impl Fn(Option<u64>) -> M) -> Result<T, ApiError>
+    where
+        M: actix::Message<Result = Option<Result<T, Busy>>> + Send + 'static,
+        T: Send + 'static,
+        Router<S>: actix::Handler<M>,
+        <Router<S> as actix::Actor>::Context: actix::dev::ToEnvelope<Router<S>, M>,
+    {
+        let limit = Some(self.publish.max_backlog);
+        self.with_room(need, async || {
+            let answer = self.router.send(make(limit)).await;
+            answer.ok().flatten().ok_or(ApiError::Crashed("router"))
+        })
+        .await
+    }
+
+    /// Waits while this node's publish backlog is full, for a keyed
+    /// cluster publish, whose delivery here comes from its echo and cannot
+    /// be refused then. Approximate: keyed publishes that find room at the
+    /// same moment may carry the backlog past the bound together.
+    async fn wait_for_room(&self) -> Result<(), ApiError> {
+        self.with_room(1, async || Ok(if self.has_room(1) { Ok(()) } else { Err(Busy) }))
+            .await
+    }
+
+    /// Whether `need` more deliveries would fit in the publish backlog now
+    /// (an empty one takes anything), read without asking the Router.
+    fn has_room(&self, need: u64) -> bool {
+        let backlog = self.stats.publish_backlog.load(Relaxed);
+        backlog == 0 || backlog + need <= self.publish.max_backlog
+    }
+
+    /// Runs `attempt` until it finds room in the publish backlog, for at
+    /// most `publish.wait_ms`; then [`ApiError::Backlogged`]
+    /// (`publish.rejected`), nothing of the message delivered or kept. This
+    /// is what pushes back on a publisher faster than the streams take its
+    /// messages. Between attempts it reads the backlog every
+    /// [`BACKLOG_RETRY`] and tries again only once `need` deliveries would
+    /// fit, so waiting publishers cost the Router nothing while it catches
+    /// up.
+    async fn with_room<T>(
+        &self,
+        need: u64,
+        mut attempt: impl AsyncFnMut() -> Result<Result<T, Busy>, ApiError>,
+    ) -> Result<T, ApiError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.publish.wait_ms);
+        loop {
+            if let Ok(done) = attempt().await? {
+                return Ok(done);
+            }
+            loop {
+                if tokio::time::Instant::now() + BACKLOG_RETRY > deadline {
+                    self.stats.publish_rejected.fetch_add(1, Relaxed);
+                    return Err(ApiError::Backlogged {
+                        limit: self.publish.max_backlog,
+                    });
+                }
+                tokio::select! {
+                    () = self.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
+                    () = tokio::time::sleep(BACKLOG_RETRY) => {}
+                }
+                if self.has_room(need) {
+                    break;
+                }
+            }
+        }
+    }
+}
