@@ -2,6 +2,7 @@
 """Fails when the server's top-level modules import each other in a circle.
 
     scripts/check-import-cycles.py [SRC_DIR]     (default: src)
+    scripts/check-import-cycles.py --self-test   (it finds a cycle it is shown)
 
 lib.rs says calls go one way, from the top of its layout list down; a
 cycle (a uses b, b uses a, directly or through others) is a sign that a
@@ -83,7 +84,40 @@ def cycles(nodes, edges):
     return found
 
 
+def self_test():
+    """Runs the check on two small trees: one with a cycle through a folder
+    module (a -> b/ -> c -> a, hidden behind a comment and a test module
+    that must not count), one without; exits 1 unless it tells them apart."""
+    import tempfile
+
+    files = {
+        "lib.rs": "mod a; mod b; mod c;",
+        "a.rs": "use crate::b::x;\n// crate::c is only named in a comment\n",
+        "b/mod.rs": "mod inner;",
+        "b/inner.rs": "pub(crate) fn f() { crate::c::g() }",
+        "c.rs": "use crate::a;\n#[cfg(test)]\nmod tests {\n    use crate::b;\n}\n",
+    }
+    with tempfile.TemporaryDirectory() as root:
+        for name, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+            with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        found = modules(root)
+        with_cycle = cycles(found, graph(found))
+        with open(os.path.join(root, "c.rs"), "w", encoding="utf-8") as f:
+            f.write("pub(crate) fn g() {}\n")
+        found = modules(root)
+        without = cycles(found, graph(found))
+    if with_cycle != [["a", "b", "c"]] or without:
+        print(f"self-test failed: with a cycle {with_cycle}, without one {without}")
+        sys.exit(1)
+    print("self-test: the cycle a -> b/ -> c -> a is found, and none once c.rs no longer uses a")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
     src = sys.argv[1] if len(sys.argv) > 1 else "src"
     found = modules(src)
     edges = graph(found)
