@@ -8,9 +8,11 @@
 //! previous run's as long as the clock does, and tell the age of a message:
 //! history needs no timestamps of its own. In cluster mode a message from
 //! another node keeps the id its node minted ([`History::witness`]); this
-//! node's next ids stay above every id it has seen. Messages of one id
-//! published on two nodes at the same moment can then arrive out of id
-//! order; the ring keeps them in id order regardless.
+//! node's next ids stay above every id it has seen. A message can then
+//! come late, with an id below one this node gave already (two nodes
+//! published to one id at the same moment): the ring keeps it in id order,
+//! and a stream that resumes from a position it may have skipped is told
+//! of a gap.
 //!
 //! **History**: an id gets a ring once a message is sent to it (an id that
 //! is only held costs nothing here), keeping its last `history.size`
@@ -39,6 +41,11 @@ struct Ring {
     /// Messages with ids up to this one may be gone (evicted or expired, or
     /// sent before the ring was made).
     lost_before: u64,
+    /// Messages that came late, oldest first: `(its id, the last id given
+    /// when it came)`. A stream at a position between the two may have
+    /// left before it came, and resumes after it: told as a gap. Empty
+    /// unless another node's message crossed one of this node's.
+    late: VecDeque<(u64, u64)>,
 }
 
 /// What a stream resuming after an event id is owed.
@@ -131,6 +138,7 @@ impl History {
                 Ring {
                     entries: VecDeque::new(),
                     lost_before,
+                    late: VecDeque::new(),
                 },
             );
         }
@@ -141,6 +149,16 @@ impl History {
         // one of this node (nearly always it goes at the back).
         let at = ring.entries.partition_point(|(kept, _)| *kept <= ev);
         ring.entries.insert(at, (ev, Arc::clone(msg)));
+        if ev < self.last {
+            // Late: streams of this id may be past it already (a welcome's
+            // position is the last id given, whatever its id).
+            ring.late.push_back((ev, self.last));
+            if ring.late.len() > size
+                && let Some((_, top)) = ring.late.pop_front()
+            {
+                ring.lost_before = ring.lost_before.max(top);
+            }
+        }
         self.kept += 1;
         self.kept -= ring.expire(ev, ttl);
         while ring.entries.len() > size {
@@ -172,16 +190,21 @@ impl History {
             };
         }
         let now = now_us();
-        let (replay, lost_before) = match self.rings.get_mut(id) {
+        let (replay, lost_before, crossed) = match self.rings.get_mut(id) {
             Some(ring) => {
                 self.kept -= ring.expire(now, self.ttl_us);
                 let after = ring.entries.partition_point(|(ev, _)| *ev <= since);
-                (ring.entries.range(after..).cloned().collect(), ring.lost_before)
+                let crossed = ring.late.iter().any(|&(ev, top)| ev < since && since <= top);
+                (
+                    ring.entries.range(after..).cloned().collect(),
+                    ring.lost_before,
+                    crossed,
+                )
             }
-            None if self.size == 0 => (Vec::new(), u64::MAX),
-            None => (Vec::new(), self.floor(now)),
+            None if self.size == 0 => (Vec::new(), u64::MAX, false),
+            None => (Vec::new(), self.floor(now), false),
         };
-        let gap = (since < lost_before && since < self.last).then(|| Gap {
+        let gap = ((since < lost_before && since < self.last) || crossed).then(|| Gap {
             after: since,
             next: replay.first().map(|(ev, _)| *ev),
         });
@@ -198,7 +221,7 @@ impl History {
         let mut dropped = 0;
         self.rings.retain(|_, ring| {
             dropped += ring.expire(now, ttl);
-            !ring.entries.is_empty()
+            !ring.entries.is_empty() || !ring.late.is_empty()
         });
         self.kept -= dropped;
         crate::id::shrink_if_sparse(&mut self.rings);
@@ -230,6 +253,18 @@ impl Ring {
         if self.entries.is_empty() {
             self.entries = VecDeque::new();
         }
+        // A late message's window is forgotten with the TTL; a resume from
+        // inside it is then told of a gap by `lost_before`.
+        while let Some(&(_, top)) = self.late.front() {
+            if top.saturating_add(ttl) >= now {
+                break;
+            }
+            self.lost_before = self.lost_before.max(top);
+            self.late.pop_front();
+        }
+        if self.late.is_empty() {
+            self.late = VecDeque::new();
+        }
         n
     }
 }
@@ -247,11 +282,16 @@ mod tests {
         let mut h = History::new(3, Duration::from_secs(60));
         let fresh = h.resume("a", None);
         assert_eq!(fresh.position, h.last_id());
-        let ids: Vec<u64> = (0..3).map(|_| h.next_id()).collect();
+        // As the Router does: each id minted and recorded in one step.
+        let ids: Vec<u64> = ["1", "2", "3"]
+            .into_iter()
+            .map(|text| {
+                let ev = h.next_id();
+                h.record("a", ev, &msg(text));
+                ev
+            })
+            .collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]));
-        for (ev, text) in ids.iter().zip(["1", "2", "3"]) {
-            h.record("a", *ev, &msg(text));
-        }
         let r = h.resume("a", Some(ids[0]));
         assert_eq!(r.position, ids[0]);
         assert_eq!(r.replay, vec![(ids[1], msg("2")), (ids[2], msg("3"))]);
@@ -272,10 +312,13 @@ mod tests {
     fn evicted_messages_are_a_gap_named_by_the_next_id() {
         let mut h = History::new(2, Duration::from_secs(60));
         let start = h.resume("a", None).position;
-        let ids: Vec<u64> = (0..5).map(|_| h.next_id()).collect();
-        for ev in &ids {
-            h.record("a", *ev, &msg("m"));
-        }
+        let ids: Vec<u64> = (0..5)
+            .map(|_| {
+                let ev = h.next_id();
+                h.record("a", ev, &msg("m"));
+                ev
+            })
+            .collect();
         assert_eq!(h.sizes(), (1, 2));
         let r = h.resume("a", Some(start));
         assert_eq!(r.replay.len(), 2);
@@ -323,6 +366,8 @@ mod tests {
     #[test]
     fn ids_minted_elsewhere_are_kept_in_order_and_raise_the_clock() {
         let mut h = History::new(10, Duration::from_secs(60));
+        // Ids well after this process's start, so none is "before it".
+        std::thread::sleep(Duration::from_millis(2));
         let mine = h.next_id();
         h.record("a", mine, &msg("mine"));
         // Another node's message minted just before this node's.
@@ -330,12 +375,24 @@ mod tests {
         h.record("a", theirs, &msg("theirs"));
         let r = h.resume("a", Some(theirs - 1));
         assert_eq!(r.replay, vec![(theirs, msg("theirs")), (mine, msg("mine"))]);
+        // A stream that was at `mine` may have left before `theirs` came:
+        // resuming there is told of a gap; from before both it is not.
+        let r = h.resume("a", Some(mine));
+        assert_eq!(
+            r.gap,
+            Some(Gap {
+                after: mine,
+                next: None
+            })
+        );
+        assert_eq!(h.resume("a", Some(theirs - 1)).gap, None);
         // One from a node whose clock is ahead: later ids here are above it.
         let ahead = h.witness(mine + 1_000_000);
         h.record("a", ahead, &msg("ahead"));
         assert_eq!(h.last_id(), ahead);
         assert!(h.next_id() > ahead);
         assert_eq!(h.resume("a", Some(mine)).replay, vec![(ahead, msg("ahead"))]);
+        assert_eq!(h.resume("a", Some(ahead)).gap, None);
     }
 
     #[test]
