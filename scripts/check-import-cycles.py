@@ -7,7 +7,7 @@
 lib.rs says calls go one way, from the top of its layout list down; a
 cycle (a uses b, b uses a, directly or through others) is a sign that a
 leaf hides inside one of them. A module is a file or folder directly under
-SRC_DIR (`cluster/` with everything in it is one); it depends on every other
+SRC_DIR (`hub/` with everything in it is one); it depends on every other
 module it names as `crate::<module>` outside comments and `#[cfg(test)]`
 blocks. The binaries under `bin/` and `lib.rs` itself are not modules here.
 Prints each cycle and the edges inside it, then exits 1; exits 0 with

@@ -324,10 +324,11 @@ async fn crash(
     match actor.as_str() {
         "router" => drop(state.router().send(Crash).await),
         "counter" => drop(state.counter.send(Crash).await),
-        "bus" => match state.hub.bus() {
-            Some(bus) => drop(bus.send(Crash).await),
-            None => return Err(ApiError::NotFound),
-        },
+        "bus" => {
+            if !state.hub.crash_bus().await {
+                return Err(ApiError::NotFound);
+            }
+        }
         _ => return Err(ApiError::NotFound),
     }
     Ok(HttpResponse::Accepted().json(json!({ "crashed": actor.as_str() })))

@@ -134,11 +134,12 @@ impl ServerState {
 
     /// The one admission decision for a stream of `id`, lean or fallback
     /// (`via`), whose whole head (validated) is `head`, with `early` the
-    /// bytes the client sent right behind it: its transport, HTTP version
-    /// and resume point ([`handshake::read_request`]; a WebSocket only as a
-    /// connection's first request, on the lean path), its page origin, its
-    /// subscriber token when `auth.subscribe_secret` is set, then shutdown
-    /// and a `stream.max_streams` slot, which it takes (given back when the
+    /// bytes the client sent right behind it, in this order: shutdown (503),
+    /// its transport, HTTP version and resume point
+    /// ([`handshake::read_request`]), its page origin, its subscriber token
+    /// when `auth.subscribe_secret` is set, a WebSocket only as a
+    /// connection's first request (on the lean path), then a
+    /// `stream.max_streams` slot, which it takes (given back when the
     /// stream stops). Refusals are counted ([`ServerState::refusal`]).
     pub(crate) fn admit_stream(
         &self,
@@ -150,16 +151,13 @@ impl ServerState {
         // The origin first, so that every refusal after it can name it.
         let origin = handshake::origin(head).ok().flatten();
         let refused = |error: ApiError| self.refusal(error, origin);
+        // Shutting down: whatever else is wrong, the answer is "go elsewhere".
+        if self.shutdown.is_cancelled() {
+            return Err(refused(ApiError::ShuttingDown));
+        }
         let req = handshake::read_request(head).map_err(refused)?;
         let http = &self.settings.http;
         let cors = origin.is_some_and(|o| http.allows_origin(o.as_bytes()));
-        if req.transport == Transport::Ws && via == Via::Fallback {
-            // Only a first request on a connection is peeked and can become a
-            // WebSocket (every WebSocket client opens a connection for it).
-            return Err(refused(ApiError::BadWebSocket(
-                "a WebSocket upgrade must be the first request on its connection".to_owned(),
-            )));
-        }
         // Browsers apply no CORS to WebSockets: the server checks the
         // origin itself, once a list is configured.
         if req.transport == Transport::Ws && http.cors_enabled() && req.origin.is_some() && !cors {
@@ -180,10 +178,14 @@ impl ServerState {
                 )
             }
         };
-        let max = self.settings.stream.max_streams;
-        if self.shutdown.is_cancelled() {
-            return Err(refused(ApiError::ShuttingDown));
+        if req.transport == Transport::Ws && via == Via::Fallback {
+            // Only a first request on a connection is peeked and can become a
+            // WebSocket (every WebSocket client opens a connection for it).
+            return Err(refused(ApiError::BadWebSocket(
+                "a WebSocket upgrade must be the first request on its connection".to_owned(),
+            )));
         }
+        let max = self.settings.stream.max_streams;
         if !self.stats.try_reserve_stream(max) {
             return Err(refused(ApiError::StreamLimit(max)));
         }

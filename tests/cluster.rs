@@ -1215,14 +1215,18 @@ fn a_message_that_comes_late_is_a_gap_for_a_stream_that_may_have_skipped_it() {
     let position: u64 = welcome.split(' ').next().unwrap().parse().unwrap();
     redis.wait_numsub(&id_channel(&p, "x"), 1, WAIT);
     drop(s);
-    // Another node's message minted long before this stream's position,
-    // arriving now (the node lingers on the id).
-    redis.command(&["PUBLISH", &id_channel(&p, "x"), "othernode 5 crossed"]);
+    // Another node's message minted a millisecond before this stream's
+    // position, arriving now (the node lingers on the id).
+    let crossed = format!("othernode@{} crossed", position - 1000);
+    redis.command(&["PUBLISH", &id_channel(&p, "x"), &crossed]);
     wait_until(WAIT, "the late message is kept", || {
         n.stats()["history"]["messages"] == 1
     });
     let mut s = StreamClient::open_raw(n.addr, &req(&format!("&since={position}")));
-    assert_eq!(s.line(), format!("{position} Switchboard welcomes you! Your Id: x"));
+    assert_eq!(
+        s.line(),
+        format!("{position} Switchboard welcomes you! Your Id: x")
+    );
     assert_eq!(
         s.line(),
         format!("{position} Gap: messages after event {position} may be missing; new messages follow")
@@ -1391,8 +1395,10 @@ fn with_an_idempotency_key_retries_through_a_paused_redis_deliver_exactly_once()
 
 /// Issue 21: a bus message is held to the limits of a posted one. A
 /// PUBLISH straight to a channel in Redis (anyone sharing the Redis can)
-/// with a line over `message.max_bytes`, or with a line break, is dropped
-/// and counted, never delivered or kept.
+/// with a line over `message.max_bytes`, or with a line break, or (issue
+/// 22) with an event id that is not a number or is far ahead of the node's
+/// clock, is dropped and counted, never delivered or kept; a message of a
+/// node from before event ids travelled is delivered, with an id given here.
 #[test]
 fn oversized_or_multiline_bus_messages_are_dropped_and_counted() {
     let redis = RedisServer::start();
@@ -1402,18 +1408,26 @@ fn oversized_or_multiline_bus_messages_are_dropped_and_counted() {
     let n = start_node(s);
     let mut c = open(n.addr, "victim");
     redis.wait_numsub(&id_channel(&p, "victim"), 1, WAIT);
-    // `<origin> <event id> <line>`; the last one in the format of before
-    // event ids travelled on the bus.
-    let big = format!("intruder 1 {}", "x".repeat(5000));
-    let two = "intruder 2 one\ntwo".to_owned();
-    let old = "intruder hello".to_owned();
-    let fine = format!("intruder 3 {}", "y".repeat(100));
-    for payload in [&big, &two, &old, &fine] {
+    // `<origin>[@<event id>] <line>`: too long, two lines, an id that is not
+    // a number, an id far in the future; then one of a node from before
+    // event ids travelled (it gets an id here) and a good one.
+    let big = format!("intruder@1 {}", "x".repeat(5000));
+    let two = "intruder@2 one\ntwo".to_owned();
+    let bad_id = "intruder@x3 hello".to_owned();
+    let far = "intruder@99999999999999999 hello".to_owned();
+    let old = "intruder hello from before".to_owned();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let fine = format!("intruder@{now_us} {}", "y".repeat(100));
+    for payload in [&big, &two, &bad_id, &far, &old, &fine] {
         redis.command(&["PUBLISH", &id_channel(&p, "victim"), payload]);
     }
-    assert_eq!(c.line(), format!("Recvd msg #1: '{}'", "y".repeat(100)));
+    assert_eq!(c.line(), "Recvd msg #1: 'hello from before'");
+    assert_eq!(c.line(), format!("Recvd msg #2: '{}'", "y".repeat(100)));
     let st = n.stats();
-    assert_eq!(st["cluster"]["malformed"], 3, "{st}");
-    assert_eq!(st["history"]["messages"], 1, "{st}");
-    assert_eq!(st["messages"]["routed"], 1, "{st}");
+    assert_eq!(st["cluster"]["malformed"], 4, "{st}");
+    assert_eq!(st["history"]["messages"], 2, "{st}");
+    assert_eq!(st["messages"]["routed"], 2, "{st}");
 }

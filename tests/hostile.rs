@@ -426,6 +426,67 @@ mod one_set_of_rules {
             }
         }
     }
+
+    /// Issue 22: one admission decision for both paths. With subscriber
+    /// tokens and a CORS list, the same stream requests get the same status
+    /// as a connection's first request (lean) and as its second (actix-web):
+    /// a missing, bad or conflicting token, a resume point that is not a
+    /// number, two `Authorization` headers, a WebSocket from a page not on
+    /// the list; and a good token.
+    #[test]
+    fn both_paths_admit_and_refuse_streams_alike() {
+        let mut s = settings();
+        s.auth.subscribe_secret = "issue-22-admission-secret".into();
+        s.http.cors_origins = "http://good.example".into();
+        let srv = TestServer::start(s);
+        let token = |id: &str| {
+            switchboard::token::mint(
+                "issue-22-admission-secret",
+                &[id.to_owned()],
+                Duration::from_secs(600),
+            )
+            .unwrap()
+        };
+        let good = token("adm");
+        let ws = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+                  Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+        let cases: Vec<(String, u16)> = vec![
+            (String::new(), 401),
+            (format!("Authorization: Bearer {}x\r\n", good), 401),
+            (format!("Authorization: Bearer {}\r\n", token("other")), 401),
+            (
+                format!("Authorization: Bearer {good}\r\nLast-Event-ID: soon\r\n"),
+                400,
+            ),
+            (
+                format!("Authorization: Bearer {good}\r\nAuthorization: Bearer {good}\r\n"),
+                400,
+            ),
+            (
+                format!("Authorization: Bearer {good}\r\nOrigin: http://evil.example\r\n"),
+                200,
+            ),
+            (format!("Authorization: Bearer {good}\r\n"), 200),
+        ];
+        for (headers, want) in &cases {
+            let request = format!("GET /test/adm HTTP/1.1\r\nHost: a\r\n{headers}\r\n");
+            let (lean, fallback) = (
+                status(srv.addr, request.as_bytes(), false),
+                status(srv.addr, request.as_bytes(), true),
+            );
+            assert_eq!((lean, fallback), (*want, *want), "{headers:?}");
+        }
+        // A WebSocket: refused for an origin not on the list on the lean
+        // path; on the fallback path it cannot be one at all (400), since
+        // only a connection's first request can upgrade.
+        let request = format!(
+            "GET /test/adm?token={good} HTTP/1.1\r\nHost: a\r\nOrigin: http://evil.example\r\n{ws}\r\n"
+        );
+        assert_eq!(status(srv.addr, request.as_bytes(), false), 403);
+        let request = format!("GET /test/adm?token={good} HTTP/1.1\r\nHost: a\r\n{ws}\r\n");
+        assert_eq!(status(srv.addr, request.as_bytes(), false), 101);
+        assert_eq!(status(srv.addr, request.as_bytes(), true), 400);
+    }
 }
 
 /// Item 1: a client that sends part of a request line and goes away (FIN or

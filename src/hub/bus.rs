@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::cluster::{AwaitedEcho, Cluster, Payload, parse_payload};
+use super::history::now_us;
 use super::link::{Conn, Received};
 use crate::hub::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
@@ -51,6 +52,10 @@ pub(crate) const MAX_BATCH: usize = 1000;
 /// (docs/design-notes.md); a stream can get messages from other nodes at
 /// most this much later.
 const GATHER: Duration = Duration::from_millis(10);
+
+/// How far ahead of this node's clock an event id from the bus may be
+/// (clocks of a fleet's boxes differ by far less).
+const MAX_AHEAD: Duration = Duration::from_secs(60);
 
 /// Added to `reconnect_max_ms` for [`Bus::settle`].
 const SETTLE_MARGIN: Duration = Duration::from_millis(100);
@@ -413,7 +418,7 @@ async fn drive(
     let timeout = cluster.link_timeout();
     let mut queued: VecDeque<Op> = VecDeque::new();
     let mut gather_until: Option<Instant> = None;
-    let mut pending: VecDeque<Unconfirmed> = VecDeque::new();
+    let mut unconfirmed: VecDeque<Unconfirmed> = VecDeque::new();
     let mut last_read = Instant::now();
     let mut ping = false;
     loop {
@@ -440,12 +445,12 @@ async fn drive(
                 Received::Unsubscribed => LinkCommand::Unsubscribe,
                 Received::Pong => LinkCommand::Ping,
             };
-            let Some(front) = pending.front_mut().filter(|p| p.command == kind) else {
+            let Some(front) = unconfirmed.front_mut().filter(|p| p.command == kind) else {
                 return format!("a {kind:?} confirmation Redis sent matches no command");
             };
             front.remaining -= 1;
             if front.remaining == 0
-                && let Some(done) = pending.pop_front()
+                && let Some(done) = unconfirmed.pop_front()
                 && !done.ids.is_empty()
             {
                 router.do_send(Subscribed::Ids(done.ids));
@@ -461,21 +466,21 @@ async fn drive(
             }
         }
         if std::mem::take(&mut ping)
-            && let Err(e) = send_ping(conn, &mut pending, timeout).await
+            && let Err(e) = send_ping(conn, &mut unconfirmed, timeout).await
         {
             return format!("writing to Redis: {e}");
         }
-        let in_flight = pending.iter().any(|p| p.command != LinkCommand::Ping);
+        let in_flight = unconfirmed.iter().any(|p| p.command != LinkCommand::Ping);
         if !in_flight && !queued.is_empty() && gather_until.is_none_or(|t| Instant::now() >= t) {
             gather_until = None;
-            if let Err(e) = send_command(conn, &mut queued, &mut pending, cluster, timeout).await {
+            if let Err(e) = send_command(conn, &mut queued, &mut unconfirmed, cluster, timeout).await {
                 return format!("writing to Redis: {e}");
             }
             continue;
         }
         // Redis answers in order: the link is alive while bytes come. It
         // is dead when a command has waited `timeout` with nothing read.
-        let expiry = pending.front().map(|p| p.sent.max(last_read) + timeout);
+        let expiry = unconfirmed.front().map(|p| p.sent.max(last_read) + timeout);
         // Biased, the socket first: after this thread was starved (a box
         // under full load can leave a process unpolled for seconds), what
         // Redis sent meanwhile is read before any timer is believed.
@@ -528,11 +533,11 @@ async fn write_within(conn: &mut Conn, bytes: &[u8], timeout: Duration) -> std::
 /// Writes a PING, noting it in `pending`.
 async fn send_ping(
     conn: &mut Conn,
-    pending: &mut VecDeque<Unconfirmed>,
+    unconfirmed: &mut VecDeque<Unconfirmed>,
     timeout: Duration,
 ) -> std::io::Result<()> {
     write_within(conn, &redis::cmd("PING").get_packed_command(), timeout).await?;
-    pending.push_back(Unconfirmed {
+    unconfirmed.push_back(Unconfirmed {
         command: LinkCommand::Ping,
         remaining: 1,
         ids: Vec::new(),
@@ -546,7 +551,7 @@ async fn send_ping(
 async fn send_command(
     conn: &mut Conn,
     queued: &mut VecDeque<Op>,
-    pending: &mut VecDeque<Unconfirmed>,
+    unconfirmed: &mut VecDeque<Unconfirmed>,
     cluster: &Cluster,
     timeout: Duration,
 ) -> std::io::Result<()> {
@@ -581,7 +586,7 @@ async fn send_command(
     }
     cluster.stats.subscribe_commands.fetch_add(1, Relaxed);
     write_within(conn, &cmd.get_packed_command(), timeout).await?;
-    pending.push_back(Unconfirmed {
+    unconfirmed.push_back(Unconfirmed {
         command: kind,
         remaining: channels,
         ids,
@@ -670,15 +675,20 @@ impl Bus {
     fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
-        let parsed = parse_payload(payload).filter(|p| p.text.len() <= self.cluster.max_message_bytes);
+        // An event id far ahead of this node's clock would push its ids
+        // out of reach: refused, as anything else not in the format.
+        let horizon = now_us().saturating_add(MAX_AHEAD.as_micros() as u64);
+        let parsed = parse_payload(payload).filter(|p| {
+            p.text.len() <= self.cluster.max_message_bytes && p.event.is_none_or(|e| e <= horizon)
+        });
         let Some(Payload { origin, event, text }) = parsed else {
             if stats.malformed.fetch_add(1, Relaxed) == 0 {
                 tracing::warn!(
                     event = "bus_malformed",
                     channel = %channel,
                     bytes = payload.len(),
-                    "a bus message is not \"<instance> <event id or -> <one line>\" with a line of at most \
-                     message.max_bytes; \
+                    "a bus message is not \"<instance>[@<event id>] <one line>\" with a line of at most \
+                     message.max_bytes and an event id at most a minute ahead of this node's clock; \
                      dropped, never delivered or kept (counted in /stats cluster.malformed)"
                 );
             }

@@ -16,11 +16,13 @@
 //! - `/dispatcher` numbers come from `INCRBY <prefix>:dispatcher n`, one
 //!   command per batch of requests.
 //!
-//! A message on the bus is `"<origin> <event> <text>"`: the publishing
+//! A message on the bus is `"<origin>@<event> <text>"`: the publishing
 //! process's random instance id (`<instance>/<seq>` for a keyed publish,
-//! whose echo delivers it on its own node), its event id (`-` for a
-//! broadcast, which has none), and the message line. Every node records and
-//! delivers the message under that event id: it is minted once.
+//! whose echo delivers it on its own node), the event id it minted, and the
+//! message line; a broadcast, which has no event id, is `"<origin> <text>"`.
+//! Every node records and delivers a message under its event id: it is
+//! minted once. (A message without one on an id's channel, from a node of a
+//! version before ids travelled, gets one on arrival, as then.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -298,7 +300,7 @@ pub(crate) struct Cluster {
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
     /// Keyed publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
-    pending: Mutex<BTreeMap<u64, AwaitedEcho>>,
+    awaited: Mutex<BTreeMap<u64, AwaitedEcho>>,
     /// The last sequence number given to a keyed publish.
     seq: AtomicU64,
 }
@@ -359,15 +361,15 @@ impl Cluster {
             conn,
             client,
             lingering: Mutex::new(HashMap::new()),
-            pending: Mutex::new(BTreeMap::new()),
+            awaited: Mutex::new(BTreeMap::new()),
             seq: AtomicU64::new(0),
         })
     }
 
     /// The table of awaited echoes (a panic while it was held leaves it
     /// usable).
-    fn pending(&self) -> MutexGuard<'_, BTreeMap<u64, AwaitedEcho>> {
-        self.pending
+    fn awaited(&self) -> MutexGuard<'_, BTreeMap<u64, AwaitedEcho>> {
+        self.awaited
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -375,7 +377,7 @@ impl Cluster {
     /// Takes the keyed publish `seq` of this node whose echo just came, if
     /// it is still waited for.
     pub(crate) fn take_awaited(&self, seq: u64) -> Option<AwaitedEcho> {
-        self.pending().remove(&seq).filter(|p| p.expires > Instant::now())
+        self.awaited().remove(&seq).filter(|p| p.expires > Instant::now())
     }
 
     /// PUBLISHes `msg` on `channel` unless `key` was used within `ttl`, in
@@ -401,7 +403,7 @@ impl Cluster {
         let publish_id = format!("{}/{seq}", self.instance);
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
-            let mut pending = self.pending();
+            let mut pending = self.awaited();
             let now = Instant::now();
             // Sequence numbers grow and the TTL is one: the oldest entries
             // expire first, so dropping the expired ones is a walk from the
@@ -453,7 +455,7 @@ impl Cluster {
         };
         self.stats.publishes.fetch_add(1, Relaxed);
         if fresh == 0 {
-            self.pending().remove(&seq);
+            self.awaited().remove(&seq);
             let stored: String = redis::from_redis_value(value).unwrap_or_default();
             let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
             if bound_to != request {
@@ -472,7 +474,7 @@ impl Cluster {
         }
         // No echo: this node was not among the receivers, unless the echo
         // took the entry just now and is delivering it.
-        if self.pending().remove(&seq).is_none() {
+        if self.awaited().remove(&seq).is_none() {
             let done = tokio::time::timeout(self.timeout(), rx)
                 .await
                 .ok()
@@ -807,33 +809,34 @@ fn view_json(mode: &str, node: &str, nodes: &[NodeInfo]) -> Value {
 pub(crate) struct Payload<'a> {
     /// `<instance>` or `<instance>/<seq>`.
     pub(crate) origin: &'a str,
-    /// The event id its node minted; `None` for a broadcast.
+    /// The event id its node minted; `None` for a broadcast, and for a
+    /// message from a node of a version before event ids travelled.
     pub(crate) event: Option<u64>,
     /// The message line.
     pub(crate) text: &'a str,
 }
 
-/// A bus payload: `"<origin> <event or -> <text>"`.
+/// A bus payload: `"<origin>@<event> <text>"`, or `"<origin> <text>"`
+/// without an event id. The id rides on the origin so that a node of a
+/// version before it travelled, which compares the origin with its own and
+/// delivers the rest, still delivers the text unchanged.
 fn payload(origin: &str, event: Option<u64>, text: &str) -> String {
     match event {
-        Some(event) => format!("{origin} {event} {text}"),
-        None => format!("{origin} - {text}"),
+        Some(event) => format!("{origin}@{event} {text}"),
+        None => format!("{origin} {text}"),
     }
 }
 
-/// A bus payload's parts, if it is `"<origin> <event id or -> <one line>"`.
+/// A bus payload's parts, if it is `"<origin>[@<event id>] <one line>"`.
 pub(crate) fn parse_payload(payload: &[u8]) -> Option<Payload<'_>> {
     let text = std::str::from_utf8(payload).ok()?;
-    let (origin, rest) = text.split_once(' ')?;
-    let (event, text) = rest.split_once(' ')?;
-    let event = match event {
-        "-" => None,
-        digits => Some(
-            digits
-                .parse()
-                .ok()
-                .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))?,
-        ),
+    let (origin, text) = text.split_once(' ')?;
+    let (origin, event) = match origin.split_once('@') {
+        None => (origin, None),
+        Some((origin, digits)) => {
+            let all_digits = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+            (origin, Some(digits.parse().ok().filter(|_| all_digits)?))
+        }
     };
     (!origin.is_empty() && !text.is_empty() && !text.contains(['\r', '\n'])).then_some(Payload {
         origin,
@@ -891,26 +894,29 @@ mod tests {
     fn payloads() {
         let p = |origin, event, text| Some(Payload { origin, event, text });
         assert_eq!(
-            parse_payload(b"abc 17 hello world"),
+            parse_payload(b"abc@17 hello world"),
             p("abc", Some(17), "hello world")
         );
-        assert_eq!(parse_payload(b"abc/3 - hi"), p("abc/3", None, "hi"));
-        assert_eq!(
-            parse_payload(payload("abc", Some(5), "x y").as_bytes()),
-            p("abc", Some(5), "x y")
-        );
-        assert_eq!(
-            parse_payload(payload("abc", None, "x").as_bytes()),
-            p("abc", None, "x")
-        );
-        // The format before event ids travelled: refused, not misread.
-        assert_eq!(parse_payload(b"abc hello world"), None);
-        assert_eq!(parse_payload(b"abc +1 hi"), None);
+        assert_eq!(parse_payload(b"abc/3@4 hi"), p("abc/3", Some(4), "hi"));
+        assert_eq!(parse_payload(b"abc hi"), p("abc", None, "hi"));
+        for (event, text) in [(Some(5), "x y"), (None, "7 x"), (None, "- x")] {
+            assert_eq!(
+                parse_payload(payload("abc", event, text).as_bytes()),
+                p("abc", event, text)
+            );
+        }
+        // A message of a node from before event ids travelled is read as
+        // it was meant, whatever its first word.
+        assert_eq!(parse_payload(b"abc 42 apples"), p("abc", None, "42 apples"));
+        assert_eq!(parse_payload(b"abc@ hi"), None);
+        assert_eq!(parse_payload(b"abc@+1 hi"), None);
+        assert_eq!(parse_payload(b"abc@1x hi"), None);
+        assert_eq!(parse_payload(b"@1 hi"), None);
         assert_eq!(parse_payload(b"abc"), None);
-        assert_eq!(parse_payload(b" 1 hello"), None);
-        assert_eq!(parse_payload(b"abc 1 "), None);
-        assert_eq!(parse_payload(b"abc 1 a\nb"), None);
-        assert_eq!(parse_payload(b"abc 1 \xff"), None);
+        assert_eq!(parse_payload(b" hello"), None);
+        assert_eq!(parse_payload(b"abc "), None);
+        assert_eq!(parse_payload(b"abc a\nb"), None);
+        assert_eq!(parse_payload(b"abc \xff"), None);
     }
 
     #[test]

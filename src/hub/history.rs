@@ -41,11 +41,38 @@ struct Ring {
     /// Messages with ids up to this one may be gone (evicted or expired, or
     /// sent before the ring was made).
     lost_before: u64,
-    /// Messages that came late, oldest first: `(its id, the last id given
-    /// when it came)`. A stream at a position between the two may have
-    /// left before it came, and resumes after it: told as a gap. Empty
-    /// unless another node's message crossed one of this node's.
-    late: VecDeque<(u64, u64)>,
+}
+
+/// The window a late message leaves: a stream at a position `p` with
+/// `after < p <= upto` may have left before the message came, and resuming
+/// after `p` would skip it.
+#[derive(Debug, Clone, Copy)]
+struct Late {
+    after: u64,
+    upto: u64,
+}
+
+/// The late windows of one id.
+#[derive(Debug, Default)]
+struct LateWindows {
+    /// Oldest first, at most `history.size`, each for the TTL.
+    open: VecDeque<Late>,
+    /// The largest `upto` of the windows forgotten (past the bound or the
+    /// TTL): a resume at or below it is told of a gap, conservatively.
+    forgotten_upto: u64,
+}
+
+impl LateWindows {
+    /// Whether a stream at `since` may have skipped a late message.
+    fn crossed(&self, since: u64) -> bool {
+        since <= self.forgotten_upto || self.open.iter().any(|w| w.after < since && since <= w.upto)
+    }
+
+    fn forget_oldest(&mut self) {
+        if let Some(w) = self.open.pop_front() {
+            self.forgotten_upto = self.forgotten_upto.max(w.upto);
+        }
+    }
 }
 
 /// What a stream resuming after an event id is owed.
@@ -74,14 +101,23 @@ pub(crate) struct History {
     ttl_us: u64,
     /// The first id this process could give: what came before is not here.
     started: u64,
-    /// The last id given.
+    /// The largest id minted here or seen from another node: ids minted
+    /// from now on are larger.
+    clock: u64,
+    /// The largest id recorded (delivered): where a stream that does not
+    /// resume starts. Below `clock` while a keyed publish's id is minted
+    /// and its message not back yet.
     last: u64,
     rings: HashMap<Arc<str>, Ring>,
+    /// Late messages' windows per id, oldest first (at most `size` per id,
+    /// for the TTL). Empty unless messages of two nodes crossed.
+    late: HashMap<Arc<str>, LateWindows>,
     /// Messages kept over all rings.
     kept: usize,
 }
 
-fn now_us() -> u64 {
+/// Microseconds since the Unix epoch: the clock event ids are made of.
+pub(crate) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -96,22 +132,25 @@ impl History {
             size,
             ttl_us: ttl.as_micros() as u64,
             started: now,
+            clock: now,
             last: now,
             rings: HashMap::new(),
+            late: HashMap::new(),
             kept: 0,
         }
     }
 
     /// The next event id.
     pub(crate) fn next_id(&mut self) -> u64 {
-        self.last = (self.last + 1).max(now_us());
-        self.last
+        self.clock = self.clock.saturating_add(1).max(now_us());
+        self.clock
     }
 
     /// Takes note of `event`, minted by another node, and returns it: ids
-    /// this node mints from now on are larger.
+    /// this node mints from now on are larger. (The bus refuses ids far
+    /// ahead of this node's clock, so one cannot push it out of reach.)
     pub(crate) fn witness(&mut self, event: u64) -> u64 {
-        self.last = self.last.max(event);
+        self.clock = self.clock.max(event);
         event
     }
 
@@ -128,17 +167,19 @@ impl History {
 
     /// Keeps message `ev` of `id`.
     pub(crate) fn record(&mut self, id: &str, ev: u64, msg: &Arc<str>) {
+        let top = self.last;
+        self.last = self.last.max(ev);
         if self.size == 0 {
             return;
         }
+        let now = now_us();
         if !self.rings.contains_key(id) {
-            let lost_before = self.floor(ev);
+            let lost_before = self.floor(now);
             self.rings.insert(
                 Arc::from(id),
                 Ring {
                     entries: VecDeque::new(),
                     lost_before,
-                    late: VecDeque::new(),
                 },
             );
         }
@@ -149,18 +190,19 @@ impl History {
         // one of this node (nearly always it goes at the back).
         let at = ring.entries.partition_point(|(kept, _)| *kept <= ev);
         ring.entries.insert(at, (ev, Arc::clone(msg)));
-        if ev < self.last {
-            // Late: streams of this id may be past it already (a welcome's
-            // position is the last id given, whatever its id).
-            ring.late.push_back((ev, self.last));
-            if ring.late.len() > size
-                && let Some((_, top)) = ring.late.pop_front()
-            {
-                ring.lost_before = ring.lost_before.max(top);
+        self.kept += 1;
+        self.kept -= ring.expire(now, ttl);
+        if ev <= top {
+            // Late (another node's message crossed one recorded here), or
+            // an id another message has too: streams may be past it already
+            // (a welcome's position is the last id recorded, of any id).
+            let after = if ev < top { ev } else { ev - 1 };
+            let windows = self.late.entry(Arc::from(id)).or_default();
+            windows.open.push_back(Late { after, upto: top });
+            if windows.open.len() > size {
+                windows.forget_oldest();
             }
         }
-        self.kept += 1;
-        self.kept -= ring.expire(ev, ttl);
         while ring.entries.len() > size {
             if let Some((gone, _)) = ring.entries.pop_front() {
                 ring.lost_before = ring.lost_before.max(gone);
@@ -190,19 +232,15 @@ impl History {
             };
         }
         let now = now_us();
-        let (replay, lost_before, crossed) = match self.rings.get_mut(id) {
+        let crossed = self.late.get(id).is_some_and(|w| w.crossed(since));
+        let (replay, lost_before) = match self.rings.get_mut(id) {
             Some(ring) => {
                 self.kept -= ring.expire(now, self.ttl_us);
                 let after = ring.entries.partition_point(|(ev, _)| *ev <= since);
-                let crossed = ring.late.iter().any(|&(ev, top)| ev < since && since <= top);
-                (
-                    ring.entries.range(after..).cloned().collect(),
-                    ring.lost_before,
-                    crossed,
-                )
+                (ring.entries.range(after..).cloned().collect(), ring.lost_before)
             }
-            None if self.size == 0 => (Vec::new(), u64::MAX, false),
-            None => (Vec::new(), self.floor(now), false),
+            None if self.size == 0 => (Vec::new(), u64::MAX),
+            None => (Vec::new(), self.floor(now)),
         };
         let gap = ((since < lost_before && since < self.last) || crossed).then(|| Gap {
             after: since,
@@ -215,13 +253,26 @@ impl History {
         }
     }
 
-    /// Drops expired messages, and rings left empty.
+    /// Drops expired messages, and rings left empty; forgets late windows
+    /// older than the TTL (a resume from inside one still hears a gap for
+    /// one TTL more; after that, from below the TTL's floor).
     pub(crate) fn sweep(&mut self) {
         let (now, ttl) = (now_us(), self.ttl_us);
+        self.late.retain(|_, windows| {
+            while windows
+                .open
+                .front()
+                .is_some_and(|w| w.upto.saturating_add(ttl) < now)
+            {
+                windows.forget_oldest();
+            }
+            !windows.open.is_empty() || windows.forgotten_upto.saturating_add(2 * ttl) >= now
+        });
+        crate::id::shrink_if_sparse(&mut self.late);
         let mut dropped = 0;
         self.rings.retain(|_, ring| {
             dropped += ring.expire(now, ttl);
-            !ring.entries.is_empty() || !ring.late.is_empty()
+            !ring.entries.is_empty()
         });
         self.kept -= dropped;
         crate::id::shrink_if_sparse(&mut self.rings);
@@ -252,18 +303,6 @@ impl Ring {
         }
         if self.entries.is_empty() {
             self.entries = VecDeque::new();
-        }
-        // A late message's window is forgotten with the TTL; a resume from
-        // inside it is then told of a gap by `lost_before`.
-        while let Some(&(_, top)) = self.late.front() {
-            if top.saturating_add(ttl) >= now {
-                break;
-            }
-            self.lost_before = self.lost_before.max(top);
-            self.late.pop_front();
-        }
-        if self.late.is_empty() {
-            self.late = VecDeque::new();
         }
         n
     }
@@ -393,6 +432,62 @@ mod tests {
         assert!(h.next_id() > ahead);
         assert_eq!(h.resume("a", Some(mine)).replay, vec![(ahead, msg("ahead"))]);
         assert_eq!(h.resume("a", Some(ahead)).gap, None);
+    }
+
+    #[test]
+    fn a_late_window_still_tells_a_gap_once_forgotten() {
+        // Overflow: two windows kept per id (size 2); the oldest goes.
+        let mut h = History::new(2, Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(2));
+        let mut windows = Vec::new();
+        for _ in 0..3 {
+            let mine = h.next_id();
+            h.record("a", mine, &msg("mine"));
+            let theirs = h.witness(mine - 1);
+            h.record("a", theirs, &msg("theirs"));
+            windows.push(mine);
+        }
+        for at in &windows {
+            assert!(h.resume("a", Some(*at)).gap.is_some(), "at {at}");
+        }
+        // Expiry: after the TTL the window goes, the gap stays for one TTL
+        // more (then a resume from there is below the TTL's floor).
+        let mut h = History::new(10, Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(2));
+        let mine = h.next_id();
+        h.record("a", mine, &msg("mine"));
+        let theirs = h.witness(mine - 1);
+        h.record("a", theirs, &msg("theirs"));
+        std::thread::sleep(Duration::from_millis(50));
+        h.sweep();
+        assert!(h.late["a"].open.is_empty());
+        assert!(h.resume("a", Some(mine)).gap.is_some());
+        std::thread::sleep(Duration::from_millis(50));
+        h.sweep();
+        assert!(h.late.is_empty());
+    }
+
+    #[test]
+    fn an_id_minted_ahead_is_not_a_position_until_its_message_is_recorded() {
+        // A keyed cluster publish: its id is minted, its message comes back
+        // from Redis a moment later.
+        let mut h = History::new(10, Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(2));
+        let before = h.resume("a", None).position;
+        let keyed = h.next_id();
+        // A stream welcomed meanwhile starts before it, and leaves.
+        let position = h.resume("a", None).position;
+        assert_eq!(position, before);
+        h.record("a", keyed, &msg("keyed"));
+        let r = h.resume("a", Some(position));
+        assert_eq!(r.replay, vec![(keyed, msg("keyed"))]);
+        assert_eq!(r.gap, None);
+        // Another message with the same id as one recorded here (two nodes'
+        // clocks gave the same microsecond): a stream at that id is told.
+        let twin = h.witness(keyed);
+        h.record("a", twin, &msg("twin"));
+        assert!(h.resume("a", Some(keyed)).gap.is_some());
+        assert_eq!(h.resume("a", Some(keyed - 1)).replay.len(), 2);
     }
 
     #[test]

@@ -177,9 +177,18 @@ impl<S: StreamActor> Hub<S> {
         self.cluster.as_ref()
     }
 
-    /// Cluster mode: the Bus (fault injection).
-    pub(crate) fn bus(&self) -> Option<&Addr<Bus>> {
-        self.bus.as_ref()
+    /// Fault injection: makes the Bus panic in a handler (it restarts).
+    /// `false` without a bus.
+    pub(crate) async fn crash_bus(&self) -> bool {
+        match &self.bus {
+            Some(bus) => {
+                // `None` (the handler panicked) or a mailbox error: either
+                // way the Bus is restarting.
+                let _ = bus.send(crate::supervision::Crash).await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Publishes `msg` to `target`: this node's streams, its history, and

@@ -36,7 +36,7 @@ use crate::supervision::{Crash, guarded};
 
 /// Most broadcast deliveries the Router keeps queued at its streams at once,
 /// so ticks, routed messages and requests of a worker wait behind at most
-/// this many, not behind a whole broadcast (why 64: BENCHMARKS.md,
+/// this many, not behind a whole broadcast (why 64: docs/design-notes.md,
 /// "Broadcast pacing").
 const FANOUT_WINDOW: usize = 64;
 

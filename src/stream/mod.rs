@@ -316,33 +316,33 @@ impl Stream {
         &mut self,
         ctx: &mut Context<Self>,
         kind: EventKind,
-        event: Counted,
+        counted: Counted,
         line: fmt::Arguments<'_>,
     ) -> bool {
         if self.tracking.as_ref().is_some_and(|x| x.closing) {
             return false;
         }
         let position = self.tracking.as_ref().map_or(0, |x| x.position);
-        let (format, ids, framing) = (self.transport, self.ids, self.framing);
+        let (transport, ids, framing) = (self.transport, self.ids, self.framing);
         let max = self.core.shared.settings.max_pending_bytes;
         let (sink, stats) = (&mut self.sink, &self.core.shared.stats);
         let written = LINE.with_borrow_mut(|buf| {
             buf.clear();
             // unwrap (each write): writing into a Vec cannot fail.
-            match format {
+            match transport {
                 Transport::Plain => {
                     if ids {
                         write!(buf, "{position} ").expect("format into Vec");
                     }
                     buf.write_fmt(line).expect("format into Vec");
                     buf.push(b'\n');
-                    sink.push_line(buf, framing, event, max, stats)
+                    sink.push_line(buf, framing, counted, max, stats)
                 }
                 Transport::Sse => {
                     write!(buf, "id: {position}\nevent: {}\ndata: ", kind.name()).expect("format into Vec");
                     buf.write_fmt(line).expect("format into Vec");
                     buf.extend_from_slice(b"\n\n");
-                    sink.push_line(buf, framing, event, max, stats)
+                    sink.push_line(buf, framing, counted, max, stats)
                 }
                 Transport::Ws => {
                     // Room for the frame header, written once the length is known.
@@ -354,7 +354,7 @@ impl Stream {
                     let mut head = [0u8; 10];
                     let n = ws::header(ws::TEXT, buf.len() - 10, &mut head);
                     buf[10 - n..10].copy_from_slice(&head[..n]);
-                    sink.push_line(&buf[10 - n..], Framing::Close, event, max, stats)
+                    sink.push_line(&buf[10 - n..], Framing::Close, counted, max, stats)
                 }
             }
         });
