@@ -1191,4 +1191,86 @@ mod tests {
                 .held
         );
     }
+
+    /// A bus that records what the Router tells it.
+    #[derive(Default)]
+    struct FakeBus {
+        told: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Actor for FakeBus {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Interest> for FakeBus {
+        type Result = ();
+        fn handle(&mut self, m: Interest, _: &mut Context<Self>) {
+            let line = match m {
+                Interest::Held(id) => format!("held {id}"),
+                Interest::Released(id) => format!("released {id}"),
+            };
+            self.told.lock().unwrap().push(line);
+        }
+    }
+
+    #[actix_rt::test]
+    async fn in_cluster_mode_a_new_id_waits_for_its_subscription_and_then_gets_what_it_missed() {
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let bus = FakeBus::default();
+        let told = Arc::clone(&bus.told);
+        router
+            .send(Attach {
+                bus: bus.start().recipient(),
+            })
+            .await
+            .unwrap();
+        let start = router
+            .send(MintEventId { id: "x".into() })
+            .await
+            .unwrap()
+            .unwrap()
+            .event;
+        // Two streams of `a`, one resuming: they wait, and the bus is told
+        // once that this node holds `a`.
+        let (first, c1, log1) = log_in(&router, "a", Some(Some(start))).await;
+        let (_second, c2, log2) = log_in(&router, "a", None).await;
+        assert_eq!(*told.lock().unwrap(), ["held a"]);
+        // A message sent while they wait reaches nobody yet, and is kept.
+        let p = sent(&router, "a", "while waiting").await;
+        assert_eq!(p.delivered, 0);
+        assert!(log1.welcomed.lock().unwrap().is_empty());
+        // Subscribed: both are welcomed; the resuming one gets it replayed.
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        eventually(|| log1.welcomed.lock().unwrap().len() == 1 && log2.welcomed.lock().unwrap().len() == 1)
+            .await;
+        let got = log1.welcomed.lock().unwrap().pop().unwrap();
+        assert_eq!(got.replay, vec![(p.event, Arc::from("while waiting"))]);
+        // Now messages reach them.
+        assert_eq!(sent(&router, "a", "live").await.delivered, 2);
+        first.send(Take).await.unwrap();
+        assert_eq!(*log1.took.lock().unwrap(), ["live"]);
+        // A stream of another id while the bus's link is down: LinkDown
+        // welcomes every stream still waiting.
+        let (_third, _, log3) = log_in(&router, "b", Some(None)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            log3.welcomed.lock().unwrap().is_empty(),
+            "welcomed before its subscription"
+        );
+        router.send(Subscribed::LinkDown).await.unwrap();
+        eventually(|| log3.welcomed.lock().unwrap().len() == 1).await;
+        // The last stream of `a` leaves: the bus is told.
+        for conn in [c1, c2] {
+            router
+                .send(Logout {
+                    id: Arc::from("a"),
+                    conn,
+                })
+                .await
+                .unwrap();
+        }
+        eventually(|| told.lock().unwrap().len() == 3).await;
+        assert_eq!(*told.lock().unwrap(), ["held a", "held b", "released a"]);
+    }
 }
