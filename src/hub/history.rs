@@ -197,7 +197,12 @@ impl History {
             // an id another message has too: streams may be past it already
             // (a welcome's position is the last id recorded, of any id).
             let after = if ev < top { ev } else { ev - 1 };
-            let windows = self.late.entry(Arc::from(id)).or_default();
+            if !self.late.contains_key(id) {
+                // The id's key is allocated once, not per late message.
+                self.late.insert(Arc::from(id), LateWindows::default());
+            }
+            // unwrap: inserted above if it was missing.
+            let windows = self.late.get_mut(id).expect("windows exist");
             windows.open.push_back(Late { after, upto: top });
             if windows.open.len() > size {
                 windows.forget_oldest();

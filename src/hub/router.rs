@@ -920,17 +920,8 @@ mod tests {
         let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
         let (mut fakes, mut logs) = (Vec::new(), Vec::new());
         for _ in 0..n {
-            let fake = Fake::default();
-            logs.push(Arc::clone(&fake.took));
-            let addr = fake.start();
-            router
-                .send(Login {
-                    id: Arc::from("a"),
-                    conn: next_conn_id(),
-                    addr: addr.downgrade(),
-                })
-                .await
-                .unwrap();
+            let (addr, _, fake) = log_in(&router, "a", None).await;
+            logs.push(fake.took);
             fakes.push(addr);
         }
         (stats, router, fakes, logs)
