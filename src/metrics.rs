@@ -88,7 +88,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 27] = [
+        let counters: [CounterSpec<'_>; 33] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -197,6 +197,36 @@ impl Collector for StatsCollector {
                 &s.history_replayed,
             ),
             ("history_gaps", "Resumes told of a possible gap.", &s.history_gaps),
+            (
+                "history_gaps_trimmed",
+                "Gaps told because history.size or history.ttl_ms let the messages go.",
+                &s.gaps_trimmed,
+            ),
+            (
+                "history_gaps_epoch",
+                "Gaps told because Redis lost the fleet's history (a new epoch).",
+                &s.gaps_epoch,
+            ),
+            (
+                "history_gaps_unknown",
+                "Gaps told after an event id the history never gave.",
+                &s.gaps_unknown,
+            ),
+            (
+                "history_gaps_read_failed",
+                "Gaps told because the read of the fleet's history failed.",
+                &s.gaps_read_failed,
+            ),
+            (
+                "history_reads",
+                "Reads of the fleet's history in Redis (cluster mode).",
+                &s.history_reads,
+            ),
+            (
+                "history_read_errors",
+                "Reads of the fleet's history that failed or timed out.",
+                &s.history_read_errors,
+            ),
             (
                 "streams_opened_sse",
                 "Streams opened as server-sent events.",

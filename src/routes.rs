@@ -46,26 +46,29 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
             .route(preflight("POST, OPTIONS", "Authorization, Content-Type"))
             .default_service(only("POST"))
     };
-    cfg.service(web::resource(["/test/", "/send/"]).to(|| fail(ApiError::BadId(IdError::Empty))))
-        .service(
-            web::resource("/test/{id}")
-                .route(web::get().to(stream))
-                .route(preflight(
-                    "GET, OPTIONS",
-                    "Authorization, Last-Event-ID, Accept, Cache-Control",
-                ))
-                .default_service(only("GET")),
-        )
-        .service(post("/send/{id}", web::post().to(send)))
-        .service(post("/broadcast", web::post().to(broadcast)))
-        .service(get("/dispatcher", web::get().to(next_count)))
-        .service(get("/stats", web::get().to(stats)))
-        .service(get("/metrics", web::get().to(metrics)))
-        .service(get("/", web::get().to(crate::dashboard::page)))
-        .service(get("/dashboard/events", web::get().to(crate::dashboard::events)))
-        .service(get("/cluster", web::get().to(cluster_view)))
-        .service(get("/healthz", web::get().to(healthz)))
-        .service(get("/readyz", web::get().to(readyz)));
+    cfg.service(
+        web::resource(["/test/", "/send/", "/presence/"]).to(|| fail(ApiError::BadId(IdError::Empty))),
+    )
+    .service(
+        web::resource("/test/{id}")
+            .route(web::get().to(stream))
+            .route(preflight(
+                "GET, OPTIONS",
+                "Authorization, Last-Event-ID, Accept, Cache-Control",
+            ))
+            .default_service(only("GET")),
+    )
+    .service(post("/send/{id}", web::post().to(send)))
+    .service(post("/broadcast", web::post().to(broadcast)))
+    .service(get("/dispatcher", web::get().to(next_count)))
+    .service(get("/stats", web::get().to(stats)))
+    .service(get("/metrics", web::get().to(metrics)))
+    .service(get("/", web::get().to(crate::dashboard::page)))
+    .service(get("/dashboard/events", web::get().to(crate::dashboard::events)))
+    .service(get("/cluster", web::get().to(cluster_view)))
+    .service(get("/presence/{id}", web::get().to(presence)))
+    .service(get("/healthz", web::get().to(healthz)))
+    .service(get("/readyz", web::get().to(readyz)));
     if fault_injection {
         cfg.service(post("/admin/crash/{actor}", web::post().to(crash)))
             .service(post("/admin/cut/{id}", web::post().to(cut)));
@@ -289,6 +292,19 @@ async fn cluster_view(state: Data<ServerState>) -> Result<HttpResponse, ApiError
         None => crate::hub::cluster::single_view(&state.stats, &state.addr),
     };
     Ok(HttpResponse::Ok().json(view))
+}
+
+/// `GET /presence/{id}`: the id's open streams, per node.
+/// Who may publish may see it (`auth.publish_token`): it tells who listens.
+async fn presence(
+    req: HttpRequest,
+    id: Path<String>,
+    state: Data<ServerState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let id = id.into_inner();
+    id::validate(&id, state.settings.stream.max_id_len)?;
+    Ok(HttpResponse::Ok().json(state.hub.presence(&id).await?))
 }
 
 /// `GET /healthz`: the process serves (liveness).

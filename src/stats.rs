@@ -93,6 +93,22 @@ pub(crate) struct Stats {
     pub(crate) history_replayed: AtomicU64,
     /// Resumes told of a gap (messages after their id may be gone).
     pub(crate) history_gaps: AtomicU64,
+    /// Of those: trimmed by `history.size`, expired, or from before the
+    /// history began.
+    pub(crate) gaps_trimmed: AtomicU64,
+    /// Of those: from before the fleet's epoch (Redis lost its data).
+    pub(crate) gaps_epoch: AtomicU64,
+    /// Of those: after an id the history never gave.
+    pub(crate) gaps_unknown: AtomicU64,
+    /// Of those: the read of the fleet's history failed.
+    pub(crate) gaps_read_failed: AtomicU64,
+    /// Cluster mode: reads of the fleet's history in Redis (one per
+    /// stream that carries event ids, when it starts or resumes).
+    pub(crate) history_reads: AtomicU64,
+    /// Of those, failed or timed out.
+    pub(crate) history_read_errors: AtomicU64,
+    /// Their time in microseconds, summed (÷ `history_reads`: the mean).
+    pub(crate) history_read_us: AtomicU64,
     /// Seconds from a routed message being accepted by this node (its
     /// `/send` or `/broadcast` body read, or its arrival from the cluster
     /// bus) to all its bytes being with a stream's socket; one sample per
@@ -157,6 +173,13 @@ impl Stats {
             history_messages: AtomicU64::new(0),
             history_replayed: AtomicU64::new(0),
             history_gaps: AtomicU64::new(0),
+            gaps_trimmed: AtomicU64::new(0),
+            gaps_epoch: AtomicU64::new(0),
+            gaps_unknown: AtomicU64::new(0),
+            gaps_read_failed: AtomicU64::new(0),
+            history_reads: AtomicU64::new(0),
+            history_read_errors: AtomicU64::new(0),
+            history_read_us: AtomicU64::new(0),
             message_latency: Histogram::new(&LATENCY_BUCKETS),
             stream_lifetime: Histogram::new(&LIFETIME_BUCKETS),
         }
@@ -258,6 +281,15 @@ impl Stats {
                 "messages": get(&self.history_messages),
                 "replayed": get(&self.history_replayed),
                 "gaps": get(&self.history_gaps),
+                "gaps_by_cause": {
+                    "trimmed": get(&self.gaps_trimmed),
+                    "epoch": get(&self.gaps_epoch),
+                    "unknown": get(&self.gaps_unknown),
+                    "read_failed": get(&self.gaps_read_failed),
+                },
+                "reads": get(&self.history_reads),
+                "read_errors": get(&self.history_read_errors),
+                "read_seconds": get(&self.history_read_us) as f64 / 1e6,
             },
             "chunks_sent": get(&self.chunks_sent),
             "messages": {

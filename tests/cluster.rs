@@ -262,14 +262,20 @@ fn broadcast_reaches_streams_on_three_nodes() {
 
     let r = post(nodes[0].addr, "/broadcast", "to everyone");
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.json(), json!({"delivered": 1, "nodes": 2}));
+    let first = r.json();
+    // The fleet keeps broadcasts too, so they have an event id.
+    let event = first["event_id"].as_u64().expect("an event id");
+    assert_eq!(first, json!({"delivered": 1, "nodes": 2, "event_id": event}));
     for s in &mut streams {
         assert_eq!(s.line(), "Recvd msg #1: 'to everyone'");
     }
     // Once each: a second broadcast, from another node, is the next line
     // everywhere (node a's own echo of the first came before it).
     let r = post(nodes[2].addr, "/broadcast", "again");
-    assert_eq!(r.json(), json!({"delivered": 1, "nodes": 2}));
+    let second = r.json();
+    assert!(second["event_id"].as_u64().unwrap() > event, "{second}");
+    assert_eq!(second["delivered"], 1);
+    assert_eq!(second["nodes"], 2);
     for s in &mut streams {
         assert_eq!(s.line(), "Recvd msg #2: 'again'");
     }
@@ -808,6 +814,18 @@ fn single_mode_answers_are_unchanged() {
     let _s = srv.open("one");
     srv.wait_stats(WAIT, |s| s["connections"]["active"] == 1);
     assert_eq!(srv.get("/cluster").json()["totals"]["streams"], 1);
+    // Presence has the cluster's shape, for this process alone.
+    let p = srv.get("/presence/one").json();
+    let name = c["nodes"][0]["name"].clone();
+    assert_eq!(
+        p,
+        json!({"id": "one", "streams": 1, "nodes": [{"node": name, "streams": 1}]})
+    );
+    assert_eq!(
+        srv.get("/presence/none").json(),
+        json!({"id": "none", "streams": 0, "nodes": []})
+    );
+    assert_eq!(srv.get("/presence/").status, 400);
 }
 
 /// A panic inside the Bus actor restarts it under its Supervisor: the node
@@ -1200,40 +1218,6 @@ fn one_message_has_one_event_id_on_every_node() {
     }
 }
 
-/// Issue 22: a message that comes late (its id below one this node gave
-/// already: two nodes published to one id at the same moment) is kept in
-/// id order, and a stream that resumes from a position it may have
-/// skipped is told of a gap, never served a silent hole.
-#[test]
-fn a_message_that_comes_late_is_a_gap_for_a_stream_that_may_have_skipped_it() {
-    let redis = RedisServer::start();
-    let p = prefix("late");
-    let n = start_node(node_settings(&redis, &p, "n"));
-    let req = |query: &str| format!("GET /test/x?ids=1{query} HTTP/1.1\r\nhost: t\r\n\r\n");
-    let mut s = StreamClient::open_raw(n.addr, &req(""));
-    let welcome = s.line();
-    let position: u64 = welcome.split(' ').next().unwrap().parse().unwrap();
-    redis.wait_numsub(&id_channel(&p, "x"), 1, WAIT);
-    drop(s);
-    // Another node's message minted a millisecond before this stream's
-    // position, arriving now (the node lingers on the id).
-    let crossed = format!("othernode@{} crossed", position - 1000);
-    redis.command(&["PUBLISH", &id_channel(&p, "x"), &crossed]);
-    wait_until(WAIT, "the late message is kept", || {
-        n.stats()["history"]["messages"] == 1
-    });
-    let mut s = StreamClient::open_raw(n.addr, &req(&format!("&since={position}")));
-    assert_eq!(
-        s.line(),
-        format!("{position} Switchboard welcomes you! Your Id: x")
-    );
-    assert_eq!(
-        s.line(),
-        format!("{position} Gap: messages after event {position} may be missing; new messages follow")
-    );
-    assert_eq!(n.stats()["history"]["gaps"], 1);
-}
-
 /// In cluster mode every metric carries this node's name.
 #[test]
 fn metrics_carry_the_node_name_in_cluster_mode() {
@@ -1428,6 +1412,345 @@ fn oversized_or_multiline_bus_messages_are_dropped_and_counted() {
     assert_eq!(c.line(), format!("Recvd msg #2: '{}'", "y".repeat(100)));
     let st = n.stats();
     assert_eq!(st["cluster"]["malformed"], 4, "{st}");
-    assert_eq!(st["history"]["messages"], 2, "{st}");
+    // The fleet's history is in Redis, kept by the publishing script: a
+    // node keeps nothing of what arrives on the bus.
+    assert_eq!(st["history"]["messages"], 0, "{st}");
     assert_eq!(st["messages"]["routed"], 2, "{st}");
+}
+
+/// A stream with event ids (`?ids=1`) on `addr`, resuming after `since`.
+fn open_ids(addr: SocketAddr, id: &str, since: Option<u64>) -> StreamClient {
+    let since = since.map(|s| format!("&since={s}")).unwrap_or_default();
+    StreamClient::open_raw(
+        addr,
+        &format!("GET /test/{id}?ids=1{since} HTTP/1.1\r\nhost: t\r\n\r\n"),
+    )
+}
+
+/// A line of an `?ids=1` stream: its event id and the rest.
+fn event_line(line: &str) -> (u64, &str) {
+    let (id, rest) = line
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("no event id: {line}"));
+    (id.parse().unwrap_or_else(|_| panic!("no event id: {line}")), rest)
+}
+
+/// `/send` to `id` on `addr`: its event id.
+fn send_ok(addr: SocketAddr, id: &str, text: &str) -> u64 {
+    let r = post(addr, &format!("/send/{id}"), text);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["event_id"].as_u64().unwrap()
+}
+
+/// Issue 23: a stream that resumes on another node gets what it missed
+/// from the fleet's history (published on both nodes while it was away),
+/// under the ids `/send` answered, then live messages, none twice.
+#[test]
+fn a_stream_resumes_on_another_node_with_everything_it_missed() {
+    let redis = RedisServer::start();
+    let p = prefix("anynode");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut s = open_ids(a.addr, "r", None);
+    s.line();
+    redis.wait_numsub(&id_channel(&p, "r"), 1, WAIT);
+    let e1 = send_ok(b.addr, "r", "one");
+    assert_eq!(event_line(&s.line()), (e1, "Recvd msg #1: 'one'"));
+    drop(s);
+    let e2 = send_ok(b.addr, "r", "two");
+    let e3 = send_ok(a.addr, "r", "three");
+    let mut s = open_ids(b.addr, "r", Some(e1));
+    assert_eq!(s.line(), format!("{e1} Switchboard welcomes you! Your Id: r"));
+    assert_eq!(event_line(&s.line()), (e2, "Recvd msg #1: 'two'"));
+    assert_eq!(event_line(&s.line()), (e3, "Recvd msg #2: 'three'"));
+    let e4 = send_ok(a.addr, "r", "four");
+    assert_eq!(event_line(&s.line()), (e4, "Recvd msg #3: 'four'"));
+    let st = b.stats();
+    assert_eq!(st["history"]["gaps"], 0, "{st}");
+    assert_eq!(st["history"]["replayed"], 2, "{st}");
+    assert!(st["history"]["reads"].as_u64().unwrap() >= 1, "{st}");
+}
+
+/// Issue 23: an id no node held while messages were sent to it: a client
+/// that resumes after the first `/send`'s event id gets the rest, on a
+/// node that never held the id.
+#[test]
+fn an_id_no_node_held_resumes_from_the_first_sends_event_id() {
+    let redis = RedisServer::start();
+    let p = prefix("ghost");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let first = send_ok(a.addr, "ghost", "m1");
+    let e2 = send_ok(a.addr, "ghost", "m2");
+    let e3 = send_ok(b.addr, "ghost", "m3");
+    assert!(first < e2 && e2 < e3);
+    let mut s = open_ids(b.addr, "ghost", Some(first));
+    assert_eq!(
+        s.line(),
+        format!("{first} Switchboard welcomes you! Your Id: ghost")
+    );
+    assert_eq!(event_line(&s.line()), (e2, "Recvd msg #1: 'm2'"));
+    assert_eq!(event_line(&s.line()), (e3, "Recvd msg #2: 'm3'"));
+    assert_eq!(b.stats()["history"]["gaps"], 0);
+}
+
+/// Issue 23: more messages than `history.size` while away is a gap that
+/// names the first id kept; then the kept ones, in order, none twice.
+#[test]
+fn resuming_beyond_the_history_size_is_told_a_gap() {
+    let redis = RedisServer::start();
+    let p = prefix("trim");
+    let node = |name| {
+        let mut s = node_settings(&redis, &p, name);
+        s.history.size = 3;
+        start_node(s)
+    };
+    let (a, b) = (node("a"), node("b"));
+    let start = send_ok(a.addr, "t", "m0");
+    let ids: Vec<u64> = (1..=5).map(|i| send_ok(a.addr, "t", &format!("m{i}"))).collect();
+    let mut s = open_ids(b.addr, "t", Some(start));
+    s.line();
+    assert_eq!(
+        s.line(),
+        format!(
+            "{start} Gap: messages after event {start} may be missing; history resumes at event {}",
+            ids[2]
+        )
+    );
+    for (n, i) in (3..=5).enumerate() {
+        assert_eq!(
+            event_line(&s.line()),
+            (ids[i - 1], format!("Recvd msg #{}: 'm{i}'", n + 1).as_str())
+        );
+    }
+    // From inside what is kept: no gap.
+    let mut s = open_ids(a.addr, "t", Some(ids[2]));
+    s.line();
+    assert_eq!(event_line(&s.line()), (ids[3], "Recvd msg #1: 'm4'"));
+    let st = b.stats();
+    assert_eq!(st["history"]["gaps_by_cause"]["trimmed"], 1, "{st}");
+    assert_eq!(a.stats()["history"]["gaps"], 0);
+}
+
+/// Issue 23: Redis losing its data (`FLUSHALL`, as a restart without
+/// persistence) starts a new epoch: a resume from before it is told of a
+/// gap, and then gets what was sent since, in order.
+#[test]
+fn flushall_is_a_gap_never_a_silent_hole() {
+    let redis = RedisServer::start();
+    let p = prefix("flush");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let before = send_ok(a.addr, "f", "old");
+    redis.command(&["FLUSHALL"]);
+    let after = send_ok(a.addr, "f", "new");
+    let mut s = open_ids(a.addr, "f", Some(before));
+    s.line();
+    assert_eq!(
+        s.line(),
+        format!(
+            "{before} Gap: messages after event {before} may be missing; history resumes at event {after}"
+        )
+    );
+    assert_eq!(event_line(&s.line()), (after, "Recvd msg #1: 'new'"));
+    let st = a.stats();
+    assert_eq!(st["history"]["gaps_by_cause"]["epoch"], 1, "{st}");
+}
+
+/// Issue 23: a broadcast sent while a client was away is replayed when it
+/// resumes, in id order with its id's own messages.
+#[test]
+fn a_broadcast_missed_while_away_is_replayed_in_order() {
+    let redis = RedisServer::start();
+    let p = prefix("bmiss");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let start = send_ok(a.addr, "bm", "first");
+    let e2 = send_ok(b.addr, "bm", "second");
+    let r = post(a.addr, "/broadcast", "to all");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let eb = r.json()["event_id"].as_u64().unwrap();
+    let e3 = send_ok(a.addr, "bm", "third");
+    assert!(e2 < eb && eb < e3);
+    let mut s = open_ids(b.addr, "bm", Some(start));
+    s.line();
+    assert_eq!(event_line(&s.line()), (e2, "Recvd msg #1: 'second'"));
+    assert_eq!(event_line(&s.line()), (eb, "Recvd msg #2: 'to all'"));
+    assert_eq!(event_line(&s.line()), (e3, "Recvd msg #3: 'third'"));
+    assert_eq!(b.stats()["history"]["gaps"], 0);
+}
+
+/// Issue 23: two publishers on two nodes sending to one id at once:
+/// streams of the id on both nodes get every message once, in one order,
+/// the order of their event ids.
+#[test]
+fn two_publishers_on_two_nodes_give_one_order_everywhere() {
+    let redis = RedisServer::start();
+    let p = prefix("order");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut on_a = open_ids(a.addr, "o", None);
+    let mut on_b = open_ids(b.addr, "o", None);
+    on_a.line();
+    on_b.line();
+    redis.wait_numsub(&id_channel(&p, "o"), 2, WAIT);
+    const EACH: usize = 100;
+    let publishers: Vec<_> = [(a.addr, "a"), (b.addr, "b")]
+        .into_iter()
+        .map(|(addr, name)| {
+            std::thread::spawn(move || {
+                (0..EACH)
+                    .map(|i| send_ok(addr, "o", &format!("{name}{i}")))
+                    .collect::<Vec<u64>>()
+            })
+        })
+        .collect();
+    let mut answered: Vec<u64> = publishers.into_iter().flat_map(|p| p.join().unwrap()).collect();
+    answered.sort_unstable();
+    let seen = |s: &mut StreamClient| -> Vec<(u64, String)> {
+        (0..2 * EACH)
+            .map(|_| {
+                let line = s.line();
+                let (ev, rest) = event_line(&line);
+                (ev, rest.rsplit_once(": ").unwrap().1.to_owned())
+            })
+            .collect()
+    };
+    let (sa, sb) = (seen(&mut on_a), seen(&mut on_b));
+    assert_eq!(sa, sb, "the two nodes' streams saw different orders");
+    let ids: Vec<u64> = sa.iter().map(|(ev, _)| *ev).collect();
+    assert_eq!(ids, answered, "in the order of their ids, each once");
+}
+
+/// Issue 23: WebSocket `?since=` on a node other than the one the client
+/// was on.
+#[test]
+fn a_websocket_resumes_with_since_on_another_node() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let redis = RedisServer::start();
+    let p = prefix("wsnode");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let e1 = send_ok(a.addr, "w", "one");
+    let e2 = send_ok(a.addr, "w", "two");
+    let addr = b.addr;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = format!("ws://{addr}/test/w?since={e1}&ids=1");
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let mut texts = Vec::new();
+        while texts.len() < 2 {
+            match tokio::time::timeout(WAIT, ws.next()).await {
+                Ok(Some(Ok(Message::Text(t)))) if !t.starts_with("Chunk ") => texts.push(t.to_string()),
+                Ok(Some(Ok(Message::Text(_) | Message::Pong(_)))) => {}
+                other => panic!("expected a text frame, got {other:?}"),
+            }
+        }
+        assert_eq!(texts[0], format!("{e1} Switchboard welcomes you! Your Id: w"));
+        assert_eq!(texts[1], format!("{e2} Recvd msg #1: 'two'"));
+    });
+}
+
+/// Issue 23: through the shared port of a `--processes 4` fleet, where the
+/// kernel hands each reconnect to any process: every reconnect gets
+/// exactly what it missed, in order, with no gap.
+#[test]
+fn every_reconnect_through_a_four_process_fleet_is_exact() {
+    let redis = RedisServer::start();
+    let p = prefix("fleet4");
+    let (_parent, addr) = processes(&redis, &p, 4);
+    let mut last = send_ok(addr, "fl", "start");
+    let mut n = 0;
+    // Every round's stream stays open, to see where the kernel put them.
+    let mut held = Vec::new();
+    for round in 0..8 {
+        let sent: Vec<(u64, String)> = (0..3)
+            .map(|i| {
+                n += 1;
+                let text = format!("r{round}m{i}");
+                (send_ok(addr, "fl", &text), text)
+            })
+            .collect();
+        let mut s = open_ids(addr, "fl", Some(last));
+        assert_eq!(s.line(), format!("{last} Switchboard welcomes you! Your Id: fl"));
+        for (i, (ev, text)) in sent.iter().enumerate() {
+            let line = s.line();
+            assert_eq!(
+                event_line(&line),
+                (*ev, format!("Recvd msg #{}: '{text}'", i + 1).as_str()),
+                "round {round}"
+            );
+        }
+        // And live after the switch: one more, on whichever process.
+        let ev = send_ok(addr, "fl", &format!("live{round}"));
+        assert_eq!(
+            event_line(&s.line()),
+            (ev, format!("Recvd msg #4: 'live{round}'").as_str())
+        );
+        last = ev;
+        held.push(s);
+    }
+    assert_eq!(n, 24);
+    // They were served by more than one process (the test proves nothing
+    // if the kernel gave every reconnect to the one that held the id).
+    let c = wait_cluster(addr, WAIT, "8 streams over the fleet", |c| {
+        c["totals"]["streams"] == 8
+    });
+    let serving = c["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["streams"] != 0)
+        .count();
+    assert!(serving >= 2, "all on one process: {c}");
+}
+
+/// Issue 23: `/presence/{id}` on any node counts the id's open streams on
+/// every live node, within a heartbeat of streams opening and closing.
+#[test]
+fn presence_counts_streams_on_every_node() {
+    let redis = RedisServer::start();
+    let p = prefix("presence");
+    let node = |name| {
+        let mut s = node_settings(&redis, &p, name);
+        s.cluster.heartbeat_interval_ms = 200;
+        start_node(s)
+    };
+    let (a, b) = (node("a"), node("b"));
+    let presence = |n: &TestServer| n.get("/presence/p").json();
+    let wait_presence = |want: Value| {
+        for n in [&a, &b] {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let got = presence(n);
+                if got == want {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "presence on {}: {got}, want {want}",
+                    n.addr
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    let a1 = open(a.addr, "p");
+    let a2 = open(a.addr, "p");
+    let b1 = open(b.addr, "p");
+    wait_presence(json!({"id": "p", "streams": 3, "nodes": [
+        {"node": "a", "streams": 2}, {"node": "b", "streams": 1}]}));
+    drop(a1);
+    drop(b1);
+    wait_presence(json!({"id": "p", "streams": 1, "nodes": [{"node": "a", "streams": 1}]}));
+    drop(a2);
+    wait_presence(json!({"id": "p", "streams": 0, "nodes": []}));
+    // Redis losing everything: each node writes all it holds again.
+    let _b2 = open(b.addr, "p");
+    wait_presence(json!({"id": "p", "streams": 1, "nodes": [{"node": "b", "streams": 1}]}));
+    redis.command(&["FLUSHALL"]);
+    wait_presence(json!({"id": "p", "streams": 1, "nodes": [{"node": "b", "streams": 1}]}));
 }

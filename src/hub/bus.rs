@@ -712,6 +712,7 @@ impl Bus {
         if channel == self.cluster.names.broadcast() {
             self.broadcast.do_send(Broadcast {
                 msg: text,
+                event,
                 accepted,
                 limit: None,
             });
@@ -739,12 +740,13 @@ impl Bus {
         if channel == self.cluster.names.broadcast() {
             let done = self.broadcast.send(Broadcast {
                 msg,
+                event,
                 accepted,
                 limit: None,
             });
             actix_rt::spawn(async move {
                 if let (Ok(Some(Ok(n))), Some(waiter)) = (done.await, waiter) {
-                    let _ = waiter.send(serde_json::json!({ "delivered": n }));
+                    let _ = waiter.send(serde_json::json!({ "delivered": n, "event_id": event }));
                 }
             });
         } else if let Some(id) = self.cluster.names.id_of(channel) {
@@ -841,7 +843,14 @@ mod tests {
         settings.cluster.reconnect_min_ms = 60_000;
         settings.cluster.reconnect_max_ms = 60_000;
         let cluster = Arc::new(
-            Cluster::new(&settings.cluster, 1000, Arc::new(Stats::new()), "test".to_owned()).unwrap(),
+            Cluster::new(
+                &settings.cluster,
+                &settings.history,
+                1000,
+                Arc::new(Stats::new()),
+                "test".to_owned(),
+            )
+            .unwrap(),
         );
         let router = FakeRouter::default();
         let subscribed = Arc::clone(&router.subscribed);

@@ -37,8 +37,9 @@ use redis::{AsyncCommands, IntoConnectionInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::config::{ClusterSettings, redact_url};
+use crate::config::{ClusterSettings, HistorySettings, redact_url};
 use crate::error::ApiError;
+use crate::hub::history::{FleetRead, Kept, KeptIn};
 use crate::stats::Stats;
 
 /// How far behind its expiry time a stale name is pruned from the node set;
@@ -51,16 +52,83 @@ const LEAVE_SCRIPT: &str = "local v = redis.call('GET', KEYS[1]) \
     if v and string.find(v, ARGV[2], 1, true) then \
     redis.call('DEL', KEYS[1]) redis.call('ZREM', KEYS[2], ARGV[1]) end return 0";
 
-/// Publishes once per `Idempotency-Key`, fleet-wide: claims the key
-/// (`SET NX PX`) and PUBLISHes only if it was new, in one script, so no
-/// failure can fall between the two. Answers `{1, receivers}` for a new
-/// key, `{0, <what the key holds>}` for a repeat: `<request> <publish id>`
-/// until the first answer replaces it with `<request> <answer JSON>`
-/// (`<request>` is the request's fingerprint, 16 hex digits).
-/// KEYS[1] key; ARGV: `<request> <publish id>`, TTL in ms, channel, payload.
-const PUBLISH_ONCE_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
-    return {1, redis.call('PUBLISH', ARGV[3], ARGV[4])} end \
-    return {0, redis.call('GET', KEYS[1])}";
+/// Lua for both scripts: an id as Redis stream ids and `HSET` take it.
+/// (Redis's Lua turns a number into text with 14 significant digits;
+/// event ids have 16.)
+const LUA_PRELUDE: &str = "local function fmt(n) return string.format('%.0f', n) end \
+    local function ms(id) return tonumber(string.match(id, '^(%d+)')) end \
+    local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) \
+    local f = redis.call('HMGET', KEYS[1], 'clock', 'epoch') \
+    local clock, epoch = tonumber(f[1]), tonumber(f[2]) \
+    if not clock or not epoch then clock = now epoch = now \
+    redis.call('HSET', KEYS[1], 'clock', fmt(now), 'epoch', fmt(now)) end ";
+
+/// Publishes a message fleet-wide in one step, so that it has one event id
+/// and one place in its id's order on every node:
+///
+/// 1. with an `Idempotency-Key`, claims it (`SET NX PX`) and stops if it
+///    was used (answering `{0, <what the key holds>}`);
+/// 2. mints the event id from the fleet's clock (`<prefix>:fleet`, field
+///    `clock`): Redis's time in microseconds, above every id given before;
+/// 3. keeps the message in the history stream (`XADD`, entry id
+///    `<event id>-0`, `MAXLEN history.size`, the key expiring
+///    `history.ttl_ms` after its last message). A stream made new records
+///    (`XSETID … MAXDELETEDID`) that ids before it may have had messages
+///    that are gone: expired with the previous key, or from before the
+///    fleet's epoch;
+/// 4. PUBLISHes `<origin>@<event id> <message>` on the channel.
+///
+/// Answers `{1, <event id>, <receivers>}`. Redis runs a script alone, so
+/// the order of event ids is the order of the PUBLISHes, which is the
+/// order every node receives them in.
+///
+/// KEYS: fleet, history stream, idempotency key (the fleet key when there
+/// is none). ARGV: origin, message, history.size, history.ttl_ms, channel,
+/// claim (`""`: no key), the key's TTL in ms.
+const PUBLISH_SCRIPT: &str = "if ARGV[6] ~= '' and not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'PX', ARGV[7]) then \
+    return {0, redis.call('GET', KEYS[3])} end \
+    local ev = math.max(clock + 1, now) \
+    local evs = fmt(ev) \
+    redis.call('HSET', KEYS[1], 'clock', evs) \
+    if tonumber(ARGV[3]) > 0 then \
+    local new = redis.call('EXISTS', KEYS[2]) == 0 \
+    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], evs .. '-0', 'm', ARGV[2]) \
+    if new then \
+    local floor = math.min(math.max(epoch, now - tonumber(ARGV[4]) * 1000), ev - 1) \
+    redis.call('XSETID', KEYS[2], evs .. '-0', 'MAXDELETEDID', fmt(floor) .. '-0') end \
+    redis.call('PEXPIRE', KEYS[2], ARGV[4]) end \
+    return {1, evs, redis.call('PUBLISH', ARGV[5], ARGV[1] .. '@' .. evs .. ' ' .. ARGV[2])}";
+
+/// Reads the fleet's history for a stream that starts or resumes: the
+/// fleet's clock and epoch and, when resuming (`ARGV[1]` is the event id
+/// it saw last, `""` when not), for the id and for the broadcasts: the id
+/// up to which messages may be gone, and the kept messages after the
+/// position. Trimming by `MAXLEN` shows as `entries-added` above `length`
+/// (then everything before the first kept entry may be gone); what the
+/// stream's creation recorded is its `max-deleted-entry-id`; a stream that
+/// is not there expired (so nothing after `now - ttl` was in it) or was
+/// lost with the epoch.
+///
+/// KEYS: fleet, the id's history, the broadcasts' history. ARGV: since,
+/// history.ttl_ms, history.size.
+const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
+    if ARGV[1] == '' then return out end \
+    local size = tonumber(ARGV[3]) \
+    local floor = math.max(epoch, now - tonumber(ARGV[2]) * 1000) \
+    for i = 2, 3 do \
+    local lost, entries = floor, {} \
+    if size == 0 then lost = clock \
+    elseif redis.call('EXISTS', KEYS[i]) == 1 then \
+    local info = redis.call('XINFO', 'STREAM', KEYS[i]) \
+    local h = {} \
+    for j = 1, #info, 2 do h[info[j]] = info[j + 1] end \
+    lost = math.max(epoch, ms(h['max-deleted-entry-id'])) \
+    if h['entries-added'] > h['length'] and h['first-entry'] then \
+    lost = math.max(lost, ms(h['first-entry'][1]) - 1) end \
+    entries = redis.call('XRANGE', KEYS[i], '(' .. ARGV[1] .. '-0', '+', 'COUNT', ARGV[3]) end \
+    table.insert(out, fmt(lost)) table.insert(out, entries) end \
+    return out";
 
 /// Replaces a claimed key's publish id with the first answer, keeping its
 /// TTL (`KEEPTTL`: Redis 6.0 or later).
@@ -78,8 +146,11 @@ pub(crate) enum Once {
         nodes: u64,
         /// This node's part.
         here: Here,
-        /// What the key holds until the answer replaces it.
-        claim: String,
+        /// With an `Idempotency-Key`: what it holds until the answer
+        /// replaces it.
+        claim: Option<String>,
+        /// The event id the fleet gave it.
+        event: u64,
     },
     /// The key was used before for this request: the first answer, if it
     /// was recorded.
@@ -112,6 +183,10 @@ pub(crate) enum PublishFailed {
     /// safe either way.
     Unknown,
 }
+
+/// Most ids one presence pipeline carries (a full rewrite of a node
+/// holding a million ids is a hundred of them).
+const PRESENCE_BATCH: usize = 10_000;
 
 /// Most keyed publishes one node waits for the echo of at once (each a few
 /// dozen bytes; one per attempt while Redis does not answer).
@@ -149,6 +224,37 @@ impl Names {
     /// without renaming anything.
     pub(crate) fn id_channel(&self, id: &str) -> String {
         format!("{}:id:{id}", self.prefix)
+    }
+
+    /// The channel and history stream of one id (`Some`) or of broadcasts.
+    pub(crate) fn of(&self, id: Option<&str>) -> (String, String) {
+        match id {
+            Some(id) => (self.id_channel(id), self.history_key(id)),
+            None => (self.broadcast.clone(), self.broadcasts_key()),
+        }
+    }
+
+    /// The history stream of `id`.
+    fn history_key(&self, id: &str) -> String {
+        format!("{}:history:{id}", self.prefix)
+    }
+
+    /// The history stream of broadcasts (not an id's: those have the
+    /// `history:` prefix).
+    fn broadcasts_key(&self) -> String {
+        format!("{}:broadcasts", self.prefix)
+    }
+
+    /// The fleet's clock and epoch (a hash).
+    fn fleet_key(&self) -> String {
+        format!("{}:fleet", self.prefix)
+    }
+
+    /// One process's presence hash: held id -> its streams there. By
+    /// instance, not name: a restarted process starts with none, and two
+    /// processes given one name do not mix their counts.
+    fn presence_key(&self, instance: &str) -> String {
+        format!("{}:presence:{instance}", self.prefix)
     }
 
     /// The id inside a channel name from [`Names::id_channel`].
@@ -301,8 +407,14 @@ pub(crate) struct Cluster {
     /// Keyed publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
     awaited: Mutex<BTreeMap<u64, AwaitedEcho>>,
-    /// The last sequence number given to a keyed publish.
+    /// The last sequence number given to a publish of this node.
     seq: AtomicU64,
+    /// [`PUBLISH_SCRIPT`] and [`READ_SCRIPT`] (sent by hash, loaded once).
+    publish_script: redis::Script,
+    read_script: redis::Script,
+    /// `history.size` and `history.ttl_ms`: what the fleet's history keeps.
+    history_size: usize,
+    history_ttl_ms: u64,
 }
 
 impl Cluster {
@@ -311,6 +423,7 @@ impl Cluster {
     /// run inside a tokio runtime, which drives the connection.
     pub(crate) fn new(
         settings: &ClusterSettings,
+        history: &HistorySettings,
         max_message_bytes: usize,
         server_stats: Arc<Stats>,
         addr: String,
@@ -363,6 +476,10 @@ impl Cluster {
             lingering: Mutex::new(HashMap::new()),
             awaited: Mutex::new(BTreeMap::new()),
             seq: AtomicU64::new(0),
+            publish_script: redis::Script::new(&format!("{LUA_PRELUDE}{PUBLISH_SCRIPT}")),
+            read_script: redis::Script::new(&format!("{LUA_PRELUDE}{READ_SCRIPT}")),
+            history_size: history.size,
+            history_ttl_ms: history.ttl_ms,
         })
     }
 
@@ -380,19 +497,21 @@ impl Cluster {
         self.awaited().remove(&seq).filter(|p| p.expires > Instant::now())
     }
 
-    /// PUBLISHes `msg` on `channel` unless `key` was used within `ttl`, in
-    /// one script ([`PUBLISH_ONCE_SCRIPT`]). This node's streams get it from
-    /// its echo (see [`AwaitedEcho`]); `subscribed_here`: this node is
-    /// subscribed to `channel`, so the echo comes and is waited for.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn publish_once(
+    /// Publishes `msg` fleet-wide on `channel`, kept in `history` (see
+    /// [`Names::of`]), with [`PUBLISH_SCRIPT`]: one
+    /// event id, kept in the fleet's history, PUBLISHed in that order; with
+    /// `once` (an `Idempotency-Key` and the request's fingerprint), only if
+    /// the key was not used within `key_ttl`. This node's streams get it
+    /// from its echo (see [`AwaitedEcho`]), as every other node's do, so
+    /// they see the id's messages in the same order; `subscribed_here`:
+    /// this node is subscribed to the channel, so the echo comes and is
+    /// waited for.
+    pub(crate) async fn publish(
         &self,
-        channel: String,
-        event: Option<u64>,
+        (channel, history): (String, String),
         msg: &str,
-        key: &str,
-        request: &str,
-        ttl: Duration,
+        once: Option<(&str, &str)>,
+        key_ttl: Duration,
         subscribed_here: bool,
     ) -> Result<Once, PublishFailed> {
         if self.fail_fast().is_err() {
@@ -420,32 +539,37 @@ impl Cluster {
                 seq,
                 AwaitedEcho {
                     waiter: Some(tx),
-                    expires: now + ttl,
+                    expires: now + key_ttl.max(self.timeout()),
                 },
             );
         }
-        let payload = payload(&publish_id, event, msg);
-        let claim = format!("{request} {publish_id}");
-        let (redis_key, id, ms) = (
-            self.names.idempotency_key(key),
-            claim.clone(),
-            ttl.as_millis() as u64,
+        let claim = once.map(|(_, request)| format!("{request} {publish_id}"));
+        let key = once.map_or_else(
+            || self.names.fleet_key(),
+            |(key, _)| self.names.idempotency_key(key),
         );
+        let script = self.publish_script.clone();
+        let (fleet, origin, text) = (self.names.fleet_key(), publish_id, msg.to_owned());
+        let (size, ttl) = (self.history_size, self.history_ttl_ms);
+        let (claim_arg, key_ms) = (claim.clone().unwrap_or_default(), key_ttl.as_millis() as u64);
         let r = self
             .command("PUBLISH", async move |mut c| {
-                redis::cmd("EVAL")
-                    .arg(PUBLISH_ONCE_SCRIPT)
-                    .arg(1)
-                    .arg(redis_key)
-                    .arg(id)
-                    .arg(ms)
+                script
+                    .key(fleet)
+                    .key(history)
+                    .key(key)
+                    .arg(origin)
+                    .arg(text)
+                    .arg(size)
+                    .arg(ttl)
                     .arg(channel)
-                    .arg(payload)
-                    .query_async::<(u8, redis::Value)>(&mut c)
+                    .arg(claim_arg)
+                    .arg(key_ms)
+                    .invoke_async::<Vec<redis::Value>>(&mut c)
                     .await
             })
             .await;
-        let (fresh, value) = match r {
+        let reply = match r {
             Ok(v) => v,
             Err(_) => {
                 self.stats.publish_errors.fetch_add(1, Relaxed);
@@ -454,23 +578,41 @@ impl Cluster {
             }
         };
         self.stats.publishes.fetch_add(1, Relaxed);
+        let mut reply = reply.into_iter();
+        let fresh: u8 = reply
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .unwrap_or(0);
         if fresh == 0 {
             self.awaited().remove(&seq);
-            let stored: String = redis::from_redis_value(value).unwrap_or_default();
+            let stored: String = reply
+                .next()
+                .and_then(|v| redis::from_redis_value(v).ok())
+                .unwrap_or_default();
             let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
-            if bound_to != request {
+            if Some(bound_to) != once.map(|(_, request)| request) {
                 return Ok(Once::Mismatch);
             }
             return Ok(Once::Repeat(serde_json::from_str(rest).ok()));
         }
-        let receivers: u64 = redis::from_redis_value(value).unwrap_or(0);
+        let event: u64 = reply
+            .next()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let receivers: u64 = reply
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .unwrap_or(0);
+        let fresh = |nodes, here| Once::Fresh {
+            nodes,
+            here,
+            claim: claim.clone(),
+            event,
+        };
         let mut rx = rx;
         if subscribed_here && let Ok(Ok(done)) = tokio::time::timeout(self.timeout(), &mut rx).await {
-            return Ok(Once::Fresh {
-                nodes: receivers.saturating_sub(1),
-                here: Here::Delivered(done),
-                claim,
-            });
+            return Ok(fresh(receivers.saturating_sub(1), Here::Delivered(done)));
         }
         // No echo: this node was not among the receivers, unless the echo
         // took the entry just now and is delivering it.
@@ -479,17 +621,51 @@ impl Cluster {
                 .await
                 .ok()
                 .and_then(Result::ok);
-            return Ok(Once::Fresh {
-                nodes: receivers.saturating_sub(1),
-                here: Here::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
-                claim,
-            });
+            return Ok(fresh(
+                receivers.saturating_sub(1),
+                Here::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
+            ));
         }
-        Ok(Once::Fresh {
-            nodes: receivers,
-            here: Here::Deliver,
-            claim,
-        })
+        Ok(fresh(receivers, Here::Deliver))
+    }
+
+    /// Reads the fleet's history for a stream of `id` that resumes after
+    /// `since` (or, `None`, starts now) with [`READ_SCRIPT`].
+    pub(crate) async fn read_history(&self, id: &str, since: Option<u64>) -> Result<FleetRead, ApiError> {
+        let started = Instant::now();
+        let script = self.read_script.clone();
+        let keys = (
+            self.names.fleet_key(),
+            self.names.history_key(id),
+            self.names.broadcasts_key(),
+        );
+        let (since_arg, ttl, size) = (
+            since.map(|s| s.to_string()).unwrap_or_default(),
+            self.history_ttl_ms,
+            self.history_size,
+        );
+        let r = self
+            .command("history", async move |mut c| {
+                script
+                    .key(keys.0)
+                    .key(keys.1)
+                    .key(keys.2)
+                    .arg(since_arg)
+                    .arg(ttl)
+                    .arg(size)
+                    .invoke_async::<Vec<redis::Value>>(&mut c)
+                    .await
+            })
+            .await;
+        let s = &self.server_stats;
+        s.history_reads.fetch_add(1, Relaxed);
+        s.history_read_us
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        let parsed = r.ok().and_then(|reply| parse_read(reply, self.max_message_bytes));
+        if parsed.is_none() {
+            s.history_read_errors.fetch_add(1, Relaxed);
+        }
+        parsed.ok_or(ApiError::BusUnavailable)
     }
 
     /// Records `answer` as the first answer of `key`, which holds `claim`,
@@ -573,37 +749,88 @@ impl Cluster {
         }
     }
 
-    /// PUBLISHes `msg` on `channel` for the other nodes. Answers how many
-    /// other nodes received it: PUBLISH's count, less this node's own
-    /// subscription when `subscribed_here`. While the bus is down it does not
-    /// wait on Redis at all.
-    pub(crate) async fn publish(
+    /// Writes this node's count of streams for each of `counts` (0: the
+    /// field goes) to its presence hash and renews the hash's expiry (the
+    /// heartbeat TTL: a dead node's counts go with it), in pipelines of at
+    /// most [`PRESENCE_BATCH`] ids. `full`: the counts are every id held
+    /// here, so the hash is replaced. Answers whether the hash was there
+    /// before the write.
+    pub(crate) async fn write_presence(
         &self,
-        channel: String,
-        event: Option<u64>,
-        msg: &str,
-        subscribed_here: bool,
-    ) -> Result<u64, PublishFailed> {
-        if self.fail_fast().is_err() {
-            self.stats.publish_errors.fetch_add(1, Relaxed);
-            return Err(PublishFailed::NotSent);
-        }
-        let payload = payload(&self.instance, event, msg);
-        let r = self
-            .command("PUBLISH", async move |mut c| {
-                c.publish::<_, _, u64>(channel, payload).await
-            })
-            .await;
-        match r {
-            Ok(n) => {
-                self.stats.publishes.fetch_add(1, Relaxed);
-                Ok(n.saturating_sub(u64::from(subscribed_here)))
+        counts: &[(Arc<str>, usize)],
+        full: bool,
+    ) -> Result<bool, ApiError> {
+        let key = self.names.presence_key(&self.instance);
+        let ttl = self.settings.heartbeat_ttl_ms;
+        let mut existed = true;
+        let mut chunks = counts.chunks(PRESENCE_BATCH).peekable();
+        let mut first = true;
+        loop {
+            let chunk = chunks.next().unwrap_or(&[]);
+            let mut pipe = redis::pipe();
+            if first {
+                pipe.exists(&key);
+                if full {
+                    pipe.del(&key).ignore();
+                }
             }
-            Err(_) => {
-                self.stats.publish_errors.fetch_add(1, Relaxed);
-                Err(PublishFailed::Unknown)
+            let set: Vec<(&str, usize)> = chunk
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(id, n)| (&**id, *n))
+                .collect();
+            let gone: Vec<&str> = chunk
+                .iter()
+                .filter(|(_, n)| *n == 0)
+                .map(|(id, _)| &**id)
+                .collect();
+            if !set.is_empty() {
+                pipe.hset_multiple(&key, &set).ignore();
+            }
+            if !gone.is_empty() {
+                pipe.hdel(&key, gone).ignore();
+            }
+            pipe.pexpire(&key, ttl as i64).ignore();
+            let answer: Vec<bool> = self
+                .command("presence", async move |mut c| pipe.query_async(&mut c).await)
+                .await?;
+            if first {
+                existed = answer.first().copied().unwrap_or(false);
+                first = false;
+            }
+            if chunks.peek().is_none() {
+                return Ok(existed);
             }
         }
+    }
+
+    /// `/presence/{id}` in cluster mode: the id's streams on every live
+    /// node, from their presence hashes (this node's own from `here`, its
+    /// live count).
+    pub(crate) async fn presence(&self, id: &str, here: usize) -> Result<Value, ApiError> {
+        self.fail_fast()?;
+        let nodes = self.live_nodes().await?;
+        let others: Vec<&NodeInfo> = nodes.iter().filter(|n| n.instance != self.instance).collect();
+        let counts: Vec<Option<u64>> = if others.is_empty() {
+            Vec::new()
+        } else {
+            let mut pipe = redis::pipe();
+            for n in &others {
+                pipe.hget(self.names.presence_key(&n.instance), id);
+            }
+            self.command("HGET", async move |mut c| pipe.query_async(&mut c).await)
+                .await?
+        };
+        let mut list: Vec<(String, u64)> = others
+            .iter()
+            .zip(counts)
+            .filter_map(|(n, count)| count.filter(|c| *c > 0).map(|c| (n.name.clone(), c)))
+            .collect();
+        if here > 0 {
+            list.push((self.node.clone(), here as u64));
+        }
+        list.sort();
+        Ok(presence_json(id, &list))
     }
 
     /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
@@ -717,6 +944,12 @@ impl Cluster {
     /// the totals.
     pub(crate) async fn view(&self) -> Result<Value, ApiError> {
         self.fail_fast()?;
+        let nodes = self.live_nodes().await?;
+        Ok(view_json("cluster", &self.node, &nodes))
+    }
+
+    /// Every live node's heartbeat entry, by name.
+    async fn live_nodes(&self) -> Result<Vec<NodeInfo>, ApiError> {
         let set = self.names.nodes_key();
         let names: Vec<String> = self
             .command("ZRANGE", async move |mut c| c.zrange(set, 0, -1).await)
@@ -736,7 +969,7 @@ impl Cluster {
             .filter_map(|e| serde_json::from_str(&e).ok())
             .collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(view_json("cluster", &self.node, &nodes))
+        Ok(nodes)
     }
 
     /// [`Cluster::view`], at most `max_age` old (for the dashboard).
@@ -794,6 +1027,28 @@ pub(crate) fn single_view(stats: &Stats, addr: &str) -> Value {
     view_json("single", &me.name.clone(), &[me])
 }
 
+/// `/presence/{id}`'s answer: the id, its streams, and the nodes that
+/// have any, by name.
+pub(crate) fn presence_json(id: &str, nodes: &[(String, u64)]) -> Value {
+    let streams: u64 = nodes.iter().map(|(_, n)| n).sum();
+    let nodes: Vec<Value> = nodes
+        .iter()
+        .map(|(node, n)| json!({ "node": node, "streams": n }))
+        .collect();
+    json!({ "id": id, "streams": streams, "nodes": nodes })
+}
+
+/// `/presence/{id}` of a server without a bus: this process alone.
+pub(crate) fn single_presence(id: &str, here: usize) -> Value {
+    let name = format!("{}-{}", hostname(), std::process::id());
+    let nodes = if here > 0 {
+        vec![(name, here as u64)]
+    } else {
+        Vec::new()
+    };
+    presence_json(id, &nodes)
+}
+
 fn view_json(mode: &str, node: &str, nodes: &[NodeInfo]) -> Value {
     let streams: u64 = nodes.iter().map(|n| n.streams).sum();
     json!({
@@ -820,6 +1075,7 @@ pub(crate) struct Payload<'a> {
 /// without an event id. The id rides on the origin so that a node of a
 /// version before it travelled, which compares the origin with its own and
 /// delivers the rest, still delivers the text unchanged.
+#[cfg(test)]
 fn payload(origin: &str, event: Option<u64>, text: &str) -> String {
     match event {
         Some(event) => format!("{origin}@{event} {text}"),
@@ -843,6 +1099,51 @@ pub(crate) fn parse_payload(payload: &[u8]) -> Option<Payload<'_>> {
         event,
         text,
     })
+}
+
+/// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for a resume
+/// `lost_upto, entries` for the id and for the broadcasts. An entry whose
+/// text is not one line of at most `max_bytes` (anyone who shares the
+/// Redis can write there) is left out; `None` if the answer is not in this
+/// shape at all.
+fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<FleetRead> {
+    fn number(v: redis::Value) -> Option<u64> {
+        redis::from_redis_value::<String>(v).ok()?.parse().ok()
+    }
+    fn entries(v: redis::Value, max_bytes: usize) -> Option<Vec<Kept>> {
+        let raw: Vec<(String, Vec<String>)> = redis::from_redis_value(v).ok()?;
+        Some(
+            raw.into_iter()
+                .filter_map(|(id, fields)| {
+                    let (ms, seq) = id.split_once('-')?;
+                    let event: u64 = ms.parse().ok().filter(|_| seq == "0")?;
+                    let text = match fields.as_slice() {
+                        [m, text] if m == "m" => text,
+                        _ => return None,
+                    };
+                    (!text.is_empty() && text.len() <= max_bytes && !text.contains(['\r', '\n']))
+                        .then(|| (event, Arc::from(text.as_str())))
+                })
+                .collect(),
+        )
+    }
+    let mut reply = reply.into_iter();
+    let mut read = FleetRead {
+        clock: number(reply.next()?)?,
+        epoch: number(reply.next()?)?,
+        ..FleetRead::default()
+    };
+    if let Some(lost) = reply.next() {
+        read.id = KeptIn {
+            lost_upto: number(lost)?,
+            entries: entries(reply.next()?, max_bytes)?,
+        };
+        read.broadcasts = KeptIn {
+            lost_upto: number(reply.next()?)?,
+            entries: entries(reply.next()?, max_bytes)?,
+        };
+    }
+    Some(read)
 }
 
 fn now_ms() -> u64 {

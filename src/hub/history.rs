@@ -154,6 +154,11 @@ impl History {
         event
     }
 
+    /// The largest id minted here or seen from another node.
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock
+    }
+
     /// The last event id given: where a stream that does not resume starts.
     #[cfg(test)]
     pub(crate) fn last_id(&self) -> u64 {
@@ -292,6 +297,114 @@ impl History {
     pub(crate) fn sizes(&self) -> (usize, usize) {
         (self.rings.len(), self.kept)
     }
+}
+
+/// What a read of the fleet's history in Redis found (cluster mode, see
+/// [`crate::hub::cluster`]): the fleet's clock and, for a resume, each of
+/// the id's and the broadcasts' kept messages after the position.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct FleetRead {
+    /// The last event id the fleet gave: every message with an id up to
+    /// it was published before the read.
+    pub(crate) clock: u64,
+    /// The fleet's epoch: ids below it may be gone with a Redis that lost
+    /// its data (a restart without persistence, `FLUSHALL`).
+    pub(crate) epoch: u64,
+    /// The id's kept messages after the position, and the id below which
+    /// messages may be gone (trimmed, expired, lost).
+    pub(crate) id: KeptIn,
+    /// The same for broadcasts.
+    pub(crate) broadcasts: KeptIn,
+}
+
+/// Kept messages of one history in Redis.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct KeptIn {
+    /// Ids up to this one may have had messages that are gone.
+    pub(crate) lost_upto: u64,
+    /// After the position, oldest first.
+    pub(crate) entries: Vec<Kept>,
+}
+
+/// Why a resume was told of a gap, for `/stats` (`history.gaps_by_cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GapCause {
+    /// Trimmed by `history.size`, expired by `history.ttl_ms`, or from
+    /// before the history began.
+    Trimmed,
+    /// Below the fleet's epoch: Redis lost its data since.
+    Epoch,
+    /// An id the history never gave (a future one, another fleet's, or
+    /// one from before this fleet's clock was reset).
+    Unknown,
+    /// The read of the fleet's history failed.
+    ReadFailed,
+}
+
+/// What a stream that saw everything up to `since` is owed, from a read of
+/// the fleet's history (`None`: a new stream, at the fleet's clock).
+pub(crate) fn fleet_resume(read: FleetRead, since: Option<u64>) -> (Resume, Option<GapCause>) {
+    let Some(since) = since else {
+        return (
+            Resume {
+                position: read.clock,
+                ..Resume::default()
+            },
+            None,
+        );
+    };
+    if since > read.clock {
+        let gap = Gap {
+            after: since,
+            next: None,
+        };
+        return (
+            Resume {
+                position: read.clock,
+                replay: Vec::new(),
+                gap: Some(gap),
+            },
+            Some(GapCause::Unknown),
+        );
+    }
+    let cause = if since < read.epoch {
+        Some(GapCause::Epoch)
+    } else if since < read.id.lost_upto || since < read.broadcasts.lost_upto {
+        Some(GapCause::Trimmed)
+    } else {
+        None
+    };
+    // Both are in id order: merge them.
+    let (mut a, mut b) = (
+        read.id.entries.into_iter().peekable(),
+        read.broadcasts.entries.into_iter().peekable(),
+    );
+    let mut replay = Vec::with_capacity(a.len() + b.len());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.0 <= y.0 => a.next(),
+            (Some(_), Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, _) => b.next(),
+        };
+        match next {
+            Some(kept) if kept.0 > since => replay.push(kept),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    let gap = cause.map(|_| Gap {
+        after: since,
+        next: replay.first().map(|(ev, _)| *ev),
+    });
+    (
+        Resume {
+            position: since,
+            replay,
+            gap,
+        },
+        cause,
+    )
 }
 
 impl Ring {

@@ -38,7 +38,7 @@ use crate::idempotency::{self, Begin, Keys};
 use crate::stats::Stats;
 use bus::Bus;
 use cluster::{Cluster, Here, Once, PublishFailed};
-use router::{Attach, Broadcast, Busy, MintEventId, Publish, Published, Router, StreamActor};
+use router::{Attach, Broadcast, Busy, Count, Holds, Publish, Published, Router, StreamActor};
 
 /// How often a publish that found the backlog full looks again.
 const BACKLOG_RETRY: Duration = Duration::from_millis(10);
@@ -118,15 +118,16 @@ impl<S: StreamActor> Hub<S> {
         };
         let cluster = if settings.cluster.enabled() {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let (c, max, s, addr) = (
+            let (c, h, max, s, addr) = (
                 settings.cluster.clone(),
+                settings.history.clone(),
                 settings.message.max_bytes,
                 Arc::clone(stats),
                 cluster::advertised(addr),
             );
             // The connection's tasks run where it is made.
             arbiter.spawn(async move {
-                let _ = tx.send(Cluster::new(&c, max, s, addr));
+                let _ = tx.send(Cluster::new(&c, &h, max, s, addr));
             });
             let cluster = rx
                 .await
@@ -153,6 +154,7 @@ impl<S: StreamActor> Hub<S> {
         if let Some(bus) = &bus {
             router.do_send(Attach {
                 bus: bus.clone().recipient(),
+                shared: cluster.clone(),
             });
         }
         Ok(Hub {
@@ -175,6 +177,23 @@ impl<S: StreamActor> Hub<S> {
     /// `/cluster`, `/stats`).
     pub(crate) fn cluster(&self) -> Option<&Arc<Cluster>> {
         self.cluster.as_ref()
+    }
+
+    /// `/presence/{id}`: the id's open streams on every live node (in
+    /// cluster mode from the nodes' presence in Redis, written every
+    /// heartbeat), or on this one.
+    pub(crate) async fn presence(&self, id: &str) -> Result<Value, ApiError> {
+        let here = self
+            .router
+            .send(Count { id: id.to_owned() })
+            .await
+            .ok()
+            .flatten()
+            .ok_or(ApiError::Crashed("router"))?;
+        match &self.cluster {
+            Some(cluster) => cluster.presence(id, here).await,
+            None => Ok(cluster::single_presence(id, here)),
+        }
     }
 
     /// Fault injection: makes the Bus panic in a handler (it restarts).
@@ -206,13 +225,17 @@ impl<S: StreamActor> Hub<S> {
         msg: &Arc<str>,
         key: Option<String>,
     ) -> Result<Answer, ApiError> {
+        if let Some(cluster) = &self.cluster {
+            let request = key
+                .as_ref()
+                .map(|_| idempotency::fingerprint(&target.name(), msg));
+            let once = key.as_deref().zip(request.as_deref());
+            return self.publish_fleet(cluster, &target, msg, once).await;
+        }
         let Some(key) = key else {
-            return self.publish_here_first(&target, msg).await;
+            return self.publish_here(&target, msg).await;
         };
         let request = idempotency::fingerprint(&target.name(), msg);
-        if let Some(cluster) = &self.cluster {
-            return self.publish_once(cluster, &target, msg, &key, &request).await;
-        }
         match self.keys.begin(&key, &request) {
             Begin::Replay(answer) => Ok(self.replayed(answer)),
             Begin::InFlight => Err(ApiError::IdempotencyInFlight),
@@ -222,7 +245,7 @@ impl<S: StreamActor> Hub<S> {
                 // A failure (an error, or a full backlog) releases the key:
                 // nothing was delivered, so a retry is a first attempt. One
                 // process has no bus, so what it answers is a success.
-                let outcome = self.publish_here_first(&target, msg).await?;
+                let outcome = self.publish_here(&target, msg).await?;
                 if let Answer::Done(body) = &outcome {
                     ticket.finish(body);
                 }
@@ -237,18 +260,13 @@ impl<S: StreamActor> Hub<S> {
         Answer::Replayed(answer)
     }
 
-    /// Delivers to this node's streams (waiting for room in the backlog),
-    /// then in cluster mode PUBLISHes for the others, with the event id
-    /// this node's Router gave it.
-    ///
-    /// A full backlog means nothing was delivered anywhere. A failed
-    /// PUBLISH is [`Answer::Partial`]: this node's streams got the
-    /// message, and the body's `other_nodes` says "not sent" (the bus was
-    /// down) or "unknown" (Redis did not answer in time and may still run
-    /// the PUBLISH; only a retry with an `Idempotency-Key` is then safe).
-    async fn publish_here_first(&self, target: &Target, msg: &Arc<str>) -> Result<Answer, ApiError> {
+    /// Delivers to this node's streams, waiting for room in the backlog (a
+    /// full one means nothing was delivered), with an event id this node's
+    /// Router gives it: a single process, or cluster mode while the bus is
+    /// down.
+    async fn publish_here(&self, target: &Target, msg: &Arc<str>) -> Result<Answer, ApiError> {
         let accepted = Instant::now();
-        let (mut body, delivered, event) = match target {
+        let body = match target {
             Target::Id(id) => {
                 let Published { delivered, event } = self
                     .admitted(1, |limit| Publish {
@@ -259,136 +277,123 @@ impl<S: StreamActor> Hub<S> {
                         limit,
                     })
                     .await?;
-                (
-                    json!({ "id": id, "delivered": delivered, "event_id": event }),
-                    delivered,
-                    Some(event),
-                )
+                json!({ "id": id, "delivered": delivered, "event_id": event })
             }
             Target::All => {
                 let streams = self.stats.streams_active() as u64;
                 let delivered = self
                     .admitted(streams, |limit| Broadcast {
                         msg: Arc::clone(msg),
+                        event: None,
                         accepted,
                         limit,
                     })
                     .await?;
-                (json!({ "delivered": delivered }), delivered, None)
+                json!({ "delivered": delivered })
             }
         };
-        let Some(cluster) = &self.cluster else {
-            return Ok(Answer::Done(body));
-        };
-        // This node's own subscription is counted out when it holds the id
-        // or lingers on it; every node subscribes to the broadcast channel.
-        let (channel, subscribed_here) = match target {
-            Target::Id(id) => (
-                cluster.names.id_channel(id),
-                delivered > 0 || cluster.is_lingering(id),
-            ),
-            Target::All => (cluster.names.broadcast().to_owned(), true),
-        };
-        match cluster.publish(channel, event, msg, subscribed_here).await {
-            Ok(nodes) => {
-                body["nodes"] = nodes.into();
-                Ok(Answer::Done(body))
-            }
-            Err(failed) => {
-                body["error"] = ApiError::BusUnavailable.to_string().into();
-                body["other_nodes"] = match failed {
-                    PublishFailed::NotSent => "not sent: the bus is down",
-                    PublishFailed::Unknown => {
-                        "unknown: Redis did not answer in time and may still deliver it; \
-                         retry only with an Idempotency-Key"
-                    }
-                }
-                .into();
-                Ok(Answer::Partial(body))
-            }
-        }
+        Ok(Answer::Done(body))
     }
 
-    /// A publish with an `Idempotency-Key` in cluster mode: the key is
-    /// claimed in Redis in the same script as the PUBLISH, and this node's
-    /// streams get the message from its echo, so every node, this one
-    /// included, delivers it exactly when Redis runs the script, and a
-    /// retry with the key never delivers it twice, whichever node it
-    /// reaches. Its event id is minted here before the script runs.
-    async fn publish_once(
+    /// A publish in cluster mode: the fleet gives it its event id and keeps
+    /// it, and every node's streams, this node's included, get it from
+    /// Redis, in the order of the ids ([`Cluster::publish`]). With an
+    /// `Idempotency-Key` (`once`: the key and the request's fingerprint),
+    /// the key is claimed in the same script, so a retry with the key never
+    /// delivers it twice, whichever node it reaches.
+    ///
+    /// While the bus is down, a publish without a key still reaches this
+    /// node's streams (503, "other nodes: not sent"); one with a key is
+    /// delivered nowhere (503: retry). When Redis does not answer in time,
+    /// it may still run the publish (then every node delivers it, this one
+    /// included): 503, "unknown".
+    async fn publish_fleet(
         &self,
         cluster: &Cluster,
         target: &Target,
         msg: &Arc<str>,
-        key: &str,
-        request: &str,
+        once: Option<(&str, &str)>,
     ) -> Result<Answer, ApiError> {
         self.wait_for_room().await?;
-        let (channel, subscribed_here, event) = match target {
+        let (id, subscribed_here) = match target {
             Target::Id(id) => {
-                let minted = self
+                let held = self
                     .router
-                    .send(MintEventId { id: id.clone() })
+                    .send(Holds { id: id.clone() })
                     .await
                     .ok()
                     .flatten()
                     .ok_or(ApiError::Crashed("router"))?;
-                (
-                    cluster.names.id_channel(id),
-                    minted.held || cluster.is_lingering(id),
-                    Some(minted.event),
-                )
+                (Some(id.as_str()), held || cluster.is_lingering(id))
             }
-            Target::All => (cluster.names.broadcast().to_owned(), true, None),
+            Target::All => (None, true),
         };
         let ttl = Duration::from_millis(self.publish.idempotency_ttl_ms);
-        match cluster
-            .publish_once(channel, event, msg, key, request, ttl, subscribed_here)
+        let failed = match cluster
+            .publish(cluster.names.of(id), msg, once, ttl, subscribed_here)
             .await
         {
-            Ok(Once::Mismatch) => Err(ApiError::IdempotencyKeyReused),
-            Ok(Once::Repeat(first)) => Ok(self.replayed(first.unwrap_or_else(|| {
-                json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
-            }))),
-            Ok(Once::Fresh { nodes, here, claim }) => {
+            Ok(Once::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
+            Ok(Once::Repeat(first)) => {
+                return Ok(self.replayed(first.unwrap_or_else(|| {
+                    json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
+                })));
+            }
+            Ok(Once::Fresh {
+                nodes,
+                here,
+                claim,
+                event,
+            }) => {
                 let mut body = match here {
                     Here::Delivered(body) => body,
                     Here::Deliver => self.deliver_here(target, msg, event).await?,
                 };
-                if let Target::Id(id) = target {
-                    body["id"] = id.as_str().into();
+                if let Some(id) = id {
+                    body["id"] = id.into();
                 }
+                body["event_id"] = event.into();
                 body["nodes"] = nodes.into();
-                cluster.remember_answer(key, claim, &body).await;
-                Ok(Answer::Done(body))
-            }
-            Err(failed) => {
-                let outcome = match failed {
-                    PublishFailed::NotSent => "not delivered anywhere: the bus is down; retry",
-                    PublishFailed::Unknown => {
-                        "unknown: Redis did not answer in time; if it runs the publish later, every node \
-                         delivers it then; retry with the same Idempotency-Key, which never delivers twice"
-                    }
-                };
-                let mut body =
-                    json!({ "error": ApiError::BusUnavailable.to_string(), "delivered": 0, "outcome": outcome });
-                if let Target::Id(id) = target {
-                    body["id"] = id.as_str().into();
+                if let (Some((key, _)), Some(claim)) = (once, claim) {
+                    cluster.remember_answer(key, claim, &body).await;
                 }
-                Ok(Answer::NotDelivered(body))
+                return Ok(Answer::Done(body));
             }
+            Err(failed) => failed,
+        };
+        if let (PublishFailed::NotSent, None) = (&failed, once) {
+            // The bus is down: this node's streams still get it.
+            let Answer::Done(mut body) = self.publish_here(target, msg).await? else {
+                unreachable!("publish_here answers Done or an error")
+            };
+            body["error"] = ApiError::BusUnavailable.to_string().into();
+            body["other_nodes"] = "not sent: the bus is down".into();
+            return Ok(Answer::Partial(body));
         }
+        let outcome = match (failed, once) {
+            (PublishFailed::NotSent, _) => "not delivered anywhere: the bus is down; retry",
+            (PublishFailed::Unknown, Some(_)) => {
+                "unknown: Redis did not answer in time; if it runs the publish later, every node \
+                 delivers it then; retry with the same Idempotency-Key, which never delivers twice"
+            }
+            (PublishFailed::Unknown, None) => {
+                "unknown: Redis did not answer in time; if it runs the publish later, every node \
+                 delivers it then, this one included; retry only with an Idempotency-Key"
+            }
+        };
+        let mut body =
+            json!({ "error": ApiError::BusUnavailable.to_string(), "delivered": 0, "outcome": outcome });
+        if let Some(id) = id {
+            body["id"] = id.into();
+        }
+        Ok(Answer::NotDelivered(body))
     }
 
-    /// A keyed cluster publish whose echo did not come back here: this
-    /// node's streams get it now, under the event id minted for it (always
-    /// taken, as a message from the bus is).
-    async fn deliver_here(
-        &self,
-        target: &Target,
-        msg: &Arc<str>,
-        event: Option<u64>,
-    ) -> Result<Value, ApiError> {
+    /// A cluster publish whose echo did not come back here (this node was
+    /// not subscribed when Redis ran it): this node's streams that came
+    /// meanwhile get it now, under the fleet's event id (always taken, as a
+    /// message from the bus is).
+    async fn deliver_here(&self, target: &Target, msg: &Arc<str>, event: u64) -> Result<Value, ApiError> {
         let accepted = Instant::now();
         Ok(match target {
             Target::Id(id) => {
@@ -396,17 +401,18 @@ impl<S: StreamActor> Hub<S> {
                     .taken(Publish {
                         id: id.clone(),
                         msg: Arc::clone(msg),
-                        event,
+                        event: Some(event),
                         accepted,
                         limit: None,
                     })
                     .await?;
-                json!({ "delivered": p.delivered, "event_id": p.event })
+                json!({ "delivered": p.delivered })
             }
             Target::All => {
                 let n: usize = self
                     .taken(Broadcast {
                         msg: Arc::clone(msg),
+                        event: Some(event),
                         accepted,
                         limit: None,
                     })

@@ -18,7 +18,7 @@
 //! [`crate::hub::history`]), so a message's id, its history entry and its
 //! deliveries are one step of one actor.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -29,7 +29,8 @@ use actix::{
 };
 use smallvec::SmallVec;
 
-use crate::hub::history::{History, Resume};
+use crate::hub::cluster::Cluster;
+use crate::hub::history::{FleetRead, GapCause, History, Kept, Resume, fleet_resume};
 use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
 use crate::supervision::{Crash, guarded};
@@ -78,8 +79,10 @@ type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
 pub(crate) struct Deliver {
     /// One line of text (validated: no CR or LF).
     msg: Arc<str>,
-    /// Its event id; `None` for a broadcast, which has none of its own (it
-    /// is not kept in any id's history, so it is not a resume point).
+    /// Its event id; `None` for a broadcast of a single process, which has
+    /// none of its own (it is not kept in any history, so it is not a
+    /// resume point). In cluster mode a broadcast has one (the fleet keeps
+    /// broadcasts too).
     event: Option<u64>,
     /// Where it is counted dropped unless a handler takes it.
     books: Option<Arc<Stats>>,
@@ -103,11 +106,17 @@ impl Deliver {
 
     /// A broadcast's delivery, counted in `window` until it is handled or
     /// dropped.
-    fn in_window(msg: &Arc<str>, accepted: Instant, stats: &Arc<Stats>, window: &Arc<InFlight>) -> Self {
+    fn in_window(
+        msg: &Arc<str>,
+        event: Option<u64>,
+        accepted: Instant,
+        stats: &Arc<Stats>,
+        window: &Arc<InFlight>,
+    ) -> Self {
         window.in_flight.fetch_add(1, Relaxed);
         Deliver {
             msg: Arc::clone(msg),
-            event: None,
+            event,
             books: Some(Arc::clone(stats)),
             window: Some(Arc::clone(window)),
             accepted,
@@ -219,8 +228,8 @@ fn hand<S: StreamActor>(
 ) {
     match target.upgrade() {
         Some(addr) => addr.do_send(match window {
-            Some(w) => Deliver::in_window(&f.msg, f.accepted, stats, w),
-            None => Deliver::new(&f.msg, None, f.accepted, stats),
+            Some(w) => Deliver::in_window(&f.msg, f.event, f.accepted, stats, w),
+            None => Deliver::new(&f.msg, f.event, f.accepted, stats),
         }),
         None => {
             stats.messages_dropped.fetch_add(1, Relaxed);
@@ -232,6 +241,8 @@ fn hand<S: StreamActor>(
 /// A broadcast being handed out, [`FANOUT_WINDOW`] deliveries at a time.
 struct Fanout<S: Actor> {
     msg: Arc<str>,
+    /// Its event id (cluster mode).
+    event: Option<u64>,
     /// When this node accepted it.
     accepted: Instant,
     /// The streams held when it came.
@@ -247,6 +258,19 @@ struct Waiting<S: Actor> {
     addr: WeakAddr<S>,
     /// The event id it resumes after.
     since: Option<u64>,
+    /// It carries event ids ([`LoginAt`]): in cluster mode its position
+    /// comes from a read of the fleet's history.
+    tracked: bool,
+}
+
+/// A stream whose read of the fleet's history is out (cluster mode).
+struct Reading<S: Actor> {
+    /// Which read.
+    no: u64,
+    stream: Waiting<S>,
+    /// The id's messages (and broadcasts) that came while the read was
+    /// out, in order: merged with what it finds by event id.
+    buffered: Vec<Kept>,
 }
 
 /// Routes messages to streams by id.
@@ -267,8 +291,26 @@ pub(crate) struct Router<S: StreamActor> {
     /// not in `table` (no message reaches them) until [`Subscribed`] says
     /// so; then they get their [`Welcome`]. Empty at rest.
     awaiting: HashMap<Arc<str>, SmallVec<[Waiting<S>; 1]>>,
-    /// Event ids, and the messages kept for streams that resume.
+    /// Event ids, and the messages kept for streams that resume (in
+    /// cluster mode with `shared`, the clock alone: the fleet keeps them).
     history: History,
+    /// Cluster mode: where the fleet's history is read.
+    shared: Option<Arc<Cluster>>,
+    /// Cluster mode: streams whose read of the fleet's history is out, by
+    /// id. They are not in `table`; messages for them are buffered until
+    /// the read is back. Empty at rest.
+    reading: HashMap<Arc<str>, SmallVec<[Reading<S>; 1]>>,
+    /// The last read's number.
+    reads: u64,
+    /// Cluster mode: ids whose count of streams here changed since this
+    /// node last wrote its presence to Redis ([`Router::flush_presence`]).
+    /// Empty at rest.
+    presence_dirty: HashSet<Arc<str>>,
+    /// The next presence write is this node's every held id (Redis lost
+    /// them, or a write failed).
+    presence_full: bool,
+    /// The last presence write left ids in Redis: its key should be there.
+    presence_expected: bool,
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
@@ -283,6 +325,12 @@ impl<S: StreamActor> Router<S> {
     pub(crate) fn new(stats: Arc<Stats>, history_size: usize, history_ttl: Duration) -> Self {
         Router {
             history: History::new(history_size, history_ttl),
+            shared: None,
+            reading: HashMap::new(),
+            reads: 0,
+            presence_dirty: HashSet::new(),
+            presence_full: false,
+            presence_expected: false,
             table: HashMap::new(),
             streams: 0,
             closing: false,
@@ -328,25 +376,237 @@ impl<S: StreamActor> Router<S> {
 
     /// Moves the awaiting streams of `id` into the table and welcomes them,
     /// each with what it resumes: what was sent while it waited is kept,
-    /// so it is in the replay.
-    fn admit(&mut self, id: &Arc<str>) {
+    /// so it is in the replay. In cluster mode, a stream that carries event
+    /// ids reads the fleet's history first ([`Router::start_read`]).
+    fn admit(&mut self, id: &Arc<str>, ctx: &mut Context<Self>) {
         if let Some(waiting) = self.awaiting.remove(id) {
-            self.streams += waiting.len();
-            let mut admitted = Streams::new();
             for w in waiting {
-                let resume = self.resume(id, w.since);
-                tell(&w.addr, Welcome::new(resume, &self.stats));
-                admitted.push((w.conn, w.addr));
+                self.enter(Arc::clone(id), w, ctx);
             }
-            self.table.entry(Arc::clone(id)).or_default().extend(admitted);
         }
     }
 
+    /// A stream whose id is subscribed: into the table with its welcome,
+    /// or, one with event ids in cluster mode, first to the fleet's history.
+    fn enter(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
+        if w.tracked && self.shared.is_some() {
+            self.start_read(id, w, ctx);
+            return;
+        }
+        let resume = self.resume(&id, w.since);
+        tell(&w.addr, Welcome::new(resume, &self.stats));
+        self.table.entry(id).or_default().push((w.conn, w.addr));
+        self.streams += 1;
+    }
+
+    /// Whether `id` is subscribed here: a stream of it is in the table or
+    /// reading the fleet's history.
+    fn subscribed(&self, id: &str) -> bool {
+        self.table.contains_key(id) || self.reading.contains_key(id)
+    }
+
+    /// Whether this node holds a stream of `id` (subscribed, or waiting
+    /// for its subscription).
+    fn holds(&self, id: &str) -> bool {
+        self.subscribed(id) || self.awaiting.contains_key(id)
+    }
+
+    /// Reads the fleet's history for `w` (its id is subscribed, so every
+    /// message after the read reaches this Router): "subscribe first, read,
+    /// merge by id". Messages of the id that come meanwhile are buffered
+    /// ([`Router::buffer`]) and merged when the read is back
+    /// ([`Router::finish_read`]).
+    fn start_read(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        self.reads += 1;
+        let (no, since) = (self.reads, w.since);
+        self.reading.entry(Arc::clone(&id)).or_default().push(Reading {
+            no,
+            stream: w,
+            buffered: Vec::new(),
+        });
+        let read = async move {
+            let r = shared.read_history(&id, since).await;
+            (id, r)
+        };
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(read).map(move |(id, r), router, ctx| {
+                guarded(router, ctx, |router, _| router.finish_read(&id, no, r.ok()));
+            }),
+        );
+    }
+
+    /// A read of the fleet's history is back (`None`: it failed): the
+    /// stream gets its welcome with what it missed, then what came while
+    /// the read was out and after what it found, and joins the table. A
+    /// failed read is a gap from where the stream was, never a silent hole.
+    fn finish_read(&mut self, id: &Arc<str>, no: u64, read: Option<FleetRead>) {
+        let Some(readers) = self.reading.get_mut(id) else {
+            return;
+        };
+        let Some(at) = readers.iter().position(|r| r.no == no) else {
+            // It logged out meanwhile.
+            return;
+        };
+        let Reading { stream, buffered, .. } = readers.remove(at);
+        if readers.is_empty() {
+            self.reading.remove(id);
+        }
+        let (mut resume, cause, upto) = match read {
+            Some(read) => {
+                let clock = read.clock;
+                let (resume, cause) = fleet_resume(read, stream.since);
+                (resume, cause, clock)
+            }
+            None => {
+                // Where this node's clock is: what it saw last.
+                let position = self.history.clock();
+                let gap = stream
+                    .since
+                    .map(|after| crate::hub::history::Gap { after, next: None });
+                let cause = gap.map(|_| GapCause::ReadFailed);
+                (
+                    Resume {
+                        position,
+                        replay: Vec::new(),
+                        gap,
+                    },
+                    cause,
+                    position,
+                )
+            }
+        };
+        // Messages published after the read came here live: they follow.
+        let after = upto.max(resume.replay.last().map_or(0, |(ev, _)| *ev));
+        resume
+            .replay
+            .extend(buffered.into_iter().filter(|(ev, _)| *ev > after));
+        self.count_gap(cause);
+        tell(&stream.addr, Welcome::new(resume, &self.stats));
+        self.table
+            .entry(Arc::clone(id))
+            .or_default()
+            .push((stream.conn, stream.addr));
+        self.streams += 1;
+    }
+
+    /// Keeps a message of `id` for the streams of it whose read is out.
+    fn buffer(&mut self, id: &str, event: u64, msg: &Arc<str>) {
+        if let Some(readers) = self.reading.get_mut(id) {
+            for r in readers {
+                r.buffered.push((event, Arc::clone(msg)));
+            }
+        }
+    }
+
+    /// How many streams of `id` this node has (open: in the table, reading
+    /// the fleet's history, or waiting for the id's subscription).
+    fn count(&self, id: &str) -> usize {
+        self.table.get(id).map_or(0, SmallVec::len)
+            + self.reading.get(id).map_or(0, SmallVec::len)
+            + self.awaiting.get(id).map_or(0, SmallVec::len)
+    }
+
+    /// Cluster mode: `id`'s count of streams here changed; Redis hears of
+    /// it at the next heartbeat, with every other change since.
+    fn presence_changed(&mut self, id: &Arc<str>) {
+        if self.shared.is_some() && !self.presence_dirty.contains(id) {
+            self.presence_dirty.insert(Arc::clone(id));
+        }
+    }
+
+    /// Cluster mode: writes this node's presence every heartbeat.
+    fn every_heartbeat(&mut self, ctx: &mut Context<Self>) {
+        if let Some(shared) = &self.shared {
+            let beat = Duration::from_millis(shared.settings.heartbeat_interval_ms);
+            ctx.run_interval(beat, |r, ctx| {
+                guarded(r, ctx, Router::flush_presence).unwrap_or(())
+            });
+        }
+    }
+
+    /// Writes the counts of the ids that changed since the last write (all
+    /// held ids if Redis lost them) to this node's presence hash in Redis,
+    /// in one batch, and renews its expiry. A failed write is tried again
+    /// at the next beat.
+    fn flush_presence(&mut self, ctx: &mut Context<Self>) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let full = std::mem::take(&mut self.presence_full);
+        let ids: Vec<Arc<str>> = if full {
+            self.presence_dirty.clear();
+            self.table
+                .keys()
+                .chain(self.reading.keys())
+                .chain(self.awaiting.keys())
+                .cloned()
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .collect()
+        } else {
+            self.presence_dirty.drain().collect()
+        };
+        if self.presence_dirty.capacity() > 1024 {
+            self.presence_dirty.shrink_to_fit();
+        }
+        let counts: Vec<(Arc<str>, usize)> = ids
+            .into_iter()
+            .map(|id| (Arc::clone(&id), self.count(&id)))
+            .collect();
+        let expected = self.presence_expected;
+        let write = async move {
+            let r = shared.write_presence(&counts, full).await;
+            (counts, r)
+        };
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(write).map(move |(counts, r), router, _| {
+                match r {
+                    Ok(existed) => {
+                        // Gone though it should be there: Redis lost it (a
+                        // restart, FLUSHALL, a failover) or it expired while
+                        // this node could not write. Everything again.
+                        router.presence_full |= !existed && expected && !full;
+                        router.presence_expected = !router.table.is_empty()
+                            || !router.reading.is_empty()
+                            || !router.awaiting.is_empty();
+                    }
+                    Err(_) if full => router.presence_full = true,
+                    Err(_) => router.presence_dirty.extend(counts.into_iter().map(|(id, _)| id)),
+                }
+            }),
+        );
+    }
+
+    /// Counts a gap told by its cause.
+    fn count_gap(&self, cause: Option<GapCause>) {
+        let s = &self.stats;
+        match cause {
+            None => return,
+            Some(GapCause::Trimmed) => &s.gaps_trimmed,
+            Some(GapCause::Epoch) => &s.gaps_epoch,
+            Some(GapCause::Unknown) => &s.gaps_unknown,
+            Some(GapCause::ReadFailed) => &s.gaps_read_failed,
+        }
+        .fetch_add(1, Relaxed);
+    }
+
     /// What a stream of `id` that saw everything up to `since` is owed
-    /// (`None`: it starts now): the one place a resume reads history, so
-    /// where history lives can change behind it.
+    /// (`None`: it starts now) from this node's history: a single process,
+    /// or a plain stream in cluster mode (which shows no event ids).
     fn resume(&mut self, id: &str, since: Option<u64>) -> Resume {
-        self.history.resume(id, since)
+        let resume = self.history.resume(id, since);
+        if resume.gap.is_some() {
+            let unknown = since.is_some_and(|s| s > resume.position);
+            self.count_gap(Some(if unknown {
+                GapCause::Unknown
+            } else {
+                GapCause::Trimmed
+            }));
+        }
+        resume
     }
 
     /// Publishes the history's sizes in `/stats`.
@@ -378,13 +638,14 @@ impl<S: StreamActor> Actor for Router<S> {
                 r.history_stats();
             });
         });
+        self.every_heartbeat(ctx);
     }
 }
 
 impl<S: StreamActor> Supervised for Router<S> {
     /// After a crash: count it and drop streams that died meanwhile (their
     /// Logout may have been the message that was lost).
-    fn restarting(&mut self, _ctx: &mut Context<Self>) {
+    fn restarting(&mut self, ctx: &mut Context<Self>) {
         self.stats.router_restarts.fetch_add(1, Relaxed);
         self.pumping = false;
         let interest = self.interest.clone();
@@ -398,10 +659,17 @@ impl<S: StreamActor> Supervised for Router<S> {
             keep
         });
         self.streams = self.table.values().map(SmallVec::len).sum();
-        // A Subscribed lost with the crash must not leave streams waiting.
+        // A Subscribed lost with the crash must not leave streams waiting,
+        // and reads of the fleet's history went with the old context: read
+        // again (what they buffered is in what the new reads find).
         let waiting: Vec<Arc<str>> = self.awaiting.keys().cloned().collect();
         for id in &waiting {
-            self.admit(id);
+            self.admit(id, ctx);
+        }
+        for (id, readers) in std::mem::take(&mut self.reading) {
+            for r in readers {
+                self.start_read(Arc::clone(&id), r.stream, ctx);
+            }
         }
         tracing::warn!(
             event = "restart",
@@ -469,8 +737,8 @@ pub(crate) struct Publish {
     pub(crate) msg: Arc<str>,
     /// Its event id: `None` for a message accepted on this node (the
     /// Router mints it); the id its node minted for a message from the
-    /// cluster bus, or for a keyed publish ([`MintEventId`]): recorded and
-    /// delivered as it is, never minted again.
+    /// cluster bus (the fleet gave it): delivered as it is, never minted
+    /// again.
     pub(crate) event: Option<u64>,
     /// When this node accepted it: its body read, or its arrival from the
     /// cluster bus.
@@ -496,6 +764,9 @@ pub(crate) struct Published {
 pub(crate) struct Broadcast {
     /// One line of text, already validated.
     pub(crate) msg: Arc<str>,
+    /// Its event id in cluster mode, given by the fleet; `None` in a
+    /// single process and while the bus is down.
+    pub(crate) event: Option<u64>,
     /// When this node accepted it (as [`Publish::accepted`]).
     pub(crate) accepted: Instant,
     /// As [`Publish::limit`].
@@ -553,6 +824,9 @@ pub(crate) enum Interest {
 pub(crate) struct Attach {
     /// The Bus.
     pub(crate) bus: Recipient<Interest>,
+    /// Where the fleet's history is read (`None` in unit tests: this
+    /// node's history stands in for it).
+    pub(crate) shared: Option<Arc<Cluster>>,
 }
 
 /// From the cluster bus: these ids are subscribed now, or its link is down
@@ -572,18 +846,18 @@ impl<S: StreamActor> Handler<Subscribed> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: Subscribed, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, _| match m {
+        guarded(self, ctx, |r, ctx| match m {
             Subscribed::Ids(ids) => {
                 if !r.awaiting.is_empty() {
                     for id in &ids {
-                        r.admit(id);
+                        r.admit(id, ctx);
                     }
                 }
             }
             Subscribed::LinkDown => {
                 let ids: Vec<Arc<str>> = r.awaiting.keys().cloned().collect();
                 for id in &ids {
-                    r.admit(id);
+                    r.admit(id, ctx);
                 }
             }
         });
@@ -598,39 +872,45 @@ pub(crate) struct HeldIds;
 impl<S: StreamActor> Handler<Attach> for Router<S> {
     type Result = ();
 
-    fn handle(&mut self, Attach { bus }: Attach, _: &mut Context<Self>) {
+    fn handle(&mut self, Attach { bus, shared }: Attach, ctx: &mut Context<Self>) {
         self.interest = Some(bus);
+        self.shared = shared;
+        self.every_heartbeat(ctx);
     }
 }
 
-/// An event id for a keyed cluster publish to `id`, minted before Redis
-/// runs it (the message then carries it on the bus, this node's echo too).
-/// Answers `None` if the Router crashed handling it.
+/// Whether this node holds a stream of `id` (in the table, reading the
+/// fleet's history or waiting for its id's subscription), so that it is
+/// among a PUBLISH's receivers. Answers `None` if the Router crashed.
 #[derive(Message)]
-#[rtype(result = "Option<Minted>")]
-pub(crate) struct MintEventId {
-    /// The target id.
+#[rtype(result = "Option<bool>")]
+pub(crate) struct Holds {
+    /// The id.
     pub(crate) id: String,
 }
 
-/// What [`MintEventId`] answers.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Minted {
-    /// The event id.
-    pub(crate) event: u64,
-    /// This node has a stream of the id (in the table, or waiting for its
-    /// id's subscription), so it is among the PUBLISH's receivers.
-    pub(crate) held: bool,
+impl<S: StreamActor> Handler<Holds> for Router<S> {
+    type Result = Option<bool>;
+
+    fn handle(&mut self, Holds { id }: Holds, ctx: &mut Context<Self>) -> Option<bool> {
+        guarded(self, ctx, |r, _| r.holds(&id))
+    }
 }
 
-impl<S: StreamActor> Handler<MintEventId> for Router<S> {
-    type Result = Option<Minted>;
+/// How many streams of `id` this node has open (`/presence`). Answers
+/// `None` if the Router crashed.
+#[derive(Message)]
+#[rtype(result = "Option<usize>")]
+pub(crate) struct Count {
+    /// The id.
+    pub(crate) id: String,
+}
 
-    fn handle(&mut self, MintEventId { id }: MintEventId, ctx: &mut Context<Self>) -> Option<Minted> {
-        guarded(self, ctx, |r, _| Minted {
-            event: r.history.next_id(),
-            held: r.table.contains_key(id.as_str()) || r.awaiting.contains_key(id.as_str()),
-        })
+impl<S: StreamActor> Handler<Count> for Router<S> {
+    type Result = Option<usize>;
+
+    fn handle(&mut self, Count { id }: Count, ctx: &mut Context<Self>) -> Option<usize> {
+        guarded(self, ctx, |r, _| r.count(&id))
     }
 }
 
@@ -638,7 +918,14 @@ impl<S: StreamActor> Handler<HeldIds> for Router<S> {
     type Result = actix::MessageResult<HeldIds>;
 
     fn handle(&mut self, _: HeldIds, _: &mut Context<Self>) -> Self::Result {
-        actix::MessageResult(self.table.keys().chain(self.awaiting.keys()).cloned().collect())
+        actix::MessageResult(
+            self.table
+                .keys()
+                .chain(self.awaiting.keys())
+                .chain(self.reading.keys().filter(|id| !self.table.contains_key(*id)))
+                .cloned()
+                .collect(),
+        )
     }
 }
 
@@ -646,7 +933,7 @@ impl<S: StreamActor> Handler<Login<S>> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: Login<S>, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, _| r.login(m, None, false));
+        guarded(self, ctx, |r, ctx| r.login(m, None, false, ctx));
     }
 }
 
@@ -654,31 +941,31 @@ impl<S: StreamActor> Handler<LoginAt<S>> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: LoginAt<S>, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, _| r.login(m.login, m.since, true));
+        guarded(self, ctx, |r, ctx| r.login(m.login, m.since, true, ctx));
     }
 }
 
 impl<S: StreamActor> Router<S> {
-    /// Registers a stream (`welcome`: it waits for its [`Welcome`] even
-    /// without a bus).
-    fn login(&mut self, m: Login<S>, since: Option<u64>, welcome: bool) {
+    /// Registers a stream (`welcome`: it carries event ids, and waits for
+    /// its [`Welcome`] even without a bus).
+    fn login(&mut self, m: Login<S>, since: Option<u64>, welcome: bool, ctx: &mut Context<Self>) {
         if self.closing {
             tell(&m.addr, Close);
         }
+        let w = Waiting {
+            conn: m.conn,
+            addr: m.addr,
+            since,
+            tracked: welcome,
+        };
+        self.presence_changed(&m.id);
         if self.interest.is_some() {
             // Cluster mode: a new id waits for its SUBSCRIBE.
-            if self.table.contains_key(&m.id) {
-                let resume = self.resume(&m.id, since);
-                tell(&m.addr, Welcome::new(resume, &self.stats));
-                self.table.entry(m.id).or_default().push((m.conn, m.addr));
-                self.streams += 1;
+            if self.subscribed(&m.id) {
+                self.enter(m.id, w, ctx);
             } else {
                 let waiting = self.awaiting.entry(Arc::clone(&m.id)).or_default();
-                waiting.push(Waiting {
-                    conn: m.conn,
-                    addr: m.addr,
-                    since,
-                });
+                waiting.push(w);
                 if waiting.len() == 1 {
                     self.notify(|| Interest::Held(m.id));
                 }
@@ -687,9 +974,9 @@ impl<S: StreamActor> Router<S> {
         }
         if welcome {
             let resume = self.resume(&m.id, since);
-            tell(&m.addr, Welcome::new(resume, &self.stats));
+            tell(&w.addr, Welcome::new(resume, &self.stats));
         }
-        self.table.entry(m.id).or_default().push((m.conn, m.addr));
+        self.table.entry(m.id).or_default().push((w.conn, w.addr));
         self.streams += 1;
     }
 }
@@ -699,14 +986,28 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
 
     fn handle(&mut self, m: Logout, ctx: &mut Context<Self>) {
         guarded(self, ctx, |r, _| {
+            r.presence_changed(&m.id);
+            let mut left = false;
             if let Some(streams) = r.table.get_mut(&*m.id) {
                 let before = streams.len();
                 streams.retain(|(conn, _)| *conn != m.conn);
                 r.streams -= before - streams.len();
                 if streams.is_empty() {
                     r.table.remove(&*m.id);
-                    r.notify(|| Interest::Released(m.id));
                     shrink_if_sparse(&mut r.table);
+                    left = true;
+                }
+            }
+            if let Some(readers) = r.reading.get_mut(&*m.id) {
+                readers.retain(|x| x.stream.conn != m.conn);
+                if readers.is_empty() {
+                    r.reading.remove(&*m.id);
+                    left = true;
+                }
+            }
+            if left {
+                if !r.subscribed(&m.id) {
+                    r.notify(|| Interest::Released(m.id));
                 }
             } else if let Some(waiting) = r.awaiting.get_mut(&*m.id) {
                 waiting.retain(|w| w.conn != m.conn);
@@ -746,8 +1047,15 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
                 Some(event) => r.history.witness(event),
                 None => r.history.next_id(),
             };
-            r.history.record(&m.id, event, &m.msg);
-            r.history_stats();
+            if r.shared.is_none() {
+                r.history.record(&m.id, event, &m.msg);
+                r.history_stats();
+            } else {
+                // The fleet keeps it (a message minted here, while the bus
+                // was down, is in no history: a resume after it is told of
+                // a gap, as its id is past the fleet's clock).
+                r.buffer(&m.id, event, &m.msg);
+            }
             let delivered = match r.table.get(m.id.as_str()) {
                 Some(streams) => {
                     r.stats.publish_backlog.fetch_add(streams.len() as u64, Relaxed);
@@ -774,7 +1082,17 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
             let targets: Vec<WeakAddr<S>> = r.table.values().flatten().map(|(_, s)| s.clone()).collect();
             let n = targets.len();
             r.stats.publish_backlog.fetch_add(n as u64, Relaxed);
+            let event = m.event.map(|e| r.history.witness(e));
+            if let Some(event) = event
+                && !r.reading.is_empty()
+            {
+                let ids: Vec<Arc<str>> = r.reading.keys().cloned().collect();
+                for id in ids {
+                    r.buffer(&id, event, &m.msg);
+                }
+            }
             r.fanouts.push_back(Fanout {
+                event,
                 msg: m.msg,
                 accepted: m.accepted,
                 targets,
@@ -809,7 +1127,12 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
             for w in r.awaiting.values().flatten() {
                 tell(&w.addr, Close);
             }
-            r.streams + r.awaiting.values().map(SmallVec::len).sum::<usize>()
+            for x in r.reading.values().flatten() {
+                tell(&x.stream.addr, Close);
+            }
+            r.streams
+                + r.awaiting.values().map(SmallVec::len).sum::<usize>()
+                + r.reading.values().map(SmallVec::len).sum::<usize>()
         })
     }
 }
@@ -1022,6 +1345,7 @@ mod tests {
         assert_eq!(big.unwrap().delivered, 3);
         let b = Broadcast {
             msg: Arc::from("b1"),
+            event: None,
             accepted: Instant::now(),
             limit: Some(1),
         };
@@ -1040,6 +1364,7 @@ mod tests {
         for m in ["x", "y"] {
             let b = Broadcast {
                 msg: Arc::from(m),
+                event: None,
                 accepted: Instant::now(),
                 limit: None,
             };
@@ -1166,21 +1491,10 @@ mod tests {
             got.replay,
             vec![(theirs, Arc::from("theirs")), (mine, Arc::from("mine"))]
         );
-        let minted = router
-            .send(MintEventId { id: "a".into() })
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(minted.event > mine);
-        assert!(minted.held);
-        assert!(
-            !router
-                .send(MintEventId { id: "z".into() })
-                .await
-                .unwrap()
-                .unwrap()
-                .held
-        );
+        let holds = |id: &str| router.send(Holds { id: id.into() });
+        assert_eq!(holds("a").await.unwrap(), Some(true));
+        assert_eq!(holds("z").await.unwrap(), Some(false));
+        assert!(sent(&router, "b", "later").await.event > mine);
     }
 
     /// A bus that records what the Router tells it.
@@ -1213,15 +1527,11 @@ mod tests {
         router
             .send(Attach {
                 bus: bus.start().recipient(),
+                shared: None,
             })
             .await
             .unwrap();
-        let start = router
-            .send(MintEventId { id: "x".into() })
-            .await
-            .unwrap()
-            .unwrap()
-            .event;
+        let start = sent(&router, "x", "before").await.event;
         // Two streams of `a`, one resuming: they wait, and the bus is told
         // once that this node holds `a`.
         let (first, c1, log1) = log_in(&router, "a", Some(Some(start))).await;
