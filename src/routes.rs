@@ -321,7 +321,7 @@ async fn readyz(state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
         return Err(ApiError::ShuttingDown);
     }
     if let Some(cluster) = state.hub.cluster()
-        && !cluster.stats.connected.load(std::sync::atomic::Ordering::Relaxed)
+        && !cluster.ready()
     {
         return Err(ApiError::BusUnavailable);
     }

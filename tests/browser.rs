@@ -15,14 +15,20 @@ mod chromium;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
+use std::process::Command;
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chromium::Browser;
-use common::{TestServer, settings};
+use common::process::Proc;
+use common::{RedisServer, TestServer, settings};
 
-/// Serves the page at `/` and takes the DOM the page posts to `/result`.
-fn page_server(page: Arc<Mutex<String>>) -> (u16, mpsc::Receiver<String>) {
+/// What the page server does for `POST /cut/<id>`.
+type Cut = Box<dyn Fn(&str) + Send>;
+
+/// Serves the page at `/` and takes the DOM the page posts to `/result`;
+/// `POST /cut/<id>` runs `cut` (when given) before it answers.
+fn page_server(page: Arc<Mutex<String>>, cut: Option<Cut>) -> (u16, mpsc::Receiver<String>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let (tx, rx) = mpsc::channel();
@@ -54,6 +60,22 @@ fn page_server(page: Arc<Mutex<String>>) -> (u16, mpsc::Receiver<String>) {
                 let _ = reader.read_exact(&mut body);
                 let _ = tx.send(String::from_utf8_lossy(&body).into_owned());
                 ("200 OK", String::new())
+            } else if let (Some(id), Some(cut)) = (
+                line.strip_prefix("POST /cut/").and_then(|r| r.split(' ').next()),
+                &cut,
+            ) {
+                // A cut that fails answers why, and the page reports it.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cut(id))) {
+                    Ok(()) => ("200 OK", "{}".to_owned()),
+                    Err(e) => {
+                        let why = e
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                            .unwrap_or_default();
+                        ("500 Internal Server Error", why)
+                    }
+                }
             } else {
                 ("404 Not Found", String::new())
             };
@@ -111,20 +133,39 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
     // The page names the server, and the server allows the page's origin:
     // the page server starts first and gets its page once the server runs.
     let page = Arc::new(Mutex::new(String::new()));
-    let (page_port, results) = page_server(Arc::clone(&page));
+    let (page_port, results) = page_server(Arc::clone(&page), None);
     let mut s = settings();
     s.debug.fault_injection = true;
     s.stream.sse_retry_ms = 300;
     s.http.cors_origins = format!("http://127.0.0.1:{page_port}");
     let srv = TestServer::start(s);
-    *page.lock().unwrap() =
-        include_str!("browser/resume.html").replace("{{SERVER}}", &format!("http://{}", srv.addr));
+    *page.lock().unwrap() = resume_page(&format!("http://{}", srv.addr), None);
 
     let dom = run_page(page_port, &results);
+    every_message_once_in_order(&dom);
+    let st = srv.stats();
+    // m3 and m4 were sent while each client was away: from history.
+    assert!(st["history"]["replayed"].as_u64().unwrap() >= 2, "{st}");
+    assert_eq!(st["transports"]["sse_opened"], 2, "{st}");
+    assert_eq!(st["transports"]["ws_opened"], 2, "{st}");
+}
 
-    assert_eq!(text_of(&dom, "status"), Some("done"), "{dom}");
+/// `tests/browser/resume.html` for the server at `server`; `cut`: where
+/// the page asks for its stream to be cut (`None`: the server's
+/// `/admin/cut`, both transports at once).
+fn resume_page(server: &str, cut: Option<&str>) -> String {
+    include_str!("browser/resume.html")
+        .replace("{{SERVER}}", server)
+        .replace("{{CUT}}", cut.unwrap_or(&format!("{server}/admin/cut/")))
+        .replace("{{ONE_AT_A_TIME}}", if cut.is_some() { "true" } else { "false" })
+}
+
+/// The page is done, and each transport got m1..m5 once, in order, with
+/// increasing event ids, across one reconnect, without a gap.
+fn every_message_once_in_order(dom: &str) {
+    assert_eq!(text_of(dom, "status"), Some("done"), "{dom}");
     for transport in ["sse", "ws"] {
-        let got = items(&dom, transport);
+        let got = items(dom, transport);
         let texts: Vec<&str> = got.iter().map(|l| l.split_once(' ').unwrap().1).collect();
         let expected: Vec<String> = (1..=5).map(|n| format!("Recvd msg #{n}: 'm{n}'")).collect();
         // Every message once, in order: the two the cut stream missed came
@@ -144,7 +185,7 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
             ids.windows(2).all(|w| w[0] < w[1]),
             "{transport}: event ids increase: {ids:?}"
         );
-        let notes = items(&dom, &format!("{transport}-notes"));
+        let notes = items(dom, &format!("{transport}-notes"));
         assert!(
             notes.contains(&"connected #2".to_owned()),
             "{transport} reconnected: {notes:?}"
@@ -154,11 +195,80 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
             "{transport}: no gap: {notes:?}"
         );
     }
-    let st = srv.stats();
-    // m3 and m4 were sent while each client was away: from history.
-    assert!(st["history"]["replayed"].as_u64().unwrap() >= 2, "{st}");
-    assert_eq!(st["transports"]["sse_opened"], 2, "{st}");
-    assert_eq!(st["transports"]["ws_opened"], 2, "{st}");
+}
+
+/// Issue 23: the same page against a `--processes 4` fleet on one port:
+/// its cut kills the process that holds the stream (found with
+/// `/presence` and `/cluster`), and the browser reconnects to whichever
+/// process the kernel gives it, which resumes from the fleet's history.
+#[test]
+fn chromium_resumes_on_another_process_of_a_fleet() {
+    let redis = RedisServer::start();
+    let port = common::free_port();
+    let fleet = format!("http://127.0.0.1:{port}");
+    let base = fleet.clone();
+    let cut: Cut = Box::new(move |id| kill_holder(&base, port, id));
+    let page = Arc::new(Mutex::new(String::new()));
+    let (page_port, results) = page_server(Arc::clone(&page), Some(cut));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    cmd.args(["--processes", "4"])
+        .env("SWITCHBOARD__SERVER__PORT", port.to_string())
+        .env("SWITCHBOARD__SERVER__WORKERS", "1")
+        .env("SWITCHBOARD__STREAM__SSE_RETRY_MS", "300")
+        .env(
+            "SWITCHBOARD__HTTP__CORS_ORIGINS",
+            format!("http://127.0.0.1:{page_port}"),
+        )
+        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
+        .env(
+            "SWITCHBOARD__CLUSTER__PREFIX",
+            format!("browser-{}", std::process::id()),
+        )
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
+    let _parent = Proc::spawn(cmd);
+    wait_for(Duration::from_secs(20), "4 processes in /cluster", || {
+        get_json(port, "/cluster").is_some_and(|c| c["totals"]["nodes"] == 4)
+    });
+    *page.lock().unwrap() = resume_page(&fleet, Some(&format!("http://127.0.0.1:{page_port}/cut/")));
+
+    let dom = run_page(page_port, &results);
+    every_message_once_in_order(&dom);
+}
+
+/// `GET path` on the fleet's port, as JSON (`None` if it failed).
+fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
+    let r = common::request(([127, 0, 0, 1], port).into(), "GET", path, &[], b"").ok()?;
+    (r.status == 200).then(|| r.json())
+}
+
+fn wait_for(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILLs the fleet process that holds `id`'s stream (its parent starts
+/// another), so the browser's connection drops as it would in a crash.
+fn kill_holder(fleet: &str, port: u16, id: &str) {
+    let mut holder = None;
+    wait_for(Duration::from_secs(5), &format!("{id} held on {fleet}"), || {
+        holder = get_json(port, &format!("/presence/{id}"))
+            .and_then(|p| p["nodes"][0]["node"].as_str().map(str::to_owned));
+        holder.is_some()
+    });
+    let name = holder.unwrap();
+    let cluster = get_json(port, "/cluster").expect("/cluster");
+    let pid = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == name.as_str())
+        .and_then(|n| n["pid"].as_u64())
+        .unwrap_or_else(|| panic!("{name} not in {cluster}"));
+    common::process::send_signal(pid as u32, "KILL");
 }
 
 /// A page on another origin opens a stream with `fetch` and
@@ -168,7 +278,7 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
 #[test]
 fn chromium_opens_a_stream_with_a_bearer_token_through_the_preflight() {
     let page = Arc::new(Mutex::new(String::new()));
-    let (page_port, results) = page_server(Arc::clone(&page));
+    let (page_port, results) = page_server(Arc::clone(&page), None);
     let mut s = settings();
     s.auth.subscribe_secret = "browser-secret".into();
     s.http.cors_origins = format!("http://127.0.0.1:{page_port}");

@@ -642,6 +642,11 @@ impl Handler<Interest> for Bus {
                     bus.set_subscriptions(bus.subscriptions + 1);
                 }
             }
+            Interest::Confirm(id) => {
+                // SUBSCRIBE again (Redis confirms a repeat too); the count
+                // already has the id.
+                bus.send(Op::Subscribe(id));
+            }
             Interest::Released(id) => {
                 let until = Instant::now() + bus.linger();
                 bus.cluster.lingering().insert(id, until);

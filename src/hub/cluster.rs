@@ -72,7 +72,8 @@ const LUA_PRELUDE: &str = "local function fmt(n) return string.format('%.0f', n)
 /// 2. mints the event id from the fleet's clock (`<prefix>:fleet`, field
 ///    `clock`): Redis's time in microseconds, above every id given before;
 /// 3. keeps the message in the history stream (`XADD`, entry id
-///    `<event id>-0`, `MAXLEN history.size`, the key expiring
+///    `<event id>-0`, `MAXLEN history.size`; entries older than
+///    `history.ttl_ms` trimmed with `XTRIM MINID`, and the key expiring
 ///    `history.ttl_ms` after its last message). A stream made new records
 ///    (`XSETID … MAXDELETEDID`) that ids before it may have had messages
 ///    that are gone: expired with the previous key, or from before the
@@ -97,6 +98,7 @@ const PUBLISH_SCRIPT: &str = "if ARGV[6] ~= '' and not redis.call('SET', KEYS[3]
     if new then \
     local floor = math.min(math.max(epoch, now - tonumber(ARGV[4]) * 1000), ev - 1) \
     redis.call('XSETID', KEYS[2], evs .. '-0', 'MAXDELETEDID', fmt(floor) .. '-0') end \
+    redis.call('XTRIM', KEYS[2], 'MINID', fmt(now - tonumber(ARGV[4]) * 1000) .. '-0') \
     redis.call('PEXPIRE', KEYS[2], ARGV[4]) end \
     return {1, evs, redis.call('PUBLISH', ARGV[5], ARGV[1] .. '@' .. evs .. ' ' .. ARGV[2])}";
 
@@ -167,9 +169,9 @@ pub(crate) enum Here {
     Delivered(Value),
     /// This node was not subscribed when Redis published it (it holds no
     /// stream of the id, or its streams are still waiting for their
-    /// SUBSCRIBE): the caller delivers it here itself (its history then
-    /// has it for those waiting streams). No echo will deliver it again.
-    Deliver,
+    /// SUBSCRIBE): its streams did not get it (nor will they: no echo is
+    /// delivered after this answer).
+    NotHere,
 }
 
 /// Why a PUBLISH ([`Cluster::publish`], [`Cluster::publish_once`]) failed.
@@ -415,6 +417,12 @@ pub(crate) struct Cluster {
     /// `history.size` and `history.ttl_ms`: what the fleet's history keeps.
     history_size: usize,
     history_ttl_ms: u64,
+    /// Redis's version, as its first heartbeat found it (`/stats`).
+    redis_version: Mutex<String>,
+    /// Redis is older than 7.0: nothing is published (a publish script
+    /// would fail halfway, keeping a message it never sent), and `/readyz`
+    /// answers 503.
+    unusable: AtomicBool,
 }
 
 impl Cluster {
@@ -480,6 +488,8 @@ impl Cluster {
             read_script: redis::Script::new(&format!("{LUA_PRELUDE}{READ_SCRIPT}")),
             history_size: history.size,
             history_ttl_ms: history.ttl_ms,
+            redis_version: Mutex::new(String::new()),
+            unusable: AtomicBool::new(false),
         })
     }
 
@@ -626,7 +636,7 @@ impl Cluster {
                 Here::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
             ));
         }
-        Ok(fresh(receivers, Here::Deliver))
+        Ok(fresh(receivers, Here::NotHere))
     }
 
     /// Reads the fleet's history for a stream of `id` that resumes after
@@ -701,9 +711,16 @@ impl Cluster {
         self.lingering().contains_key(id)
     }
 
-    /// Answers at once, without Redis, while the bus is down.
+    /// Whether the bus is up on a Redis this version can use: what
+    /// `/readyz` reports.
+    pub(crate) fn ready(&self) -> bool {
+        self.stats.connected.load(Relaxed) && !self.unusable.load(Relaxed)
+    }
+
+    /// Answers at once, without Redis, while the bus is down (or Redis is
+    /// too old for the fleet's history).
     fn fail_fast(&self) -> Result<(), ApiError> {
-        if self.stats.connected.load(Relaxed) {
+        if self.ready() {
             Ok(())
         } else {
             Err(ApiError::BusUnavailable)
@@ -892,6 +909,9 @@ impl Cluster {
         // beat may find the entry of this name's previous process (a
         // restarted fleet child), which is fine.
         let first = self.stats.heartbeats.fetch_add(1, Relaxed) == 0;
+        if first {
+            self.check_version().await;
+        }
         let other = previous
             .and_then(|p| serde_json::from_str::<NodeInfo>(&p).ok())
             .filter(|p| p.instance != self.instance);
@@ -907,6 +927,61 @@ impl Cluster {
             );
         }
         Ok(())
+    }
+
+    /// Checks what the fleet's history needs of Redis, once: version 7.0
+    /// or later (`XSETID … MAXDELETEDID`, `XINFO STREAM`'s
+    /// `entries-added`), or this node publishes nothing and is not ready;
+    /// and no eviction of keys with a TTL (history keys have one: evicted,
+    /// their messages would be gone without the floor a gap is told from).
+    async fn check_version(&self) {
+        let Ok(info) = self
+            .command("INFO", async move |mut c| {
+                redis::cmd("INFO")
+                    .arg("server")
+                    .arg("memory")
+                    .query_async::<String>(&mut c)
+                    .await
+            })
+            .await
+        else {
+            return;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        };
+        let version = field("redis_version");
+        let major: u32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if major < 7 {
+            self.unusable.store(true, Relaxed);
+            tracing::error!(
+                event = "redis_too_old",
+                version = %version,
+                "cluster mode needs Redis 7.0 or later (the fleet's history uses XSETID MAXDELETEDID); \
+                 this node publishes nothing and /readyz answers 503 until Redis is upgraded"
+            );
+        }
+        let (maxmemory, policy) = (field("maxmemory"), field("maxmemory_policy"));
+        let evicts = policy.starts_with("volatile") || policy.starts_with("allkeys");
+        if evicts && maxmemory != "0" && !maxmemory.is_empty() {
+            tracing::error!(
+                event = "redis_evicts",
+                policy = %policy,
+                "Redis evicts keys when full (maxmemory-policy {policy}): a history evicted early loses \
+                 messages a resuming client is not told of; use noeviction"
+            );
+        }
+        if let Ok(mut v) = self.redis_version.lock() {
+            *v = version;
+        }
     }
 
     /// Removes this node from `/cluster` (graceful shutdown).
@@ -1006,6 +1081,7 @@ impl Cluster {
             "heartbeats": get(&s.heartbeats),
             "restarts": get(&s.restarts),
             "name_conflicts": get(&s.name_conflicts),
+            "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
         })
     }
 }

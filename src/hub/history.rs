@@ -6,13 +6,12 @@
 //! increase for every id (and across ids), survive being forgotten (an id
 //! whose history expired gets larger ids later, not 1 again), stay above the
 //! previous run's as long as the clock does, and tell the age of a message:
-//! history needs no timestamps of its own. In cluster mode a message from
-//! another node keeps the id its node minted ([`History::witness`]); this
-//! node's next ids stay above every id it has seen. A message can then
-//! come late, with an id below one this node gave already (two nodes
-//! published to one id at the same moment): the ring keeps it in id order,
-//! and a stream that resumes from a position it may have skipped is told
-//! of a gap.
+//! history needs no timestamps of its own.
+//!
+//! **In cluster mode** the fleet gives ids and keeps the history, in Redis
+//! (see [`crate::hub::cluster`]); a node reads it with [`fleet_resume`].
+//! This node's clock then only follows the fleet's ([`History::witness`]),
+//! for the messages it delivers alone while the bus is down.
 //!
 //! **History**: an id gets a ring once a message is sent to it (an id that
 //! is only held costs nothing here), keeping its last `history.size`
@@ -41,38 +40,6 @@ struct Ring {
     /// Messages with ids up to this one may be gone (evicted or expired, or
     /// sent before the ring was made).
     lost_before: u64,
-}
-
-/// The window a late message leaves: a stream at a position `p` with
-/// `after < p <= upto` may have left before the message came, and resuming
-/// after `p` would skip it.
-#[derive(Debug, Clone, Copy)]
-struct Late {
-    after: u64,
-    upto: u64,
-}
-
-/// The late windows of one id.
-#[derive(Debug, Default)]
-struct LateWindows {
-    /// Oldest first, at most `history.size`, each for the TTL.
-    open: VecDeque<Late>,
-    /// The largest `upto` of the windows forgotten (past the bound or the
-    /// TTL): a resume at or below it is told of a gap, conservatively.
-    forgotten_upto: u64,
-}
-
-impl LateWindows {
-    /// Whether a stream at `since` may have skipped a late message.
-    fn crossed(&self, since: u64) -> bool {
-        since <= self.forgotten_upto || self.open.iter().any(|w| w.after < since && since <= w.upto)
-    }
-
-    fn forget_oldest(&mut self) {
-        if let Some(w) = self.open.pop_front() {
-            self.forgotten_upto = self.forgotten_upto.max(w.upto);
-        }
-    }
 }
 
 /// What a stream resuming after an event id is owed.
@@ -109,9 +76,6 @@ pub(crate) struct History {
     /// and its message not back yet.
     last: u64,
     rings: HashMap<Arc<str>, Ring>,
-    /// Late messages' windows per id, oldest first (at most `size` per id,
-    /// for the TTL). Empty unless messages of two nodes crossed.
-    late: HashMap<Arc<str>, LateWindows>,
     /// Messages kept over all rings.
     kept: usize,
 }
@@ -135,7 +99,6 @@ impl History {
             clock: now,
             last: now,
             rings: HashMap::new(),
-            late: HashMap::new(),
             kept: 0,
         }
     }
@@ -146,9 +109,10 @@ impl History {
         self.clock
     }
 
-    /// Takes note of `event`, minted by another node, and returns it: ids
-    /// this node mints from now on are larger. (The bus refuses ids far
-    /// ahead of this node's clock, so one cannot push it out of reach.)
+    /// Takes note of `event`, given by the fleet, and returns it: ids this
+    /// node mints from now on (while the bus is down) are larger. (The bus
+    /// refuses ids far ahead of this node's clock, so one cannot push it
+    /// out of reach.)
     pub(crate) fn witness(&mut self, event: u64) -> u64 {
         self.clock = self.clock.max(event);
         event
@@ -170,9 +134,9 @@ impl History {
         self.started.max(now.saturating_sub(self.ttl_us))
     }
 
-    /// Keeps message `ev` of `id`.
+    /// Keeps message `ev` of `id` (minted by [`History::next_id`], so
+    /// after every id kept).
     pub(crate) fn record(&mut self, id: &str, ev: u64, msg: &Arc<str>) {
-        let top = self.last;
         self.last = self.last.max(ev);
         if self.size == 0 {
             return;
@@ -191,28 +155,9 @@ impl History {
         let (size, ttl) = (self.size, self.ttl_us);
         // unwrap: inserted above if it was missing.
         let ring = self.rings.get_mut(id).expect("ring exists");
-        // In id order: a message from another node may come after a later
-        // one of this node (nearly always it goes at the back).
-        let at = ring.entries.partition_point(|(kept, _)| *kept <= ev);
-        ring.entries.insert(at, (ev, Arc::clone(msg)));
+        ring.entries.push_back((ev, Arc::clone(msg)));
         self.kept += 1;
         self.kept -= ring.expire(now, ttl);
-        if ev <= top {
-            // Late (another node's message crossed one recorded here), or
-            // an id another message has too: streams may be past it already
-            // (a welcome's position is the last id recorded, of any id).
-            let after = if ev < top { ev } else { ev - 1 };
-            if !self.late.contains_key(id) {
-                // The id's key is allocated once, not per late message.
-                self.late.insert(Arc::from(id), LateWindows::default());
-            }
-            // unwrap: inserted above if it was missing.
-            let windows = self.late.get_mut(id).expect("windows exist");
-            windows.open.push_back(Late { after, upto: top });
-            if windows.open.len() > size {
-                windows.forget_oldest();
-            }
-        }
         while ring.entries.len() > size {
             if let Some((gone, _)) = ring.entries.pop_front() {
                 ring.lost_before = ring.lost_before.max(gone);
@@ -242,7 +187,6 @@ impl History {
             };
         }
         let now = now_us();
-        let crossed = self.late.get(id).is_some_and(|w| w.crossed(since));
         let (replay, lost_before) = match self.rings.get_mut(id) {
             Some(ring) => {
                 self.kept -= ring.expire(now, self.ttl_us);
@@ -252,7 +196,7 @@ impl History {
             None if self.size == 0 => (Vec::new(), u64::MAX),
             None => (Vec::new(), self.floor(now)),
         };
-        let gap = ((since < lost_before && since < self.last) || crossed).then(|| Gap {
+        let gap = (since < lost_before && since < self.last).then(|| Gap {
             after: since,
             next: replay.first().map(|(ev, _)| *ev),
         });
@@ -263,22 +207,9 @@ impl History {
         }
     }
 
-    /// Drops expired messages, and rings left empty; forgets late windows
-    /// older than the TTL (a resume from inside one still hears a gap for
-    /// one TTL more; after that, from below the TTL's floor).
+    /// Drops expired messages, and rings left empty.
     pub(crate) fn sweep(&mut self) {
         let (now, ttl) = (now_us(), self.ttl_us);
-        self.late.retain(|_, windows| {
-            while windows
-                .open
-                .front()
-                .is_some_and(|w| w.upto.saturating_add(ttl) < now)
-            {
-                windows.forget_oldest();
-            }
-            !windows.open.is_empty() || windows.forgotten_upto.saturating_add(2 * ttl) >= now
-        });
-        crate::id::shrink_if_sparse(&mut self.late);
         let mut dropped = 0;
         self.rings.retain(|_, ring| {
             dropped += ring.expire(now, ttl);
@@ -521,91 +452,56 @@ mod tests {
     }
 
     #[test]
-    fn ids_minted_elsewhere_are_kept_in_order_and_raise_the_clock() {
+    fn a_witnessed_id_raises_the_clock() {
         let mut h = History::new(10, Duration::from_secs(60));
-        // Ids well after this process's start, so none is "before it".
-        std::thread::sleep(Duration::from_millis(2));
         let mine = h.next_id();
-        h.record("a", mine, &msg("mine"));
-        // Another node's message minted just before this node's.
-        let theirs = h.witness(mine - 1);
-        h.record("a", theirs, &msg("theirs"));
-        let r = h.resume("a", Some(theirs - 1));
-        assert_eq!(r.replay, vec![(theirs, msg("theirs")), (mine, msg("mine"))]);
-        // A stream that was at `mine` may have left before `theirs` came:
-        // resuming there is told of a gap; from before both it is not.
-        let r = h.resume("a", Some(mine));
+        let ahead = h.witness(mine + 1_000_000);
+        assert_eq!(h.clock(), ahead);
+        assert!(h.next_id() > ahead);
+        // One behind changes nothing.
+        h.witness(mine);
+        assert_eq!(h.clock(), ahead + 1);
+    }
+
+    #[test]
+    fn fleet_reads_merge_broadcasts_and_tell_gaps_by_cause() {
+        let kept = |ids: &[u64]| ids.iter().map(|i| (*i, msg(&i.to_string()))).collect::<Vec<_>>();
+        let read = |id_lost, b_lost, epoch| FleetRead {
+            clock: 100,
+            epoch,
+            id: KeptIn {
+                lost_upto: id_lost,
+                entries: kept(&[20, 40, 60]),
+            },
+            broadcasts: KeptIn {
+                lost_upto: b_lost,
+                entries: kept(&[30, 50]),
+            },
+        };
+        // Merged in id order, after the position only, no gap.
+        let (r, cause) = fleet_resume(read(10, 10, 5), Some(25));
+        assert_eq!(r.replay, kept(&[30, 40, 50, 60]));
+        assert_eq!((r.position, r.gap, cause), (25, None, None));
+        // Trimmed (either history), then the epoch, then an unknown id.
+        let (r, cause) = fleet_resume(read(10, 28, 5), Some(25));
         assert_eq!(
             r.gap,
             Some(Gap {
-                after: mine,
-                next: None
+                after: 25,
+                next: Some(30)
             })
         );
-        assert_eq!(h.resume("a", Some(theirs - 1)).gap, None);
-        // One from a node whose clock is ahead: later ids here are above it.
-        let ahead = h.witness(mine + 1_000_000);
-        h.record("a", ahead, &msg("ahead"));
-        assert_eq!(h.last_id(), ahead);
-        assert!(h.next_id() > ahead);
-        assert_eq!(h.resume("a", Some(mine)).replay, vec![(ahead, msg("ahead"))]);
-        assert_eq!(h.resume("a", Some(ahead)).gap, None);
-    }
-
-    #[test]
-    fn a_late_window_still_tells_a_gap_once_forgotten() {
-        // Overflow: two windows kept per id (size 2); the oldest goes.
-        let mut h = History::new(2, Duration::from_secs(60));
-        std::thread::sleep(Duration::from_millis(2));
-        let mut windows = Vec::new();
-        for _ in 0..3 {
-            let mine = h.next_id();
-            h.record("a", mine, &msg("mine"));
-            let theirs = h.witness(mine - 1);
-            h.record("a", theirs, &msg("theirs"));
-            windows.push(mine);
-        }
-        for at in &windows {
-            assert!(h.resume("a", Some(*at)).gap.is_some(), "at {at}");
-        }
-        // Expiry: after the TTL the window goes, the gap stays for one TTL
-        // more (then a resume from there is below the TTL's floor).
-        let mut h = History::new(10, Duration::from_millis(40));
-        std::thread::sleep(Duration::from_millis(2));
-        let mine = h.next_id();
-        h.record("a", mine, &msg("mine"));
-        let theirs = h.witness(mine - 1);
-        h.record("a", theirs, &msg("theirs"));
-        std::thread::sleep(Duration::from_millis(50));
-        h.sweep();
-        assert!(h.late["a"].open.is_empty());
-        assert!(h.resume("a", Some(mine)).gap.is_some());
-        std::thread::sleep(Duration::from_millis(50));
-        h.sweep();
-        assert!(h.late.is_empty());
-    }
-
-    #[test]
-    fn an_id_minted_ahead_is_not_a_position_until_its_message_is_recorded() {
-        // A keyed cluster publish: its id is minted, its message comes back
-        // from Redis a moment later.
-        let mut h = History::new(10, Duration::from_secs(60));
-        std::thread::sleep(Duration::from_millis(2));
-        let before = h.resume("a", None).position;
-        let keyed = h.next_id();
-        // A stream welcomed meanwhile starts before it, and leaves.
-        let position = h.resume("a", None).position;
-        assert_eq!(position, before);
-        h.record("a", keyed, &msg("keyed"));
-        let r = h.resume("a", Some(position));
-        assert_eq!(r.replay, vec![(keyed, msg("keyed"))]);
-        assert_eq!(r.gap, None);
-        // Another message with the same id as one recorded here (two nodes'
-        // clocks gave the same microsecond): a stream at that id is told.
-        let twin = h.witness(keyed);
-        h.record("a", twin, &msg("twin"));
-        assert!(h.resume("a", Some(keyed)).gap.is_some());
-        assert_eq!(h.resume("a", Some(keyed - 1)).replay.len(), 2);
+        assert_eq!(cause, Some(GapCause::Trimmed));
+        let (_, cause) = fleet_resume(read(10, 10, 26), Some(25));
+        assert_eq!(cause, Some(GapCause::Epoch));
+        let (r, cause) = fleet_resume(read(10, 10, 5), Some(101));
+        assert_eq!(
+            (r.position, r.replay.len(), cause),
+            (100, 0, Some(GapCause::Unknown))
+        );
+        // A new stream starts at the fleet's clock.
+        let (r, cause) = fleet_resume(read(10, 10, 5), None);
+        assert_eq!((r.position, r.replay.len(), r.gap, cause), (100, 0, None, None));
     }
 
     #[test]

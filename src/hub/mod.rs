@@ -277,7 +277,11 @@ impl<S: StreamActor> Hub<S> {
                         limit,
                     })
                     .await?;
-                json!({ "id": id, "delivered": delivered, "event_id": event })
+                let mut body = json!({ "id": id, "delivered": delivered });
+                if let Some(event) = event {
+                    body["event_id"] = event.into();
+                }
+                body
             }
             Target::All => {
                 let streams = self.stats.streams_active() as u64;
@@ -345,9 +349,13 @@ impl<S: StreamActor> Hub<S> {
                 claim,
                 event,
             }) => {
+                // No echo here: this node was not subscribed when Redis ran
+                // it, so none of its streams had started (a stream that
+                // starts later reads it from the fleet's history if it
+                // resumes from before it).
                 let mut body = match here {
                     Here::Delivered(body) => body,
-                    Here::Deliver => self.deliver_here(target, msg, event).await?,
+                    Here::NotHere => json!({ "delivered": 0 }),
                 };
                 if let Some(id) = id {
                     body["id"] = id.into();
@@ -387,55 +395,6 @@ impl<S: StreamActor> Hub<S> {
             body["id"] = id.into();
         }
         Ok(Answer::NotDelivered(body))
-    }
-
-    /// A cluster publish whose echo did not come back here (this node was
-    /// not subscribed when Redis ran it): this node's streams that came
-    /// meanwhile get it now, under the fleet's event id (always taken, as a
-    /// message from the bus is).
-    async fn deliver_here(&self, target: &Target, msg: &Arc<str>, event: u64) -> Result<Value, ApiError> {
-        let accepted = Instant::now();
-        Ok(match target {
-            Target::Id(id) => {
-                let p: Published = self
-                    .taken(Publish {
-                        id: id.clone(),
-                        msg: Arc::clone(msg),
-                        event: Some(event),
-                        accepted,
-                        limit: None,
-                    })
-                    .await?;
-                json!({ "delivered": p.delivered })
-            }
-            Target::All => {
-                let n: usize = self
-                    .taken(Broadcast {
-                        msg: Arc::clone(msg),
-                        event: Some(event),
-                        accepted,
-                        limit: None,
-                    })
-                    .await?;
-                json!({ "delivered": n })
-            }
-        })
-    }
-
-    /// Hands the Router a publish it always takes (`limit: None`).
-    async fn taken<M, T>(&self, m: M) -> Result<T, ApiError>
-    where
-        M: actix::Message<Result = Option<Result<T, Busy>>> + Send + 'static,
-        T: Send + 'static,
-        Router<S>: actix::Handler<M>,
-        <Router<S> as actix::Actor>::Context: actix::dev::ToEnvelope<Router<S>, M>,
-    {
-        let answer = self.router.send(m).await;
-        answer
-            .ok()
-            .flatten()
-            .and_then(Result::ok)
-            .ok_or(ApiError::Crashed("router"))
     }
 
     /// Hands a publish (`make(limit)`) to the Router, waiting while the

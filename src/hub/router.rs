@@ -45,6 +45,11 @@ const FANOUT_WINDOW: usize = 64;
 /// in flight (the delivery that brings it there wakes the Router).
 const FANOUT_REFILL: usize = FANOUT_WINDOW / 2;
 
+/// How long a stream that joined after a read of the fleet's history is
+/// guarded from a message it had already (see `Router::floors`): far
+/// longer than a message spends between Redis and the Router.
+const FLOOR_TTL: Duration = Duration::from_secs(30);
+
 /// How long the Router waits for that wake-up before it looks anyway.
 const FANOUT_RECHECK: Duration = Duration::from_millis(100);
 
@@ -267,6 +272,9 @@ struct Waiting<S: Actor> {
 struct Reading<S: Actor> {
     /// Which read.
     no: u64,
+    /// This node's clock when the read began: where a stream that does not
+    /// resume starts if the read fails.
+    clock: u64,
     stream: Waiting<S>,
     /// The id's messages (and broadcasts) that came while the read was
     /// out, in order: merged with what it finds by event id.
@@ -311,6 +319,16 @@ pub(crate) struct Router<S: StreamActor> {
     presence_full: bool,
     /// The last presence write left ids in Redis: its key should be there.
     presence_expected: bool,
+    /// A presence write is out: the next beat waits for it (writes must
+    /// not overtake each other).
+    presence_flushing: bool,
+    /// Cluster mode: streams that just joined the table after a read of
+    /// the fleet's history, and the id up to which they have had every
+    /// message: one still on its way through the bus with an id at or
+    /// below it is not handed to them again. An entry goes with the first
+    /// message above it (the bus brings ids in order) or after
+    /// [`FLOOR_TTL`]. Empty at rest.
+    floors: HashMap<ConnId, (u64, Instant)>,
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
@@ -331,6 +349,8 @@ impl<S: StreamActor> Router<S> {
             presence_dirty: HashSet::new(),
             presence_full: false,
             presence_expected: false,
+            presence_flushing: false,
+            floors: HashMap::new(),
             table: HashMap::new(),
             streams: 0,
             closing: false,
@@ -422,8 +442,10 @@ impl<S: StreamActor> Router<S> {
         };
         self.reads += 1;
         let (no, since) = (self.reads, w.since);
+        let clock = self.history.clock();
         self.reading.entry(Arc::clone(&id)).or_default().push(Reading {
             no,
+            clock,
             stream: w,
             buffered: Vec::new(),
         });
@@ -450,7 +472,12 @@ impl<S: StreamActor> Router<S> {
             // It logged out meanwhile.
             return;
         };
-        let Reading { stream, buffered, .. } = readers.remove(at);
+        let Reading {
+            stream,
+            buffered,
+            clock,
+            ..
+        } = readers.remove(at);
         if readers.is_empty() {
             self.reading.remove(id);
         }
@@ -461,8 +488,10 @@ impl<S: StreamActor> Router<S> {
                 (resume, cause, clock)
             }
             None => {
-                // Where this node's clock is: what it saw last.
-                let position = self.history.clock();
+                // A gap after the client's position (it continues with
+                // what came while the read was out); a new stream starts
+                // where this node's clock was when the read began.
+                let position = stream.since.unwrap_or(clock);
                 let gap = stream
                     .since
                     .map(|after| crate::hub::history::Gap { after, next: None });
@@ -483,13 +512,33 @@ impl<S: StreamActor> Router<S> {
         resume
             .replay
             .extend(buffered.into_iter().filter(|(ev, _)| *ev > after));
+        let floor = resume.replay.last().map_or(after, |(ev, _)| (*ev).max(after));
         self.count_gap(cause);
+        if let Some(gap) = &mut resume.gap
+            && gap.next.is_none()
+        {
+            gap.next = resume.replay.first().map(|(ev, _)| *ev);
+        }
         tell(&stream.addr, Welcome::new(resume, &self.stats));
+        self.floors.insert(stream.conn, (floor, Instant::now()));
         self.table
             .entry(Arc::clone(id))
             .or_default()
             .push((stream.conn, stream.addr));
         self.streams += 1;
+    }
+
+    /// Whether `conn`, which joined after a read, had message `event`
+    /// already; a message above its floor ends the guard.
+    fn had(floors: &mut HashMap<ConnId, (u64, Instant)>, conn: ConnId, event: Option<u64>) -> bool {
+        let (Some(event), Some((floor, _))) = (event, floors.get(&conn)) else {
+            return false;
+        };
+        if event <= *floor {
+            return true;
+        }
+        floors.remove(&conn);
+        false
     }
 
     /// Keeps a message of `id` for the streams of it whose read is out.
@@ -535,6 +584,9 @@ impl<S: StreamActor> Router<S> {
         let Some(shared) = self.shared.clone() else {
             return;
         };
+        if self.presence_flushing {
+            return;
+        }
         let full = std::mem::take(&mut self.presence_full);
         let ids: Vec<Arc<str>> = if full {
             self.presence_dirty.clear();
@@ -636,6 +688,8 @@ impl<S: StreamActor> Actor for Router<S> {
             guarded(r, ctx, |r, _| {
                 r.history.sweep();
                 r.history_stats();
+                r.floors.retain(|_, (_, since)| since.elapsed() < FLOOR_TTL);
+                shrink_if_sparse(&mut r.floors);
             });
         });
         self.every_heartbeat(ctx);
@@ -659,13 +713,27 @@ impl<S: StreamActor> Supervised for Router<S> {
             keep
         });
         self.streams = self.table.values().map(SmallVec::len).sum();
-        // A Subscribed lost with the crash must not leave streams waiting,
-        // and reads of the fleet's history went with the old context: read
-        // again (what they buffered is in what the new reads find).
+        // A Subscribed lost with the crash must not leave streams waiting:
+        // the bus confirms their ids again (a stream must not read the
+        // fleet's history before its id is subscribed). Reads of the
+        // fleet's history went with the old context: read again (what
+        // they buffered is in what the new reads find). Presence writes
+        // went too: all of it again.
         let waiting: Vec<Arc<str>> = self.awaiting.keys().cloned().collect();
-        for id in &waiting {
-            self.admit(id, ctx);
+        match &interest {
+            Some(interest) => {
+                for id in waiting {
+                    interest.do_send(Interest::Confirm(id));
+                }
+            }
+            None => {
+                for id in &waiting {
+                    self.admit(id, ctx);
+                }
+            }
         }
+        self.presence_full = self.shared.is_some();
+        self.presence_flushing = false;
         for (id, readers) in std::mem::take(&mut self.reading) {
             for r in readers {
                 self.start_read(Arc::clone(&id), r.stream, ctx);
@@ -754,8 +822,9 @@ pub(crate) struct Publish {
 pub(crate) struct Published {
     /// Streams it was handed to.
     pub(crate) delivered: usize,
-    /// Its event id.
-    pub(crate) event: u64,
+    /// Its event id (`None`: a message of this node alone in cluster mode,
+    /// while the bus is down).
+    pub(crate) event: Option<u64>,
 }
 
 /// Deliver `msg` to every stream. Answers how many, or [`Busy`].
@@ -815,6 +884,9 @@ pub(crate) enum Interest {
     Held(Arc<str>),
     /// `id` has no stream on this node any more.
     Released(Arc<str>),
+    /// `id` was held already; confirm its subscription again (the Router
+    /// restarted and may have lost the confirmation).
+    Confirm(Arc<str>),
 }
 
 /// From now on, tell the bus about [`Interest`] changes. Sent once, before
@@ -987,6 +1059,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
     fn handle(&mut self, m: Logout, ctx: &mut Context<Self>) {
         guarded(self, ctx, |r, _| {
             r.presence_changed(&m.id);
+            r.floors.remove(&m.conn);
             let mut left = false;
             if let Some(streams) = r.table.get_mut(&*m.id) {
                 let before = streams.len();
@@ -1039,33 +1112,61 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
     type Result = Option<Result<Published, Busy>>;
 
     fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Self::Result {
-        guarded(self, ctx, |r, _| {
+        guarded(self, ctx, |r, ctx| {
             let held = r.table.get(m.id.as_str()).map_or(0, SmallVec::len);
             r.room(held, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            let event = match m.event {
-                Some(event) => r.history.witness(event),
-                None => r.history.next_id(),
+            let event = match (m.event, &r.shared) {
+                (Some(event), _) => Some(r.history.witness(event)),
+                (None, None) => {
+                    let event = r.history.next_id();
+                    r.history.record(&m.id, event, &m.msg);
+                    r.history_stats();
+                    Some(event)
+                }
+                // Cluster mode with the bus down: this node's streams get
+                // it alone, without an id (it is in no history, and an id
+                // from this node's clock could pass the fleet's).
+                (None, Some(_)) => None,
             };
-            if r.shared.is_none() {
-                r.history.record(&m.id, event, &m.msg);
-                r.history_stats();
-            } else {
-                // The fleet keeps it (a message minted here, while the bus
-                // was down, is in no history: a resume after it is told of
-                // a gap, as its id is past the fleet's clock).
+            if let Some(event) = event
+                && r.shared.is_some()
+            {
                 r.buffer(&m.id, event, &m.msg);
             }
-            let delivered = match r.table.get(m.id.as_str()) {
-                Some(streams) => {
-                    r.stats.publish_backlog.fetch_add(streams.len() as u64, Relaxed);
-                    for (_, stream) in streams {
-                        tell(stream, Deliver::new(&m.msg, Some(event), m.accepted, &r.stats));
-                    }
-                    streams.len()
+            let floors = &mut r.floors;
+            let targets: Vec<WeakAddr<S>> = r
+                .table
+                .get(m.id.as_str())
+                .map(|streams| {
+                    streams
+                        .iter()
+                        .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event))
+                        .map(|(_, s)| s.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let delivered = targets.len();
+            r.stats.publish_backlog.fetch_add(delivered as u64, Relaxed);
+            if r.shared.is_some() && !r.fanouts.is_empty() {
+                // A broadcast ahead of it is still being handed out: it
+                // goes behind, so every stream gets the fleet's messages in
+                // the order of their ids.
+                r.fanouts.push_back(Fanout {
+                    msg: m.msg,
+                    event,
+                    accepted: m.accepted,
+                    targets,
+                    next: 0,
+                });
+                if !r.pumping {
+                    r.pump(ctx);
                 }
-                None => 0,
-            };
+            } else {
+                for stream in &targets {
+                    tell(stream, Deliver::new(&m.msg, event, m.accepted, &r.stats));
+                }
+            }
             r.stats.messages_delivered.fetch_add(delivered as u64, Relaxed);
             Ok(Published { delivered, event })
         })
@@ -1079,9 +1180,6 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
         guarded(self, ctx, |r, ctx| {
             r.room(r.streams, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            let targets: Vec<WeakAddr<S>> = r.table.values().flatten().map(|(_, s)| s.clone()).collect();
-            let n = targets.len();
-            r.stats.publish_backlog.fetch_add(n as u64, Relaxed);
             let event = m.event.map(|e| r.history.witness(e));
             if let Some(event) = event
                 && !r.reading.is_empty()
@@ -1091,6 +1189,19 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
                     r.buffer(&id, event, &m.msg);
                 }
             }
+            let floors = &mut r.floors;
+            let targets: Vec<WeakAddr<S>> = if floors.is_empty() {
+                r.table.values().flatten().map(|(_, s)| s.clone()).collect()
+            } else {
+                r.table
+                    .values()
+                    .flatten()
+                    .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event))
+                    .map(|(_, s)| s.clone())
+                    .collect()
+            };
+            let n = targets.len();
+            r.stats.publish_backlog.fetch_add(n as u64, Relaxed);
             r.fanouts.push_back(Fanout {
                 event,
                 msg: m.msg,
@@ -1293,13 +1404,23 @@ mod tests {
     }
 
     /// Publishes `msg` to `id`, answering what the Router did.
-    async fn sent(router: &Addr<Router<Fake>>, id: &str, msg: &str) -> Published {
-        router
+    /// What [`sent`] answers: a publish of this process, which has an id.
+    struct Sent {
+        delivered: usize,
+        event: u64,
+    }
+
+    async fn sent(router: &Addr<Router<Fake>>, id: &str, msg: &str) -> Sent {
+        let p = router
             .send(publish_to(id, msg, None))
             .await
             .unwrap()
             .unwrap()
-            .unwrap()
+            .unwrap();
+        Sent {
+            delivered: p.delivered,
+            event: p.event.expect("an event id"),
+        }
     }
 
     /// Waits (a few event-loop turns at most) until `f` holds.
@@ -1476,25 +1597,19 @@ mod tests {
         let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
         let (s, _, log) = log_in(&router, "a", None).await;
         let mine = sent(&router, "a", "mine").await.event;
-        // A message another node minted a little earlier, arriving now.
-        let theirs = mine - 5;
+        // A message the fleet gave an id ahead of this node's clock.
+        let theirs = mine + 1_000;
         let mut m = publish_to("a", "theirs", None);
         m.event = Some(theirs);
         let p = router.send(m).await.unwrap().unwrap().unwrap();
-        assert_eq!(p.event, theirs);
+        assert_eq!(p.event, Some(theirs));
         s.send(Take).await.unwrap();
         assert_eq!(*log.events.lock().unwrap(), [Some(mine), Some(theirs)]);
-        // Its history holds both in id order; ids minted later are larger.
-        let (_, _, resumed) = log_in(&router, "a", Some(Some(theirs - 1))).await;
-        let got = resumed.welcomed.lock().unwrap().pop().unwrap();
-        assert_eq!(
-            got.replay,
-            vec![(theirs, Arc::from("theirs")), (mine, Arc::from("mine"))]
-        );
+        // Ids minted here later (while a bus is down) are above it.
+        assert!(sent(&router, "a", "later").await.event > theirs);
         let holds = |id: &str| router.send(Holds { id: id.into() });
         assert_eq!(holds("a").await.unwrap(), Some(true));
         assert_eq!(holds("z").await.unwrap(), Some(false));
-        assert!(sent(&router, "b", "later").await.event > mine);
     }
 
     /// A bus that records what the Router tells it.
@@ -1513,6 +1628,7 @@ mod tests {
             let line = match m {
                 Interest::Held(id) => format!("held {id}"),
                 Interest::Released(id) => format!("released {id}"),
+                Interest::Confirm(id) => format!("confirm {id}"),
             };
             self.told.lock().unwrap().push(line);
         }
@@ -1573,5 +1689,98 @@ mod tests {
         }
         eventually(|| told.lock().unwrap().len() == 3).await;
         assert_eq!(*told.lock().unwrap(), ["held a", "held b", "released a"]);
+    }
+
+    /// A Router in cluster mode with the fleet's history (a lazy Redis
+    /// client that never connects: nothing here reads it).
+    async fn fleet_router(router: &Addr<Router<Fake>>) {
+        let mut settings = crate::config::Settings::defaults();
+        // Nothing listens on port 1, and nothing here sends a command.
+        settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
+        let cluster = crate::hub::cluster::Cluster::new(
+            &settings.cluster,
+            &settings.history,
+            1000,
+            Arc::new(Stats::new()),
+            "test".to_owned(),
+        )
+        .unwrap();
+        router
+            .send(Attach {
+                bus: FakeBus::default().start().recipient(),
+                shared: Some(Arc::new(cluster)),
+            })
+            .await
+            .unwrap();
+    }
+
+    #[actix_rt::test]
+    async fn in_cluster_mode_a_message_waits_behind_a_broadcast_still_handed_out() {
+        // More streams than a window: the broadcast is still being handed
+        // out (the fakes hold their deliveries) when the next message of
+        // the fleet comes.
+        let n = FANOUT_WINDOW * 2;
+        let (_, router, fakes, _) = setup(n).await;
+        let (last, _, log) = log_in(&router, "z", None).await;
+        fleet_router(&router).await;
+        // The first fills the window (the fakes hold it), so all of the
+        // second waits, wherever `z` is in the table.
+        for (text, event) in [("b0", 9), ("b", 10)] {
+            let b = Broadcast {
+                msg: Arc::from(text),
+                event: Some(event),
+                accepted: Instant::now(),
+                limit: None,
+            };
+            assert_eq!(router.send(b).await.unwrap(), Some(Ok(n + 1)));
+        }
+        let mut m = publish_to("z", "after", None);
+        m.event = Some(11);
+        assert_eq!(router.send(m).await.unwrap().unwrap().unwrap().delivered, 1);
+        // Let the windows go round until `z` has both.
+        for _ in 0..50 {
+            for f in fakes.iter().chain([&last]) {
+                f.send(Take).await.unwrap();
+            }
+            if log.events.lock().unwrap().len() == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(*log.took.lock().unwrap(), ["b0", "b", "after"]);
+        assert_eq!(*log.events.lock().unwrap(), [Some(9), Some(10), Some(11)]);
+    }
+
+    #[actix_rt::test]
+    async fn a_stream_that_joined_after_a_read_is_not_handed_what_it_had() {
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        // As finish_read leaves it: in the table, with a floor at 20.
+        let (s, conn, log) = log_in(&router, "f", None).await;
+        fleet_router(&router).await;
+        router.send(Floor { conn, floor: 20 }).await.unwrap();
+        for (event, text) in [(15, "old"), (20, "seen"), (21, "new"), (19, "late")] {
+            let mut m = publish_to("f", text, None);
+            m.event = Some(event);
+            router.send(m).await.unwrap().unwrap().unwrap();
+        }
+        s.send(Take).await.unwrap();
+        // Below or at the floor: not again; the first above ends the guard.
+        assert_eq!(*log.took.lock().unwrap(), ["new", "late"]);
+    }
+
+    /// Test only: sets a stream's floor as a read would.
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Floor {
+        conn: ConnId,
+        floor: u64,
+    }
+
+    impl Handler<Floor> for Router<Fake> {
+        type Result = ();
+        fn handle(&mut self, m: Floor, _: &mut Context<Self>) {
+            self.floors.insert(m.conn, (m.floor, Instant::now()));
+        }
     }
 }
