@@ -1762,3 +1762,54 @@ fn presence_counts_streams_on_every_node() {
     redis.command(&["FLUSHALL"]);
     wait_presence(json!({"id": "p", "streams": 1, "nodes": [{"node": "b", "streams": 1}]}));
 }
+
+/// Issue 23: a node whose pub/sub link drops (Redis closed it: a client
+/// kill, an output buffer limit) misses nothing another node published
+/// meanwhile: once its ids are subscribed again, their streams catch up
+/// from the fleet's history, in id order with the broadcasts, then go on
+/// live, nothing twice; a stream with event ids and a plain one alike.
+#[test]
+fn streams_that_stay_through_a_lost_link_catch_up_on_what_it_missed() {
+    let redis = RedisServer::start();
+    let p = prefix("catchup");
+    let mut s = node_settings(&redis, &p, "a");
+    // Time to publish while a is away.
+    s.cluster.reconnect_min_ms = 1500;
+    s.cluster.reconnect_max_ms = 1500;
+    let a = start_node(s);
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let mut k = open_ids(a.addr, "k", None);
+    k.line();
+    let mut plain = open(a.addr, "q");
+    redis.wait_numsub(&id_channel(&p, "k"), 1, WAIT);
+    redis.wait_numsub(&id_channel(&p, "q"), 1, WAIT);
+    let e0 = send_ok(b.addr, "k", "before");
+    assert_eq!(event_line(&k.line()), (e0, "Recvd msg #1: 'before'"));
+    // a's link is the pub/sub client with three channels (the broadcasts,
+    // k, q); b's has one.
+    let list = redis.command(&["CLIENT", "LIST", "TYPE", "pubsub"]);
+    let list = list.text().unwrap();
+    let link = list
+        .lines()
+        .find(|l| l.split(' ').any(|f| f == "sub=3"))
+        .unwrap_or_else(|| panic!("a's link in {list}"));
+    let client = link.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
+    redis.command(&["CLIENT", "KILL", "ID", client]);
+    a.wait_stats(WAIT, |s| s["cluster"]["connected"] == false);
+    let e1 = send_ok(b.addr, "k", "while away");
+    let r = post(b.addr, "/broadcast", "to all while away");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let eb = r.json()["event_id"].as_u64().unwrap();
+    let r = post(b.addr, "/send/q", "plain while away");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Back: k gets both in id order, then a live one, nothing twice.
+    assert_eq!(event_line(&k.line()), (e1, "Recvd msg #2: 'while away'"));
+    assert_eq!(event_line(&k.line()), (eb, "Recvd msg #3: 'to all while away'"));
+    assert_eq!(plain.line(), "Recvd msg #1: 'to all while away'");
+    assert_eq!(plain.line(), "Recvd msg #2: 'plain while away'");
+    let e2 = send_ok(b.addr, "k", "after");
+    assert_eq!(event_line(&k.line()), (e2, "Recvd msg #4: 'after'"));
+    let st = a.stats();
+    assert_eq!(st["history"]["gaps"], 0, "{st}");
+    assert!(st["cluster"]["reconnects"].as_u64().unwrap() >= 1, "{st}");
+}

@@ -159,8 +159,9 @@ impl Bus {
             (Some(link), op) => {
                 let _ = link.ops.send(op);
             }
-            // No link: streams waiting for this id need not wait for one.
-            (None, Op::Subscribe(id)) => self.subscribed.do_send(Subscribed::Ids(vec![id])),
+            // No link: plain streams waiting for this id need not wait
+            // for one (the next link subscribes it).
+            (None, Op::Subscribe(id)) => self.subscribed.do_send(Subscribed::NoLink(vec![id])),
             (None, _) => {}
         }
     }
@@ -264,6 +265,13 @@ impl Bus {
             generation,
         ));
         self.link = Some(Link { ops });
+        // The fleet's clock, for where this node would say it lost the link.
+        let (cluster, subscribed) = (Arc::clone(&self.cluster), self.subscribed.clone());
+        actix_rt::spawn(async move {
+            if let Ok(clock) = cluster.fleet_clock().await {
+                subscribed.do_send(Subscribed::Clock(clock));
+            }
+        });
         let after_failures = std::mem::take(&mut self.attempts) > 0;
         let reconnect = std::mem::replace(&mut self.was_up, true);
         if reconnect {
@@ -634,9 +642,11 @@ impl Handler<Interest> for Bus {
         guarded(self, ctx, |bus, _| match m {
             Interest::Held(id) => {
                 let back = bus.cluster.lingering().remove(&id).is_some();
-                if back {
+                if back && bus.link.is_some() {
                     // Back within the linger: still subscribed.
                     bus.subscribed.do_send(Subscribed::Ids(vec![id]));
+                } else if back {
+                    bus.subscribed.do_send(Subscribed::NoLink(vec![id]));
                 } else {
                     bus.send(Op::Subscribe(id));
                     bus.set_subscriptions(bus.subscriptions + 1);
@@ -832,7 +842,7 @@ mod tests {
     impl Handler<Subscribed> for FakeRouter {
         type Result = ();
         fn handle(&mut self, m: Subscribed, _: &mut Context<Self>) {
-            if let Subscribed::Ids(ids) = m {
+            if let Subscribed::Ids(ids) | Subscribed::NoLink(ids) = m {
                 self.subscribed.lock().unwrap().extend(ids);
             }
         }

@@ -102,23 +102,23 @@ const PUBLISH_SCRIPT: &str = "if ARGV[6] ~= '' and not redis.call('SET', KEYS[3]
     redis.call('PEXPIRE', KEYS[2], ARGV[4]) end \
     return {1, evs, redis.call('PUBLISH', ARGV[5], ARGV[1] .. '@' .. evs .. ' ' .. ARGV[2])}";
 
-/// Reads the fleet's history for a stream that starts or resumes: the
-/// fleet's clock and epoch and, when resuming (`ARGV[1]` is the event id
-/// it saw last, `""` when not), for the id and for the broadcasts: the id
-/// up to which messages may be gone, and the kept messages after the
-/// position. Trimming by `MAXLEN` shows as `entries-added` above `length`
-/// (then everything before the first kept entry may be gone); what the
-/// stream's creation recorded is its `max-deleted-entry-id`; a stream that
-/// is not there expired (so nothing after `now - ttl` was in it) or was
-/// lost with the epoch.
+/// Reads the fleet's history for streams that start, resume, or catch up
+/// after the pub/sub link was lost: the fleet's clock and epoch and, when
+/// `ARGV[1]` is an event id (`""` when not), for each history in `KEYS[2..]`
+/// (an id's, the broadcasts'), the id up to which messages may be gone,
+/// and the kept messages after that event id. Trimming shows as
+/// `entries-added` above `length` (then everything before the first kept
+/// entry may be gone); what the stream's creation recorded is its
+/// `max-deleted-entry-id`; a stream that is not there expired (so nothing
+/// after `now - ttl` was in it) or was lost with the epoch.
 ///
-/// KEYS: fleet, the id's history, the broadcasts' history. ARGV: since,
-/// history.ttl_ms, history.size.
+/// KEYS: fleet, then the histories. ARGV: since, history.ttl_ms,
+/// history.size.
 const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
     if ARGV[1] == '' then return out end \
     local size = tonumber(ARGV[3]) \
     local floor = math.max(epoch, now - tonumber(ARGV[2]) * 1000) \
-    for i = 2, 3 do \
+    for i = 2, #KEYS do \
     local lost, entries = floor, {} \
     if size == 0 then lost = clock \
     elseif redis.call('EXISTS', KEYS[i]) == 1 then \
@@ -131,6 +131,9 @@ const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
     entries = redis.call('XRANGE', KEYS[i], '(' .. ARGV[1] .. '-0', '+', 'COUNT', ARGV[3]) end \
     table.insert(out, fmt(lost)) table.insert(out, entries) end \
     return out";
+
+/// Most ids one catch-up read asks for (a SUBSCRIBE batch's).
+pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
 /// Replaces a claimed key's publish id with the first answer, keeping its
 /// TTL (`KEEPTTL`: Redis 6.0 or later).
@@ -642,13 +645,56 @@ impl Cluster {
     /// Reads the fleet's history for a stream of `id` that resumes after
     /// `since` (or, `None`, starts now) with [`READ_SCRIPT`].
     pub(crate) async fn read_history(&self, id: &str, since: Option<u64>) -> Result<FleetRead, ApiError> {
+        let histories = vec![self.names.history_key(id), self.names.broadcasts_key()];
+        let (clock, epoch, mut kept) = self.read(histories, since).await?;
+        let mut read = FleetRead {
+            clock,
+            epoch,
+            ..FleetRead::default()
+        };
+        if since.is_some() {
+            read.broadcasts = kept.pop().ok_or(ApiError::BusUnavailable)?;
+            read.id = kept.pop().ok_or(ApiError::BusUnavailable)?;
+        }
+        Ok(read)
+    }
+
+    /// The fleet's clock (its hash made, with a new epoch, if Redis has
+    /// none: a new fleet, or one whose Redis lost its data).
+    pub(crate) async fn fleet_clock(&self) -> Result<u64, ApiError> {
+        self.read(Vec::new(), None).await.map(|(clock, _, _)| clock)
+    }
+
+    /// After the pub/sub link was lost: what the fleet kept after `since`
+    /// for each of `ids` (at most [`CATCH_UP_BATCH`]), one read for all:
+    /// `(clock, epoch, broadcasts, each id's)`.
+    pub(crate) async fn catch_up(&self, ids: &[Arc<str>], since: u64) -> Result<CaughtUp, ApiError> {
+        let histories = std::iter::once(self.names.broadcasts_key())
+            .chain(ids.iter().map(|id| self.names.history_key(id)))
+            .collect();
+        let (clock, epoch, mut kept) = self.read(histories, Some(since)).await?;
+        if kept.len() != ids.len() + 1 {
+            return Err(ApiError::BusUnavailable);
+        }
+        let broadcasts = kept.remove(0);
+        Ok(CaughtUp {
+            clock,
+            epoch,
+            broadcasts,
+            ids: kept,
+        })
+    }
+
+    /// Runs [`READ_SCRIPT`] over `histories`: the fleet's clock and epoch,
+    /// and each history's kept messages after `since`.
+    async fn read(
+        &self,
+        histories: Vec<String>,
+        since: Option<u64>,
+    ) -> Result<(u64, u64, Vec<KeptIn>), ApiError> {
         let started = Instant::now();
         let script = self.read_script.clone();
-        let keys = (
-            self.names.fleet_key(),
-            self.names.history_key(id),
-            self.names.broadcasts_key(),
-        );
+        let fleet = self.names.fleet_key();
         let (since_arg, ttl, size) = (
             since.map(|s| s.to_string()).unwrap_or_default(),
             self.history_ttl_ms,
@@ -656,11 +702,11 @@ impl Cluster {
         );
         let r = self
             .command("history", async move |mut c| {
-                script
-                    .key(keys.0)
-                    .key(keys.1)
-                    .key(keys.2)
-                    .arg(since_arg)
+                let mut call = script.key(fleet);
+                for h in histories {
+                    call.key(h);
+                }
+                call.arg(since_arg)
                     .arg(ttl)
                     .arg(size)
                     .invoke_async::<Vec<redis::Value>>(&mut c)
@@ -1177,12 +1223,23 @@ pub(crate) fn parse_payload(payload: &[u8]) -> Option<Payload<'_>> {
     })
 }
 
-/// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for a resume
-/// `lost_upto, entries` for the id and for the broadcasts. An entry whose
-/// text is not one line of at most `max_bytes` (anyone who shares the
-/// Redis can write there) is left out; `None` if the answer is not in this
-/// shape at all.
-fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<FleetRead> {
+/// What a catch-up read found ([`Cluster::catch_up`]).
+#[derive(Debug)]
+pub(crate) struct CaughtUp {
+    /// The fleet's clock and epoch.
+    pub(crate) clock: u64,
+    pub(crate) epoch: u64,
+    /// Broadcasts after the position.
+    pub(crate) broadcasts: KeptIn,
+    /// Each id's messages after it, in the order asked.
+    pub(crate) ids: Vec<KeptIn>,
+}
+
+/// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for each history
+/// `lost_upto, entries`. An entry whose text is not one line of at most
+/// `max_bytes` (anyone who shares the Redis can write there) is left out;
+/// `None` if the answer is not in this shape at all.
+fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, Vec<KeptIn>)> {
     fn number(v: redis::Value) -> Option<u64> {
         redis::from_redis_value::<String>(v).ok()?.parse().ok()
     }
@@ -1204,22 +1261,15 @@ fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<FleetRead> {
         )
     }
     let mut reply = reply.into_iter();
-    let mut read = FleetRead {
-        clock: number(reply.next()?)?,
-        epoch: number(reply.next()?)?,
-        ..FleetRead::default()
-    };
-    if let Some(lost) = reply.next() {
-        read.id = KeptIn {
+    let (clock, epoch) = (number(reply.next()?)?, number(reply.next()?)?);
+    let mut kept = Vec::new();
+    while let Some(lost) = reply.next() {
+        kept.push(KeptIn {
             lost_upto: number(lost)?,
             entries: entries(reply.next()?, max_bytes)?,
-        };
-        read.broadcasts = KeptIn {
-            lost_upto: number(reply.next()?)?,
-            entries: entries(reply.next()?, max_bytes)?,
-        };
+        });
     }
-    Some(read)
+    Some((clock, epoch, kept))
 }
 
 fn now_ms() -> u64 {

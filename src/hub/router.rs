@@ -29,8 +29,8 @@ use actix::{
 };
 use smallvec::SmallVec;
 
-use crate::hub::cluster::Cluster;
-use crate::hub::history::{FleetRead, GapCause, History, Kept, Resume, fleet_resume};
+use crate::hub::cluster::{CaughtUp, Cluster};
+use crate::hub::history::{FleetRead, Gap, GapCause, History, Kept, KeptIn, Resume, fleet_resume};
 use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
 use crate::supervision::{Crash, guarded};
@@ -166,6 +166,9 @@ impl Drop for Deliver {
 pub(crate) struct Welcome {
     /// Position, replay and gap.
     pub(crate) resume: Resume,
+    /// A catch-up after the pub/sub link was lost, for a stream welcomed
+    /// long ago: its gap and replay only.
+    pub(crate) again: bool,
     /// Where the replay is counted dropped unless a handler takes it.
     books: Option<Arc<Stats>>,
 }
@@ -180,8 +183,16 @@ impl Welcome {
         }
         Welcome {
             resume,
+            again: false,
             books: (replayed > 0).then(|| Arc::clone(stats)),
         }
+    }
+
+    /// A catch-up ([`Welcome::again`]).
+    fn again(resume: Resume, stats: &Arc<Stats>) -> Self {
+        let mut welcome = Welcome::new(resume, stats);
+        welcome.again = true;
+        welcome
     }
 
     /// The handler has it: the stream keeps the books from here.
@@ -275,6 +286,9 @@ struct Reading<S: Actor> {
     /// This node's clock when the read began: where a stream that does not
     /// resume starts if the read fails.
     clock: u64,
+    /// [`Router::link_epoch`] when the read began: a read that saw the
+    /// pub/sub link go may have missed what came meanwhile.
+    link_epoch: u64,
     stream: Waiting<S>,
     /// The id's messages (and broadcasts) that came while the read was
     /// out, in order: merged with what it finds by event id.
@@ -329,6 +343,19 @@ pub(crate) struct Router<S: StreamActor> {
     /// message above it (the bus brings ids in order) or after
     /// [`FLOOR_TTL`]. Empty at rest.
     floors: HashMap<ConnId, (u64, Instant)>,
+    /// Cluster mode: the pub/sub link was lost at this event id (this
+    /// node's clock then: it had every message of its ids up to it), and
+    /// not every id has caught up since. `None` at rest.
+    lost_at: Option<u64>,
+    /// Ids whose streams may have missed messages while the link was down,
+    /// until their subscription is confirmed on a new link and they catch
+    /// up ([`Router::catch_up`]). Empty at rest.
+    stale: HashSet<Arc<str>>,
+    /// Ids confirmed on the new link since it was lost: a stream of one
+    /// may read the fleet's history. Empty at rest.
+    recovered: HashSet<Arc<str>>,
+    /// Times the link was lost.
+    link_epoch: u64,
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
@@ -351,6 +378,10 @@ impl<S: StreamActor> Router<S> {
             presence_expected: false,
             presence_flushing: false,
             floors: HashMap::new(),
+            lost_at: None,
+            stale: HashSet::new(),
+            recovered: HashSet::new(),
+            link_epoch: 0,
             table: HashMap::new(),
             streams: 0,
             closing: false,
@@ -410,12 +441,29 @@ impl<S: StreamActor> Router<S> {
     /// or, one with event ids in cluster mode, first to the fleet's history.
     fn enter(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
         if w.tracked && self.shared.is_some() {
+            if self.lost_at.is_some() && !self.recovered.contains(&id) {
+                // The link is down, or its id not subscribed again yet: a
+                // read now could miss what comes before it is. It waits
+                // for the id's confirmation on the new link (the bus
+                // resubscribes every id waiting here).
+                self.awaiting.entry(id).or_default().push(w);
+                return;
+            }
             self.start_read(id, w, ctx);
             return;
         }
         let resume = self.resume(&id, w.since);
         tell(&w.addr, Welcome::new(resume, &self.stats));
-        self.table.entry(id).or_default().push((w.conn, w.addr));
+        self.join(id, w.conn, w.addr);
+    }
+
+    /// Puts a stream into the table. While the link is down (or this id
+    /// not subscribed again since), it will catch up with the rest.
+    fn join(&mut self, id: Arc<str>, conn: ConnId, addr: WeakAddr<S>) {
+        if self.lost_at.is_some() && !self.recovered.contains(&id) {
+            self.stale.insert(Arc::clone(&id));
+        }
+        self.table.entry(id).or_default().push((conn, addr));
         self.streams += 1;
     }
 
@@ -442,10 +490,11 @@ impl<S: StreamActor> Router<S> {
         };
         self.reads += 1;
         let (no, since) = (self.reads, w.since);
-        let clock = self.history.clock();
+        let (clock, link_epoch) = (self.history.clock(), self.link_epoch);
         self.reading.entry(Arc::clone(&id)).or_default().push(Reading {
             no,
             clock,
+            link_epoch,
             stream: w,
             buffered: Vec::new(),
         });
@@ -455,7 +504,9 @@ impl<S: StreamActor> Router<S> {
         };
         ctx.spawn(
             actix::fut::wrap_future::<_, Self>(read).map(move |(id, r), router, ctx| {
-                guarded(router, ctx, |router, _| router.finish_read(&id, no, r.ok()));
+                guarded(router, ctx, |router, ctx| {
+                    router.finish_read(&id, no, r.ok(), ctx)
+                });
             }),
         );
     }
@@ -464,7 +515,7 @@ impl<S: StreamActor> Router<S> {
     /// stream gets its welcome with what it missed, then what came while
     /// the read was out and after what it found, and joins the table. A
     /// failed read is a gap from where the stream was, never a silent hole.
-    fn finish_read(&mut self, id: &Arc<str>, no: u64, read: Option<FleetRead>) {
+    fn finish_read(&mut self, id: &Arc<str>, no: u64, read: Option<FleetRead>, ctx: &mut Context<Self>) {
         let Some(readers) = self.reading.get_mut(id) else {
             return;
         };
@@ -476,10 +527,18 @@ impl<S: StreamActor> Router<S> {
             stream,
             buffered,
             clock,
+            link_epoch,
             ..
         } = readers.remove(at);
         if readers.is_empty() {
             self.reading.remove(id);
+        }
+        if link_epoch != self.link_epoch {
+            // The link went while the read was out: what came after the
+            // read and before the id was subscribed again is in no buffer.
+            // Read again once it is.
+            self.retry_read(Arc::clone(id), stream, ctx);
+            return;
         }
         let (mut resume, cause, upto) = match read {
             Some(read) => {
@@ -521,11 +580,183 @@ impl<S: StreamActor> Router<S> {
         }
         tell(&stream.addr, Welcome::new(resume, &self.stats));
         self.floors.insert(stream.conn, (floor, Instant::now()));
-        self.table
-            .entry(Arc::clone(id))
-            .or_default()
-            .push((stream.conn, stream.addr));
-        self.streams += 1;
+        self.join(Arc::clone(id), stream.conn, stream.addr);
+    }
+
+    /// A stream whose read saw the link go: it reads again, at once if its
+    /// id is subscribed on the new link, or once it is.
+    fn retry_read(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
+        if self.lost_at.is_none() || self.recovered.contains(&id) {
+            self.start_read(id, w, ctx);
+        } else {
+            self.awaiting.entry(id).or_default().push(w);
+        }
+    }
+
+    /// The link was lost: remember where (this node had every message of
+    /// its ids up to its clock), and which ids will catch up.
+    fn link_lost(&mut self) {
+        if self.shared.is_none() {
+            return;
+        }
+        self.link_epoch += 1;
+        self.recovered.clear();
+        if self.lost_at.is_none() {
+            self.lost_at = Some(self.history.clock());
+        }
+        self.stale.extend(self.table.keys().cloned());
+    }
+
+    /// `ids` are subscribed on a new link: those of them whose streams may
+    /// have missed messages while it was down catch up from the fleet's
+    /// history, one read per batch. Their streams leave the table
+    /// meanwhile (what comes live is buffered, as for a read) and come
+    /// back with a [`Welcome::again`]: what they missed, and any gap.
+    fn catch_up(&mut self, ids: &[Arc<str>], ctx: &mut Context<Self>) {
+        let (Some(lost_at), Some(shared)) = (self.lost_at, self.shared.clone()) else {
+            return;
+        };
+        let mut batch = Vec::new();
+        for id in ids {
+            self.recovered.insert(Arc::clone(id));
+            if self.stale.remove(id)
+                && let Some(streams) = self.table.remove(id)
+            {
+                self.streams -= streams.len();
+                batch.push((Arc::clone(id), streams));
+            }
+        }
+        if self.stale.is_empty() {
+            // Every id caught up, or is catching up now.
+            self.lost_at = None;
+            self.recovered = HashSet::new();
+            self.stale = HashSet::new();
+        }
+        for chunk in batch.chunks_mut(crate::hub::cluster::CATCH_UP_BATCH) {
+            self.reads += 1;
+            let no = self.reads;
+            let mut ids = Vec::with_capacity(chunk.len());
+            for (id, streams) in chunk {
+                ids.push(Arc::clone(id));
+                let readers = self.reading.entry(Arc::clone(id)).or_default();
+                for (conn, addr) in std::mem::take(streams) {
+                    readers.push(Reading {
+                        no,
+                        clock: lost_at,
+                        link_epoch: self.link_epoch,
+                        stream: Waiting {
+                            conn,
+                            addr,
+                            since: Some(lost_at),
+                            tracked: true,
+                        },
+                        buffered: Vec::new(),
+                    });
+                }
+            }
+            let shared = Arc::clone(&shared);
+            let read = async move {
+                let r = shared.catch_up(&ids, lost_at).await;
+                (ids, r)
+            };
+            ctx.spawn(
+                actix::fut::wrap_future::<_, Self>(read).map(move |(ids, r), router, ctx| {
+                    guarded(router, ctx, |router, _| {
+                        router.caught_up(&ids, no, lost_at, r.ok())
+                    });
+                }),
+            );
+        }
+    }
+
+    /// A catch-up read is back (`None`: it failed): each stream of its ids
+    /// gets what it missed since `lost_at` (less what it had, by its
+    /// floor), any gap, and what came while the read was out, and is back
+    /// in the table. If the link went again meanwhile, they go back to the
+    /// table as stale, to catch up from the older point.
+    fn caught_up(&mut self, ids: &[Arc<str>], no: u64, lost_at: u64, read: Option<CaughtUp>) {
+        let again = read.is_none();
+        let (clock, epoch, broadcasts, mut kept) = match read {
+            Some(c) => (
+                c.clock,
+                c.epoch,
+                c.broadcasts,
+                c.ids.into_iter().map(Some).collect(),
+            ),
+            None => (lost_at, 0, KeptIn::default(), vec![None; ids.len()]),
+        };
+        for (id, kept) in ids.iter().zip(kept.iter_mut()) {
+            let Some(readers) = self.reading.get_mut(id) else {
+                continue;
+            };
+            let mine: SmallVec<[Reading<S>; 1]> = {
+                let (mine, rest) = std::mem::take(readers).into_iter().partition(|r| r.no == no);
+                *readers = rest;
+                mine
+            };
+            if readers.is_empty() {
+                self.reading.remove(id);
+            }
+            for r in mine {
+                if r.link_epoch != self.link_epoch {
+                    self.lost_at = Some(self.lost_at.map_or(lost_at, |at| at.min(lost_at)));
+                    self.stale.insert(Arc::clone(id));
+                    self.table
+                        .entry(Arc::clone(id))
+                        .or_default()
+                        .push((r.stream.conn, r.stream.addr));
+                    self.streams += 1;
+                    continue;
+                }
+                let (mut resume, cause) = match kept.clone() {
+                    Some(id_kept) => fleet_resume(
+                        FleetRead {
+                            clock,
+                            epoch,
+                            id: id_kept,
+                            broadcasts: broadcasts.clone(),
+                        },
+                        Some(lost_at),
+                    ),
+                    None => (
+                        Resume {
+                            position: lost_at,
+                            replay: Vec::new(),
+                            gap: Some(Gap {
+                                after: lost_at,
+                                next: None,
+                            }),
+                        },
+                        Some(GapCause::ReadFailed),
+                    ),
+                };
+                let floor = self.floors.get(&r.stream.conn).map_or(0, |(f, _)| *f);
+                resume.replay.retain(|(ev, _)| *ev > floor);
+                let after = clock
+                    .max(resume.replay.last().map_or(0, |(ev, _)| *ev))
+                    .max(floor);
+                let after = if again { floor } else { after };
+                resume
+                    .replay
+                    .extend(r.buffered.into_iter().filter(|(ev, _)| *ev > after));
+                if let Some(gap) = &mut resume.gap
+                    && gap.next.is_none()
+                {
+                    gap.next = resume.replay.first().map(|(ev, _)| *ev);
+                }
+                let top = resume.replay.last().map_or(after, |(ev, _)| (*ev).max(after));
+                self.count_gap(cause);
+                if !resume.replay.is_empty() || resume.gap.is_some() {
+                    tell(&r.stream.addr, Welcome::again(resume, &self.stats));
+                }
+                self.floors.insert(r.stream.conn, (top, Instant::now()));
+                self.table
+                    .entry(Arc::clone(id))
+                    .or_default()
+                    .push((r.stream.conn, r.stream.addr));
+                self.streams += 1;
+            }
+        }
     }
 
     /// Whether `conn`, which joined after a read, had message `event`
@@ -908,10 +1139,19 @@ pub(crate) struct Attach {
 pub(crate) enum Subscribed {
     /// SUBSCRIBE confirmed for these ids.
     Ids(Vec<Arc<str>>),
-    /// The link to Redis is down: welcome every stream still waiting, as
-    /// waiting for a SUBSCRIBE would gain them nothing (their messages
-    /// from this node reach them; the others' once the link is back).
+    /// The link to Redis is down: welcome every plain stream still
+    /// waiting, as waiting for a SUBSCRIBE would gain them nothing (their
+    /// messages from this node reach them; the others' once the link is
+    /// back, when the streams held here catch up on what they missed).
+    /// Streams with event ids wait for their id on the new link.
     LinkDown,
+    /// No link: these ids will be subscribed with the next one. Their
+    /// plain streams are welcomed.
+    NoLink(Vec<Arc<str>>),
+    /// The fleet's clock as a link came up: this node's clock goes at
+    /// least that far, so where it says it lost a link is not before the
+    /// fleet's epoch (nothing before it can be missing here).
+    Clock(u64),
 }
 
 impl<S: StreamActor> Handler<Subscribed> for Router<S> {
@@ -920,13 +1160,32 @@ impl<S: StreamActor> Handler<Subscribed> for Router<S> {
     fn handle(&mut self, m: Subscribed, ctx: &mut Context<Self>) {
         guarded(self, ctx, |r, ctx| match m {
             Subscribed::Ids(ids) => {
+                if r.lost_at.is_some() {
+                    for id in &ids {
+                        r.recovered.insert(Arc::clone(id));
+                    }
+                }
                 if !r.awaiting.is_empty() {
                     for id in &ids {
                         r.admit(id, ctx);
                     }
                 }
+                if r.lost_at.is_some() {
+                    r.catch_up(&ids, ctx);
+                }
+            }
+            Subscribed::NoLink(ids) => {
+                // Plain streams need not wait for a link; streams with
+                // event ids do (see `Router::enter`).
+                for id in &ids {
+                    r.admit(id, ctx);
+                }
+            }
+            Subscribed::Clock(event) => {
+                r.history.witness(event);
             }
             Subscribed::LinkDown => {
+                r.link_lost();
                 let ids: Vec<Arc<str>> = r.awaiting.keys().cloned().collect();
                 for id in &ids {
                     r.admit(id, ctx);
@@ -1080,6 +1339,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
             }
             if left {
                 if !r.subscribed(&m.id) {
+                    r.stale.remove(&m.id);
                     r.notify(|| Interest::Released(m.id));
                 }
             } else if let Some(waiting) = r.awaiting.get_mut(&*m.id) {

@@ -523,12 +523,24 @@ impl Stream {
             x.position = resume.position;
         }
         let id = Arc::clone(&self.core.id);
-        let mut ok = self.emit(
+        let ok = self.emit(
             ctx,
             EventKind::Welcome,
             Counted::Other,
             format_args!("Switchboard welcomes you! Your Id: {id}"),
         );
+        let ok = self.catch_up(ctx, resume, ok);
+        if ok {
+            ticker::register(me, self.core.shared.settings.tick_interval());
+        }
+    }
+
+    /// Writes a gap notice (if any) and the kept messages of `resume`:
+    /// after the welcome line, or (cluster mode) when the stream catches
+    /// up on what it missed while the node's link to Redis was down.
+    /// `ok`: the stream can still write (if not, the messages are counted
+    /// dropped). Returns whether everything was written.
+    fn catch_up(&mut self, ctx: &mut Context<Self>, resume: Resume, mut ok: bool) -> bool {
         if let (true, Some(gap)) = (ok, resume.gap) {
             let after = gap.after;
             ok = match gap.next {
@@ -558,9 +570,7 @@ impl Stream {
             }
             ok = self.message(ctx, &msg, Some(event), None);
         }
-        if ok {
-            ticker::register(me, self.core.shared.settings.tick_interval());
-        }
+        ok
     }
 
     /// Writes one message; one refused is counted dropped here (one
@@ -596,9 +606,14 @@ impl Handler<Welcome> for Stream {
     type Result = ();
 
     fn handle(&mut self, w: Welcome, ctx: &mut Context<Self>) {
-        let me = ctx.address().downgrade();
+        let again = w.again;
         let resume = w.arrived();
-        self.welcome(ctx, me, resume);
+        if again {
+            self.catch_up(ctx, resume, true);
+        } else {
+            let me = ctx.address().downgrade();
+            self.welcome(ctx, me, resume);
+        }
     }
 }
 
