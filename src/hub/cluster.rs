@@ -72,9 +72,12 @@ const LUA_PRELUDE: &str = "local function fmt(n) return string.format('%.0f', n)
 /// 2. mints the event id from the fleet's clock (`<prefix>:fleet`, field
 ///    `clock`): Redis's time in microseconds, above every id given before;
 /// 3. keeps the message in the history stream (`XADD`, entry id
-///    `<event id>-0`, `MAXLEN history.size`; entries older than
-///    `history.ttl_ms` trimmed with `XTRIM MINID`, and the key expiring
-///    `history.ttl_ms` after its last message). A stream made new records
+///    `<event id>-0`, `MAXLEN history.size`, the key expiring
+///    `history.ttl_ms` after its last message; an entry older than that
+///    stays while the id gets messages, within `MAXLEN`: a resume is
+///    served more, never less, and a per-entry trim would cost every
+///    publish one more command). A stream made new (`XADD NOMKSTREAM`
+///    finds none) records
 ///    (`XSETID … MAXDELETEDID`) that ids before it may have had messages
 ///    that are gone: expired with the previous key, or from before the
 ///    fleet's epoch;
@@ -93,12 +96,10 @@ const PUBLISH_SCRIPT: &str = "if ARGV[6] ~= '' and not redis.call('SET', KEYS[3]
     local evs = fmt(ev) \
     redis.call('HSET', KEYS[1], 'clock', evs) \
     if tonumber(ARGV[3]) > 0 then \
-    local new = redis.call('EXISTS', KEYS[2]) == 0 \
+    if not redis.call('XADD', KEYS[2], 'NOMKSTREAM', 'MAXLEN', ARGV[3], evs .. '-0', 'm', ARGV[2]) then \
     redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], evs .. '-0', 'm', ARGV[2]) \
-    if new then \
     local floor = math.min(math.max(epoch, now - tonumber(ARGV[4]) * 1000), ev - 1) \
     redis.call('XSETID', KEYS[2], evs .. '-0', 'MAXDELETEDID', fmt(floor) .. '-0') end \
-    redis.call('XTRIM', KEYS[2], 'MINID', fmt(now - tonumber(ARGV[4]) * 1000) .. '-0') \
     redis.call('PEXPIRE', KEYS[2], ARGV[4]) end \
     return {1, evs, redis.call('PUBLISH', ARGV[5], ARGV[1] .. '@' .. evs .. ' ' .. ARGV[2])}";
 
@@ -516,7 +517,8 @@ impl Cluster {
     /// `once` (an `Idempotency-Key` and the request's fingerprint), only if
     /// the key was not used within `key_ttl`. This node's streams get it
     /// from its echo (see [`AwaitedEcho`]), as every other node's do, so
-    /// they see the id's messages in the same order; `subscribed_here`:
+    /// they see the id's messages in the same order; `subscribed_here`
+    /// (asked while the script runs, off the message's path):
     /// this node is subscribed to the channel, so the echo comes and is
     /// waited for.
     pub(crate) async fn publish(
@@ -525,7 +527,7 @@ impl Cluster {
         msg: &str,
         once: Option<(&str, &str)>,
         key_ttl: Duration,
-        subscribed_here: bool,
+        subscribed_here: impl Future<Output = bool>,
     ) -> Result<Once, PublishFailed> {
         if self.fail_fast().is_err() {
             self.stats.publish_errors.fetch_add(1, Relaxed);
@@ -565,23 +567,22 @@ impl Cluster {
         let (fleet, origin, text) = (self.names.fleet_key(), publish_id, msg.to_owned());
         let (size, ttl) = (self.history_size, self.history_ttl_ms);
         let (claim_arg, key_ms) = (claim.clone().unwrap_or_default(), key_ttl.as_millis() as u64);
-        let r = self
-            .command("PUBLISH", async move |mut c| {
-                script
-                    .key(fleet)
-                    .key(history)
-                    .key(key)
-                    .arg(origin)
-                    .arg(text)
-                    .arg(size)
-                    .arg(ttl)
-                    .arg(channel)
-                    .arg(claim_arg)
-                    .arg(key_ms)
-                    .invoke_async::<Vec<redis::Value>>(&mut c)
-                    .await
-            })
-            .await;
+        let run = self.command("PUBLISH", async move |mut c| {
+            script
+                .key(fleet)
+                .key(history)
+                .key(key)
+                .arg(origin)
+                .arg(text)
+                .arg(size)
+                .arg(ttl)
+                .arg(channel)
+                .arg(claim_arg)
+                .arg(key_ms)
+                .invoke_async::<Vec<redis::Value>>(&mut c)
+                .await
+        });
+        let (r, subscribed_here) = tokio::join!(run, subscribed_here);
         let reply = match r {
             Ok(v) => v,
             Err(_) => {

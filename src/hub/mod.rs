@@ -319,18 +319,18 @@ impl<S: StreamActor> Hub<S> {
         once: Option<(&str, &str)>,
     ) -> Result<Answer, ApiError> {
         self.wait_for_room().await?;
-        let (id, subscribed_here) = match target {
-            Target::Id(id) => {
-                let held = self
-                    .router
-                    .send(Holds { id: id.clone() })
-                    .await
-                    .ok()
-                    .flatten()
-                    .ok_or(ApiError::Crashed("router"))?;
-                (Some(id.as_str()), held || cluster.is_lingering(id))
-            }
-            Target::All => (None, true),
+        let id = match target {
+            Target::Id(id) => Some(id.as_str()),
+            Target::All => None,
+        };
+        // Whether the echo comes here: asked of the Router while Redis runs
+        // the script (a crashed Router holds nothing).
+        let subscribed_here = async {
+            let Some(id) = id else {
+                return true;
+            };
+            let held = self.router.send(Holds { id: id.to_owned() }).await;
+            held.ok().flatten().unwrap_or(false) || cluster.is_lingering(id)
         };
         let ttl = Duration::from_millis(self.publish.idempotency_ttl_ms);
         let failed = match cluster
