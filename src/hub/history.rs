@@ -196,15 +196,7 @@ impl History {
             None if self.size == 0 => (Vec::new(), u64::MAX),
             None => (Vec::new(), self.floor(now)),
         };
-        let gap = (since < lost_before && since < self.last).then(|| Gap {
-            after: since,
-            next: replay.first().map(|(ev, _)| *ev),
-        });
-        Resume {
-            position: since,
-            replay,
-            gap,
-        }
+        Resume::after(since, replay, since < lost_before && since < self.last)
     }
 
     /// Drops expired messages, and rings left empty.
@@ -324,18 +316,23 @@ pub(crate) fn fleet_resume(read: FleetRead, since: Option<u64>) -> (Resume, Opti
             None => break,
         }
     }
-    let gap = cause.map(|_| Gap {
-        after: since,
-        next: replay.first().map(|(ev, _)| *ev),
-    });
-    (
+    (Resume::after(since, replay, cause.is_some()), cause)
+}
+
+impl Resume {
+    /// A stream at `since` gets `replay`; `lost`: messages after `since`
+    /// may be gone, a gap named by the first id it gets.
+    fn after(since: u64, replay: Vec<Kept>, lost: bool) -> Resume {
+        let gap = lost.then(|| Gap {
+            after: since,
+            next: replay.first().map(|(ev, _)| *ev),
+        });
         Resume {
             position: since,
             replay,
             gap,
-        },
-        cause,
-    )
+        }
+    }
 }
 
 impl Ring {

@@ -38,7 +38,7 @@ use crate::idempotency::{self, Begin, Keys};
 use crate::stats::Stats;
 use bus::Bus;
 use cluster::{Cluster, Here, Once, PublishFailed};
-use router::{Attach, Broadcast, Busy, Count, Holds, Publish, Published, Router, StreamActor};
+use router::{Attach, Broadcast, Busy, Count, Publish, Published, Router, StreamActor};
 
 /// How often a publish that found the backlog full looks again.
 const BACKLOG_RETRY: Duration = Duration::from_millis(10);
@@ -329,8 +329,8 @@ impl<S: StreamActor> Hub<S> {
             let Some(id) = id else {
                 return true;
             };
-            let held = self.router.send(Holds { id: id.to_owned() }).await;
-            held.ok().flatten().unwrap_or(false) || cluster.is_lingering(id)
+            let held = self.router.send(Count { id: id.to_owned() }).await;
+            held.ok().flatten().unwrap_or(0) > 0 || cluster.is_lingering(id)
         };
         let ttl = Duration::from_millis(self.publish.idempotency_ttl_ms);
         let failed = match cluster

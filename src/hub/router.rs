@@ -473,12 +473,6 @@ impl<S: StreamActor> Router<S> {
         self.table.contains_key(id) || self.reading.contains_key(id)
     }
 
-    /// Whether this node holds a stream of `id` (subscribed, or waiting
-    /// for its subscription).
-    fn holds(&self, id: &str) -> bool {
-        self.subscribed(id) || self.awaiting.contains_key(id)
-    }
-
     /// Reads the fleet's history for `w` (its id is subscribed, so every
     /// message after the read reaches this Router): "subscribe first, read,
     /// merge by id". Messages of the id that come meanwhile are buffered
@@ -1210,26 +1204,10 @@ impl<S: StreamActor> Handler<Attach> for Router<S> {
     }
 }
 
-/// Whether this node holds a stream of `id` (in the table, reading the
-/// fleet's history or waiting for its id's subscription), so that it is
-/// among a PUBLISH's receivers. Answers `None` if the Router crashed.
-#[derive(Message)]
-#[rtype(result = "Option<bool>")]
-pub(crate) struct Holds {
-    /// The id.
-    pub(crate) id: String,
-}
-
-impl<S: StreamActor> Handler<Holds> for Router<S> {
-    type Result = Option<bool>;
-
-    fn handle(&mut self, Holds { id }: Holds, ctx: &mut Context<Self>) -> Option<bool> {
-        guarded(self, ctx, |r, _| r.holds(&id))
-    }
-}
-
-/// How many streams of `id` this node has open (`/presence`). Answers
-/// `None` if the Router crashed.
+/// How many streams of `id` this node has open (in the table, reading
+/// the fleet's history or waiting for the id's subscription): for
+/// `/presence`, and whether this node is among a PUBLISH's receivers.
+/// Answers `None` if the Router crashed.
 #[derive(Message)]
 #[rtype(result = "Option<usize>")]
 pub(crate) struct Count {
@@ -1867,9 +1845,9 @@ mod tests {
         assert_eq!(*log.events.lock().unwrap(), [Some(mine), Some(theirs)]);
         // Ids minted here later (while a bus is down) are above it.
         assert!(sent(&router, "a", "later").await.event > theirs);
-        let holds = |id: &str| router.send(Holds { id: id.into() });
-        assert_eq!(holds("a").await.unwrap(), Some(true));
-        assert_eq!(holds("z").await.unwrap(), Some(false));
+        let count = |id: &str| router.send(Count { id: id.into() });
+        assert_eq!(count("a").await.unwrap(), Some(1));
+        assert_eq!(count("z").await.unwrap(), Some(0));
     }
 
     /// A bus that records what the Router tells it.
