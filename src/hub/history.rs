@@ -319,6 +319,21 @@ pub(crate) fn fleet_resume(read: FleetRead, since: Option<u64>) -> (Resume, Opti
     (Resume::after(since, replay, cause.is_some()), cause)
 }
 
+/// What a stream is owed when the read of the fleet's history failed: a
+/// gap after `since` if it resumes (its next messages are live ones), at
+/// `position`.
+pub(crate) fn failed_read(since: Option<u64>, position: u64) -> (Resume, Option<GapCause>) {
+    let gap = since.map(|after| Gap { after, next: None });
+    (
+        Resume {
+            position,
+            replay: Vec::new(),
+            gap,
+        },
+        gap.map(|_| GapCause::ReadFailed),
+    )
+}
+
 impl Resume {
     /// A stream at `since` gets `replay`; `lost`: messages after `since`
     /// may be gone, a gap named by the first id it gets.

@@ -30,7 +30,7 @@ use actix::{
 use smallvec::SmallVec;
 
 use crate::hub::cluster::{CaughtUp, Cluster};
-use crate::hub::history::{FleetRead, Gap, GapCause, History, Kept, KeptIn, Resume, fleet_resume};
+use crate::hub::history::{FleetRead, GapCause, History, Kept, Resume, failed_read, fleet_resume};
 use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
 use crate::supervision::{Crash, guarded};
@@ -534,45 +534,55 @@ impl<S: StreamActor> Router<S> {
             self.retry_read(Arc::clone(id), stream, ctx);
             return;
         }
-        let (mut resume, cause, upto) = match read {
+        let (resumed, upto) = match read {
             Some(read) => {
                 let clock = read.clock;
-                let (resume, cause) = fleet_resume(read, stream.since);
-                (resume, cause, clock)
+                (fleet_resume(read, stream.since), clock)
             }
+            // A gap after the client's position (it continues with what
+            // came while the read was out); a new stream starts where this
+            // node's clock was when the read began.
             None => {
-                // A gap after the client's position (it continues with
-                // what came while the read was out); a new stream starts
-                // where this node's clock was when the read began.
                 let position = stream.since.unwrap_or(clock);
-                let gap = stream
-                    .since
-                    .map(|after| crate::hub::history::Gap { after, next: None });
-                let cause = gap.map(|_| GapCause::ReadFailed);
-                (
-                    Resume {
-                        position,
-                        replay: Vec::new(),
-                        gap,
-                    },
-                    cause,
-                    position,
-                )
+                (failed_read(stream.since, position), position)
             }
         };
-        // Messages published after the read came here live: they follow.
-        let after = upto.max(resume.replay.last().map_or(0, |(ev, _)| *ev));
+        self.hand_over(id, stream, resumed, upto, buffered, false);
+    }
+
+    /// A stream whose read is back: it gets `resumed` (what the fleet kept
+    /// after its position, less what it had by its floor; any gap), then
+    /// what came live while the read was out, after `upto` (the fleet's
+    /// clock at the read); and it is in the table, guarded by a new floor
+    /// from a message it had. `again`: a catch-up of a stream welcomed long
+    /// ago ([`Welcome::again`], sent only if there is something to tell).
+    fn hand_over(
+        &mut self,
+        id: &Arc<str>,
+        stream: Waiting<S>,
+        (mut resume, cause): (Resume, Option<GapCause>),
+        upto: u64,
+        buffered: Vec<Kept>,
+        again: bool,
+    ) {
+        let had = self.floors.get(&stream.conn).map_or(0, |(floor, _)| *floor);
+        resume.replay.retain(|(ev, _)| *ev > had);
+        let after = upto.max(had).max(resume.replay.last().map_or(0, |(ev, _)| *ev));
         resume
             .replay
             .extend(buffered.into_iter().filter(|(ev, _)| *ev > after));
         let floor = resume.replay.last().map_or(after, |(ev, _)| (*ev).max(after));
-        self.count_gap(cause);
         if let Some(gap) = &mut resume.gap
             && gap.next.is_none()
         {
             gap.next = resume.replay.first().map(|(ev, _)| *ev);
         }
-        tell(&stream.addr, Welcome::new(resume, &self.stats));
+        self.count_gap(cause);
+        if !again {
+            tell(&stream.addr, Welcome::new(resume, &self.stats));
+        } else if !resume.replay.is_empty() || resume.gap.is_some() {
+            tell(&stream.addr, Welcome::again(resume, &self.stats));
+        }
         self.floors.insert(stream.conn, (floor, Instant::now()));
         self.join(Arc::clone(id), stream.conn, stream.addr);
     }
@@ -669,17 +679,14 @@ impl<S: StreamActor> Router<S> {
     /// in the table. If the link went again meanwhile, they go back to the
     /// table as stale, to catch up from the older point.
     fn caught_up(&mut self, ids: &[Arc<str>], no: u64, lost_at: u64, read: Option<CaughtUp>) {
-        let again = read.is_none();
-        let (clock, epoch, broadcasts, mut kept) = match read {
+        let (fleet, kept) = match read {
             Some(c) => (
-                c.clock,
-                c.epoch,
-                c.broadcasts,
+                Some((c.clock, c.epoch, c.broadcasts)),
                 c.ids.into_iter().map(Some).collect(),
             ),
-            None => (lost_at, 0, KeptIn::default(), vec![None; ids.len()]),
+            None => (None, vec![None; ids.len()]),
         };
-        for (id, kept) in ids.iter().zip(kept.iter_mut()) {
+        for (id, kept) in ids.iter().zip(kept) {
             let Some(readers) = self.reading.get_mut(id) else {
                 continue;
             };
@@ -702,53 +709,21 @@ impl<S: StreamActor> Router<S> {
                     self.streams += 1;
                     continue;
                 }
-                let (mut resume, cause) = match kept.clone() {
-                    Some(id_kept) => fleet_resume(
-                        FleetRead {
-                            clock,
-                            epoch,
-                            id: id_kept,
+                // Live messages after the link came back all have ids above
+                // `lost_at`: a failed read leaves them all.
+                let (resumed, upto) = match (&fleet, &kept) {
+                    (Some((clock, epoch, broadcasts)), Some(id_kept)) => {
+                        let read = FleetRead {
+                            clock: *clock,
+                            epoch: *epoch,
+                            id: id_kept.clone(),
                             broadcasts: broadcasts.clone(),
-                        },
-                        Some(lost_at),
-                    ),
-                    None => (
-                        Resume {
-                            position: lost_at,
-                            replay: Vec::new(),
-                            gap: Some(Gap {
-                                after: lost_at,
-                                next: None,
-                            }),
-                        },
-                        Some(GapCause::ReadFailed),
-                    ),
+                        };
+                        (fleet_resume(read, Some(lost_at)), *clock)
+                    }
+                    _ => (failed_read(Some(lost_at), lost_at), lost_at),
                 };
-                let floor = self.floors.get(&r.stream.conn).map_or(0, |(f, _)| *f);
-                resume.replay.retain(|(ev, _)| *ev > floor);
-                let after = clock
-                    .max(resume.replay.last().map_or(0, |(ev, _)| *ev))
-                    .max(floor);
-                let after = if again { floor } else { after };
-                resume
-                    .replay
-                    .extend(r.buffered.into_iter().filter(|(ev, _)| *ev > after));
-                if let Some(gap) = &mut resume.gap
-                    && gap.next.is_none()
-                {
-                    gap.next = resume.replay.first().map(|(ev, _)| *ev);
-                }
-                let top = resume.replay.last().map_or(after, |(ev, _)| (*ev).max(after));
-                self.count_gap(cause);
-                if !resume.replay.is_empty() || resume.gap.is_some() {
-                    tell(&r.stream.addr, Welcome::again(resume, &self.stats));
-                }
-                self.floors.insert(r.stream.conn, (top, Instant::now()));
-                self.table
-                    .entry(Arc::clone(id))
-                    .or_default()
-                    .push((r.stream.conn, r.stream.addr));
-                self.streams += 1;
+                self.hand_over(id, r.stream, resumed, upto, r.buffered, true);
             }
         }
     }
@@ -1372,20 +1347,20 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             {
                 r.buffer(&m.id, event, &m.msg);
             }
+            // Streams that had it already (they joined after a read of
+            // the fleet's history) are left out. Counted before anything is
+            // handed out: a delivery dropped at once leaves the backlog.
+            let none = Streams::new();
+            let streams = r.table.get(m.id.as_str()).unwrap_or(&none);
             let floors = &mut r.floors;
-            let targets: Vec<WeakAddr<S>> = r
-                .table
-                .get(m.id.as_str())
-                .map(|streams| {
-                    streams
-                        .iter()
-                        .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event))
-                        .map(|(_, s)| s.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
-            let delivered = targets.len();
+            let delivered = streams
+                .iter()
+                .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event))
+                .count();
             r.stats.publish_backlog.fetch_add(delivered as u64, Relaxed);
+            let targets = streams
+                .iter()
+                .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event));
             if r.shared.is_some() && !r.fanouts.is_empty() {
                 // A broadcast ahead of it is still being handed out: it
                 // goes behind, so every stream gets the fleet's messages in
@@ -1394,14 +1369,14 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
                     msg: m.msg,
                     event,
                     accepted: m.accepted,
-                    targets,
+                    targets: targets.map(|(_, s)| s.clone()).collect(),
                     next: 0,
                 });
                 if !r.pumping {
                     r.pump(ctx);
                 }
             } else {
-                for stream in &targets {
+                for (_, stream) in targets {
                     tell(stream, Deliver::new(&m.msg, event, m.accepted, &r.stats));
                 }
             }
