@@ -12,11 +12,13 @@
 //! query, a second request on a keep-alive connection).
 
 use std::io;
+use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_rt::net::TcpStream;
 use futures_util::FutureExt as _;
+use nix::sys::socket::{MsgFlags, recv};
 use tokio::io::Interest;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
@@ -109,7 +111,10 @@ pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usiz
     loop {
         let line: &mut [u8] = if big.is_empty() { &mut small } else { &mut big };
         let n = match timeout_at(deadline, io.peek(line)).await {
-            Err(_) => return Class::Timeout,
+            Err(_) => match look_now(io, line, MsgFlags::MSG_PEEK) {
+                Some(0) | None => return Class::Timeout,
+                Some(n) => n,
+            },
             Ok(Ok(0) | Err(_)) => return Class::Gone,
             Ok(Ok(n)) => n,
         };
@@ -156,6 +161,20 @@ fn has_fragment(line: &[u8]) -> bool {
         .iter()
         .take_while(|b| !matches!(b, b' ' | b'\r' | b'\n'))
         .any(|b| *b == b'#')
+}
+
+/// What the kernel holds for `io` right now (peeked, or read, by `flags`),
+/// without waiting and without asking tokio's readiness: `None` if nothing
+/// or an error.
+///
+/// The one last look when the head deadline passes. A saturated worker
+/// turns its event loop late, and handles at most 1,024 readiness events a
+/// turn: a head can sit in the kernel, sent in time, while the deadline's
+/// timer fires first. That head is served. `server.head_timeout_ms`
+/// measures the client, not switchboard's own queue; a client that sent
+/// only part of its head in time is still refused (the slowloris defence).
+fn look_now(io: &TcpStream, buf: &mut [u8], flags: MsgFlags) -> Option<usize> {
+    recv(io.as_raw_fd(), buf, flags | MsgFlags::MSG_DONTWAIT).ok()
 }
 
 /// True once the peer has closed its sending side or reset the connection.
@@ -516,17 +535,26 @@ pub(crate) async fn consume_head<T>(
     let mut check = HeadCheck::new(http10);
     let mut head = Vec::new();
     loop {
-        match timeout_at(deadline, io.readable()).await {
-            Err(_) => return Err(HeadError::Timeout),
+        let expired = match timeout_at(deadline, io.readable()).await {
+            Err(_) => true,
             Ok(Err(_)) => return Err(HeadError::Gone),
-            Ok(Ok(())) => {}
-        }
+            Ok(Ok(())) => false,
+        };
         let mut buf = [0u8; 2048];
-        let n = match io.try_read(&mut buf) {
-            Ok(0) => return Err(HeadError::Gone),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(_) => return Err(HeadError::Gone),
+        let n = if expired {
+            // Past the deadline: what the kernel holds now is all the head
+            // there will be (a slow client's partial head is still a 408).
+            match look_now(io, &mut buf, MsgFlags::empty()) {
+                Some(0) | None => return Err(HeadError::Timeout),
+                Some(n) => n,
+            }
+        } else {
+            match io.try_read(&mut buf) {
+                Ok(0) => return Err(HeadError::Gone),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => return Err(HeadError::Gone),
+            }
         };
         match check.feed(&buf[..n], max_head) {
             Checked::More => head.extend_from_slice(&buf[..n]),
@@ -595,6 +623,44 @@ mod tests {
         assert_eq!(d("GET /test/foo HTTP/1."), None);
         assert_eq!(d("GET /test/foo HTTP/1.1\r"), None);
         assert_eq!(decide(b"GET /test/foo?xxxx", true, 8), Some(Class::Http));
+    }
+
+    /// A connection whose client wrote `sent`, accepted only once the bytes
+    /// are in the server's kernel buffer, and handed to tokio just now. With
+    /// a deadline already past, the timer fires before the event loop has
+    /// seen the socket's readiness: a saturated worker's case.
+    fn arrived(sent: &[u8]) -> (TcpStream, std::net::TcpStream) {
+        use std::io::Write as _;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(sent).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let mut probe = vec![0u8; sent.len()];
+        while server.peek(&mut probe).unwrap() < sent.len() {}
+        server.set_nonblocking(true).unwrap();
+        (TcpStream::from_std(server).unwrap(), client)
+    }
+
+    #[actix_rt::test]
+    async fn a_head_that_arrived_in_time_is_served_past_the_deadline() {
+        let head = b"GET /test/foo HTTP/1.1\r\nHost: x\r\n\r\n";
+        let (io, _client) = arrived(head);
+        let past = Instant::now() - Duration::from_secs(1);
+        let class = classify(&io, past, 8, 8192).await;
+        assert_eq!(class, stream("foo", false).unwrap());
+        let read = consume_head(&io, past, 8192, false, |head, _| head.len()).await;
+        assert_eq!(read, Ok(head.len()));
+    }
+
+    #[actix_rt::test]
+    async fn a_partial_head_is_still_a_timeout_past_the_deadline() {
+        let (io, _client) = arrived(b"GET /test/foo HTTP/1.1\r\nHost:");
+        let past = Instant::now() - Duration::from_secs(1);
+        assert_eq!(classify(&io, past, 8, 8192).await, stream("foo", false).unwrap());
+        let read = consume_head(&io, past, 8192, false, |head, _| head.len()).await;
+        assert_eq!(read, Err(HeadError::Timeout));
+        let (io, _client) = arrived(b"GET /test/fo");
+        assert_eq!(classify(&io, past, 8, 8192).await, Class::Timeout);
     }
 
     fn check(head: &str, http10: bool, max: usize) -> Checked {
