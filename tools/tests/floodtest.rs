@@ -382,8 +382,10 @@ fn counts_closed_streams_and_http_errors() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("http_503=10"), "10 over the limit: {stdout}");
     assert!(stdout.contains("Final: {30, 0, "), "{stdout}");
-    // Now a server that goes away mid-run: every stream counts as Closed.
+    // Now a server that goes away mid-run: every stream counts as Closed,
+    // and --until-drained ends the run then, long before --duration.
     let url = format!("http://{}/test/c{{n}}", srv.addr);
+    let launched = Instant::now();
     let flood = Command::new(BIN)
         .args([
             "--url",
@@ -393,9 +395,10 @@ fn counts_closed_streams_and_http_errors() {
             "--rate",
             "1000",
             "--duration",
-            "3s",
+            "60s",
             "--interval",
             "1s",
+            "--until-drained",
         ])
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -406,6 +409,11 @@ fn counts_closed_streams_and_http_errors() {
     let out = flood.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("Final: {0, 20, "), "{stdout}");
+    assert!(
+        launched.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        launched.elapsed()
+    );
 }
 
 #[test]
@@ -492,4 +500,71 @@ fn every_transport_holds_streams_and_gets_every_message() {
     let last = &opened["ws"];
     assert_eq!(last["sse_opened"], 100, "{last}");
     assert_eq!(last["ws_opened"], 100, "{last}");
+}
+
+/// True if the connection's request (peeked) opens a stream.
+fn is_stream(c: &std::net::TcpStream) -> bool {
+    let mut head = [0u8; 10];
+    c.set_nonblocking(false).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let n = c.peek(&mut head).unwrap_or(0);
+    &head[..n] == b"GET /test/"
+}
+
+#[test]
+fn the_opening_window_holds_the_ramp_to_what_the_server_answers() {
+    use std::io::Write as _;
+    // A server that accepts and says nothing for its first 1.5 s, then
+    // answers every stream it holds and every later one at once: no more
+    // than --max-opening connections may reach it while it is silent.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let server = std::thread::spawn(move || {
+        let started = Instant::now();
+        let silent = Duration::from_millis(1500);
+        let (mut held, mut waiting, mut during_silence) = (Vec::new(), Vec::new(), 0);
+        while started.elapsed() < Duration::from_secs(6) {
+            match listener.accept() {
+                Ok((c, _)) => waiting.push(c),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+            if started.elapsed() < silent {
+                // Streams only: floodtest also polls the server's /stats.
+                during_silence = waiting.iter().filter(|c| is_stream(c)).count();
+                continue;
+            }
+            for mut c in waiting.drain(..) {
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n");
+                held.push(c);
+            }
+        }
+        during_silence
+    });
+    let url = format!("http://{addr}/test/w{{n}}");
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--count",
+        "40",
+        "--rate",
+        "1000",
+        "--max-opening",
+        "5",
+        "--duration",
+        "4s",
+        "--interval",
+        "1s",
+        "--connect-timeout",
+        "10s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let during_silence = server.join().unwrap();
+    assert_eq!(during_silence, 5, "connections while silent; {stdout}");
+    let j = summary.unwrap();
+    assert_eq!(j["established"], 40, "{j}");
+    assert_eq!(j["errors"], serde_json::json!({}), "{j}");
+    let held_back = j["ramp_held_back_s"].as_f64().unwrap();
+    assert!((1.0..3.0).contains(&held_back), "held back {held_back} s: {j}");
+    assert!(stdout.contains("held the ramp back"), "{stdout}");
 }

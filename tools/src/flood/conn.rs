@@ -292,6 +292,7 @@ mod tests {
             first_n: 0,
             count: 1,
             rate: 1.0,
+            max_opening: 1,
             msg_rate: 0.0,
             send: None,
             connect_timeout: std::time::Duration::from_secs(1),

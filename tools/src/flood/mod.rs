@@ -37,6 +37,15 @@ use report::Counters;
 /// 32768-60999) every connect scans the whole even half.
 pub const PAIR_SOFT_LIMIT: u64 = 14_000;
 
+/// `--max-opening`'s default: this many seconds of a process's rate.
+const OPENING_WINDOW_S: f64 = 0.5;
+
+/// How often `--until-drained` looks whether the server closed every stream.
+const DRAIN_CHECK: Duration = Duration::from_secs(1);
+
+/// `--max-opening`'s default is never below this.
+const MIN_OPENING: u64 = 64;
+
 /// Descriptors a process keeps for itself (stdio, epoll, sender and stats
 /// connections) beyond the streams it holds.
 pub const FD_RESERVE: u64 = 64;
@@ -56,12 +65,26 @@ pub struct Args {
     /// Streams to open.
     #[arg(long, short = 'n', default_value_t = 1000)]
     pub count: u64,
-    /// Streams opened per second.
+    /// Streams opened per second, at most (see --max-opening).
     #[arg(long, short = 'r', default_value_t = 1000.0)]
     pub rate: f64,
+    /// Most streams of one process opening at once (connecting, or waiting
+    /// for their response head). Past it the opener waits for one to
+    /// settle, so a box that cannot keep up with --rate is ramped at the
+    /// rate it sustains instead of piling up connects that end in timeouts
+    /// and 408s. The summary says how long the window held the ramp back
+    /// and the rate it reached. Default: half a second of this process's
+    /// share of --rate, at least 64.
+    #[arg(long, value_name = "N")]
+    pub max_opening: Option<u64>,
     /// Total run time; the tool always stops by itself.
     #[arg(long, short = 'd', default_value = "60s", value_parser = parse_duration)]
     pub duration: Duration,
+    /// Stop before --duration once every stream has been opened and the
+    /// server has closed them all (a drain, e.g. a server shut down at the
+    /// end of a run whose ramp took an unknown time).
+    #[arg(long)]
+    pub until_drained: bool,
     /// Report period.
     #[arg(long, short = 'i', default_value = "10s", value_parser = parse_duration)]
     pub interval: Duration,
@@ -172,6 +195,8 @@ pub struct Plan {
     pub count: u64,
     /// Its opening rate.
     pub rate: f64,
+    /// Its opening window (`--max-opening`).
+    pub max_opening: u64,
     /// Its message rate.
     pub msg_rate: f64,
     /// Message target template (`{id}`).
@@ -335,6 +360,14 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
         first_n,
         count: share(index),
         rate: args.rate / of as f64,
+        max_opening: args
+            .max_opening
+            .unwrap_or_else(|| ((args.rate / of as f64) * OPENING_WINDOW_S).ceil() as u64)
+            .max(if args.max_opening.is_some() {
+                1
+            } else {
+                MIN_OPENING
+            }),
         msg_rate: args.msg_rate / of as f64,
         send,
         connect_timeout: args.connect_timeout,
@@ -357,16 +390,22 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
         report::stats_target(args, &plan.targets[0])?
     };
 
-    // Opener: R per second, in 10 ms batches.
+    // Opener: R per second, in 10 ms batches, at most `max_opening` of
+    // them unsettled at once. Behind schedule after a wait, it catches up
+    // only as far as the window lets it.
     let opener = {
         let (plan, counters) = (Rc::clone(&plan), Rc::clone(&counters));
         tokio::task::spawn_local(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let period = Duration::from_millis(10);
+            let mut tick = tokio::time::interval(period);
             let mut opened = 0u64;
             while opened < plan.count {
                 tick.tick().await;
                 let due = ((started.elapsed().as_secs_f64() * plan.rate) as u64 + 1).min(plan.count);
-                while opened < due {
+                if opened < due && opened.saturating_sub(counters.settled()) >= plan.max_opening {
+                    counters.held_back(period);
+                }
+                while opened < due && opened.saturating_sub(counters.settled()) < plan.max_opening {
                     let (i, plan, counters) = (opened, Rc::clone(&plan), Rc::clone(&counters));
                     match plan.lifetime {
                         Some(life) => tokio::task::spawn_local(conn::churn(i, plan, counters, life)),
@@ -387,10 +426,14 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
     loop {
         // On a terminal the progress line moves between reports too.
         let live = reporter.is_live().then(|| Instant::now() + report::LIVE_PERIOD);
-        let wake = next.min(deadline).min(live.unwrap_or(deadline));
+        let drain_check = args.until_drained.then(|| Instant::now() + DRAIN_CHECK);
+        let wake = next
+            .min(deadline)
+            .min(live.unwrap_or(deadline))
+            .min(drain_check.unwrap_or(deadline));
         tokio::time::sleep_until(wake.into()).await;
         let now = Instant::now();
-        if now >= deadline {
+        if now >= deadline || (args.until_drained && counters.drained(plan.count)) {
             break;
         }
         if now >= next {
@@ -402,6 +445,10 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
     }
     opener.abort();
     if let Some(s) = sender {
+        if Instant::now() < deadline {
+            // Drained early: no stream is left to send to.
+            s.abort();
+        }
         // The sender stops a little before the deadline so messages in flight
         // can arrive; give them a moment more.
         let _ = s.await;

@@ -108,6 +108,8 @@ pub(crate) struct Counters {
     timeline: RefCell<Timeline>,
     /// RSS when the flood started, for client bytes per connection.
     baseline_rss: u64,
+    /// How long the opening window held the opener back.
+    held_back: Cell<Duration>,
 }
 
 impl Counters {
@@ -131,7 +133,13 @@ impl Counters {
             broadcast: RefCell::new(Latency::default()),
             timeline: RefCell::new(Timeline::default()),
             baseline_rss: crate::sys::rss_bytes().unwrap_or(0),
+            held_back: Cell::new(Duration::ZERO),
         }
+    }
+
+    /// The opener waited `d` for streams to settle (`--max-opening`).
+    pub(crate) fn held_back(&self, d: Duration) {
+        self.held_back.set(self.held_back.get() + d);
     }
 
     pub(crate) fn error(&self, kind: ErrorKind) {
@@ -189,6 +197,12 @@ impl Counters {
         self.established.get() + self.errors.borrow().values().sum::<u64>()
     }
 
+    /// Every one of this process's `count` streams has been tried, and the
+    /// server has closed every one that opened (a drain).
+    pub(crate) fn drained(&self, count: u64) -> bool {
+        self.settled() >= count && self.active.get() == 0 && self.closed.get() > 0
+    }
+
     /// Is stream `i` open now?
     pub(crate) fn is_open(&self, i: usize) -> bool {
         self.open.borrow().get(i).copied().unwrap_or(false)
@@ -216,6 +230,7 @@ impl Counters {
                 .last_established
                 .get()
                 .map_or(0.0, |t| t.duration_since(started).as_secs_f64()),
+            held_back_s: self.held_back.get().as_secs_f64(),
             latency: self.latency.borrow().clone(),
             tick_lag: self.tick_lag.borrow().clone(),
             broadcast: self.broadcast.borrow().clone(),
@@ -258,6 +273,9 @@ pub struct Snapshot {
     pub rss_delta: u64,
     /// Seconds from start until the last stream was established.
     pub ramp_s: f64,
+    /// Seconds the opening window held the opener back (the most of any
+    /// process).
+    pub held_back_s: f64,
     /// Send → arrival latency.
     pub latency: Latency,
     /// Tick arrival − schedule (`--tick-interval`; empty without).
@@ -291,6 +309,7 @@ impl Snapshot {
         self.msgs_received += o.msgs_received;
         self.rss_delta += o.rss_delta;
         self.ramp_s = self.ramp_s.max(o.ramp_s);
+        self.held_back_s = self.held_back_s.max(o.held_back_s);
         self.latency.merge(&o.latency);
         self.tick_lag.merge(&o.tick_lag);
         self.broadcast.merge(&o.broadcast);
@@ -314,6 +333,7 @@ impl Snapshot {
             "msgs_sent": self.msgs_sent, "send_errors": self.send_errors, "partial": self.partial,
             "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
             "ramp_s": self.ramp_s,
+            "held_back_s": self.held_back_s,
             "latency": self.latency.to_pairs(),
             "tick_lag": self.tick_lag.to_pairs(),
             "broadcast": self.broadcast.to_pairs(),
@@ -343,6 +363,7 @@ impl Snapshot {
             msgs_received: n("msgs_received"),
             rss_delta: n("rss_delta"),
             ramp_s: v["ramp_s"].as_f64().unwrap_or(0.0),
+            held_back_s: v["held_back_s"].as_f64().unwrap_or(0.0),
             latency: Latency::from_pairs(&v["latency"]),
             tick_lag: Latency::from_pairs(&v["tick_lag"]),
             broadcast: Latency::from_pairs(&v["broadcast"]),
@@ -752,6 +773,9 @@ impl Summary {
             "established": s.established,
             "errors": s.errors,
             "connect_rate": if s.ramp_s > 0.0 { s.established as f64 / s.ramp_s } else { 0.0 },
+            // How long `--max-opening` held the ramp back (the most of any
+            // process): 0 when the box kept up with --rate.
+            "ramp_held_back_s": s.held_back_s,
             "client_bytes_per_connection": per_conn(s.rss_delta, s.active),
             "server_bytes_per_connection": self.server_bytes_per_connection,
             "messages": {
@@ -793,6 +817,13 @@ impl Summary {
             j["connect_rate"].as_f64().unwrap_or(0.0),
             s.errors_text()
         );
+        if s.held_back_s > 0.0 {
+            println!(
+                "  the opening window (--max-opening) held the ramp back for {:.1} s: the box sustained \
+                 less than --rate",
+                s.held_back_s
+            );
+        }
         println!(
             "  client {} B/conn, server {} B/conn",
             j["client_bytes_per_connection"], j["server_bytes_per_connection"]
