@@ -143,7 +143,7 @@ fn sse_events_carry_ids_kinds_and_the_same_lines() {
     let mut c = Sse::open(srv.addr, "/test/ev", &[]);
     assert_eq!(c.status, 200);
     assert_eq!(c.header("content-type"), Some("text/event-stream"));
-    assert_eq!(c.header("cache-control"), Some("no-cache"));
+    assert_eq!(c.header("cache-control"), Some("no-store"));
     let welcome = c.next().unwrap();
     assert_eq!(c.retry, Some(2000), "the retry hint comes first");
     assert_eq!(welcome.event.as_deref(), Some("welcome"));

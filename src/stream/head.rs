@@ -50,7 +50,10 @@ impl<'a> Head<'a> {
     }
 
     /// The header fields of a `200` stream head besides its framing and
-    /// CORS (which the fallback path's middleware adds).
+    /// CORS (which the fallback path's middleware adds). `no-store`, not
+    /// `no-cache`: with `no-cache` Chromium writes a stream's body into its
+    /// HTTP cache, and the next request for the URL then meets that entry
+    /// and is sent twice when it is answered `401` (seen in its net log).
     pub(crate) fn fields(&self) -> [(&'static str, &'static str); 3] {
         let content_type = match self.transport {
             Transport::Sse => "text/event-stream",
@@ -58,7 +61,7 @@ impl<'a> Head<'a> {
         };
         [
             ("content-type", content_type),
-            ("cache-control", "no-cache"),
+            ("cache-control", "no-store"),
             ("x-accel-buffering", "no"),
         ]
     }
@@ -121,14 +124,14 @@ mod tests {
         assert_eq!(
             chunked,
             "HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ntransfer-encoding: chunked\r\n\
-             cache-control: no-cache\r\nx-accel-buffering: no\r\n\r\n"
+             cache-control: no-store\r\nx-accel-buffering: no\r\n\r\n"
         );
         let (close, f) = head_of("GET /test/a HTTP/1.0\r\n\r\n", false);
         assert_eq!(f, Framing::Close);
         assert_eq!(
             close,
             "HTTP/1.0 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\n\
-             cache-control: no-cache\r\nx-accel-buffering: no\r\nconnection: close\r\n\r\n"
+             cache-control: no-store\r\nx-accel-buffering: no\r\nconnection: close\r\n\r\n"
         );
         let (sse, _) = head_of(
             "GET /test/a HTTP/1.1\r\nHost: h\r\nAccept: text/event-stream\r\nOrigin: http://p\r\n\r\n",

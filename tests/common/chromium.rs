@@ -52,6 +52,9 @@ impl Browser {
                 "--remote-debugging-port=0",
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
+            // e.g. SWITCHBOARD_CHROMIUM_ARG=--log-net-log=/tmp/net.json to see
+            // what the browser sent and why (it found the stream-cache bug).
+            .args(std::env::var("SWITCHBOARD_CHROMIUM_ARG").ok())
             .arg(url)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
