@@ -16,7 +16,7 @@ the count and lists what it changed) starts its own `redis-server` (at nice -10)
 from the open-file limit (hard limit less 1,000 streams each: 55 processes for 1,000,000 streams at this machine's 20,000), with \
 `server.workers = 1`, ticks every 60 s (one event per stream per minute, the rate of Mochiweb's million-user test: at \
 10 s a million streams would be 100,000 chunks/s, which two cores cannot write at ~30 µs each) and \
-`server.shutdown_timeout_ms` at 50 µs per stream. floodtest ramps to N streams (its own child processes, 10,000 \
+`server.shutdown_timeout_ms` at 100 µs per stream. floodtest ramps to N streams (its own child processes, 10,000 \
 connections per source address from 127.0.0.2 up), holds them while it POSTs `--msg-rate` messages per second to \
 random held ids through the shared port (so most cross processes over Redis) and times every tick against its \
 schedule; a broadcast probe goes out half-way through the hold; then the fleet gets SIGTERM with every stream held. \
