@@ -812,15 +812,23 @@ mod tests {
     #[derive(Default)]
     struct FakeRouter {
         subscribed: Arc<Mutex<Vec<Arc<str>>>>,
+        /// The event ids of the publishes it was handed, in order.
+        published: Arc<Mutex<Vec<Option<u64>>>>,
     }
 
     impl Actor for FakeRouter {
         type Context = Context<Self>;
+
+        /// The Router's mailbox, which the Bus's order relies on.
+        fn started(&mut self, ctx: &mut Context<Self>) {
+            ctx.set_mailbox_capacity(crate::hub::router::MAILBOX_CAPACITY);
+        }
     }
 
     impl Handler<Publish> for FakeRouter {
         type Result = Option<Result<Published, crate::hub::router::Busy>>;
-        fn handle(&mut self, _: Publish, _: &mut Context<Self>) -> Self::Result {
+        fn handle(&mut self, p: Publish, _: &mut Context<Self>) -> Self::Result {
+            self.published.lock().unwrap().push(p.event);
             None
         }
     }
@@ -846,6 +854,60 @@ mod tests {
                 self.subscribed.lock().unwrap().extend(ids);
             }
         }
+    }
+
+    /// The bus's messages of an id reach the Router in the order they came
+    /// from Redis, this node's own echoes among them, even when the
+    /// Router's mailbox is past its capacity: an echo that waited for room
+    /// while messages of other nodes went in would break the fleet's one
+    /// order.
+    #[actix_rt::test]
+    async fn own_echoes_keep_their_place_behind_a_full_router_mailbox() {
+        let mut settings = Settings::defaults();
+        settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
+        let cluster = Arc::new(
+            Cluster::new(
+                &settings.cluster,
+                &settings.history,
+                1000,
+                Arc::new(Stats::new()),
+                "test".to_owned(),
+            )
+            .unwrap(),
+        );
+        let router = FakeRouter::default();
+        let published = Arc::clone(&router.published);
+        let router = router.start();
+        // Running, as the Router is long before the bus hears anything.
+        router.send(HeldIds).await.unwrap();
+        // Not started: the test hands it what the link would, all before
+        // the Router runs once, as a burst from Redis does.
+        let mut bus = Bus::new(
+            Arc::clone(&cluster),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.recipient(),
+        );
+        let channel = cluster.names.id_channel("a");
+        let mut seq = 0;
+        for event in 1..=100u64 {
+            let payload = if event % 3 == 0 {
+                seq += 1;
+                cluster.await_echo(seq);
+                format!("{}/{seq}@{event} m{event}", cluster.instance)
+            } else {
+                format!("other@{event} m{event}")
+            };
+            bus.deliver(channel.as_bytes(), payload.as_bytes());
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while published.lock().unwrap().len() < 100 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let got: Vec<u64> = published.lock().unwrap().iter().map(|e| e.unwrap()).collect();
+        assert_eq!(got, (1..=100).collect::<Vec<_>>());
+        assert_eq!(cluster.stats.echoes.load(Relaxed), 33);
     }
 
     #[actix_rt::test]

@@ -505,6 +505,19 @@ impl Cluster {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Waits for the echo of this node's publish `seq`, as [`Cluster::publish`]
+    /// does, without publishing (for the Bus's tests).
+    #[cfg(test)]
+    pub(crate) fn await_echo(&self, seq: u64) {
+        self.awaited().insert(
+            seq,
+            AwaitedEcho {
+                waiter: None,
+                expires: Instant::now() + Duration::from_secs(60),
+            },
+        );
+    }
+
     /// Takes the keyed publish `seq` of this node whose echo just came, if
     /// it is still waited for.
     pub(crate) fn take_awaited(&self, seq: u64) -> Option<AwaitedEcho> {

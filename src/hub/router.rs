@@ -875,12 +875,24 @@ impl<S: StreamActor> Router<S> {
     }
 }
 
+/// The Router's mailbox bound: none (0). With actix's default of 16, a
+/// sender past it is parked and its next `send` waits outside the mailbox
+/// while `do_send`s go in: the bus's own echoes (`send`, for their answer)
+/// then fell behind other nodes' later messages of the same id
+/// (`do_send`), and this node's streams saw the fleet's messages in another
+/// order (the Bus's test `own_echoes_keep_their_place_behind_a_full_router_
+/// mailbox`). What waits is bounded elsewhere: a publisher's request holds
+/// its one message until answered, and `publish.max_backlog` bounds what
+/// the Router has accepted.
+pub(crate) const MAILBOX_CAPACITY: usize = 0;
+
 impl<S: StreamActor> Actor for Router<S> {
     type Context = Context<Self>;
 
     /// Also runs after a restart: broadcasts still being handed out go on
     /// (the scheduled [`Router::pump`] went with the old context).
     fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
         if !self.fanouts.is_empty() {
             self.pump(ctx);
         }
