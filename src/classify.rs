@@ -173,7 +173,7 @@ fn has_fragment(line: &[u8]) -> bool {
 /// timer fires first. That head is served. `server.head_timeout_ms`
 /// measures the client, not switchboard's own queue; a client that sent
 /// only part of its head in time is still refused (the slowloris defence).
-fn look_now(io: &TcpStream, buf: &mut [u8], flags: MsgFlags) -> Option<usize> {
+pub(crate) fn look_now(io: &TcpStream, buf: &mut [u8], flags: MsgFlags) -> Option<usize> {
     recv(io.as_raw_fd(), buf, flags | MsgFlags::MSG_DONTWAIT).ok()
 }
 

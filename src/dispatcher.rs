@@ -137,9 +137,9 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
         let n = tokio::select! {
             biased;
             () = state.shutdown.cancelled() => return Outcome::Done,
-            r = timeout_at(deadline, io.read(&mut buf[filled..])) => match r {
-                Ok(Ok(n)) if n > 0 => n,
-                Err(_) if filled > 0 => {
+            r = read_by(&mut io, &mut buf[filled..], deadline) => match r {
+                Some(Ok(n)) if n > 0 => n,
+                None if filled > 0 => {
                     state.refuse_head(io, HeadError::Timeout).await;
                     return Outcome::Done;
                 }
@@ -193,6 +193,21 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
             deadline = Instant::now() + state.settings.head_timeout();
         }
     }
+}
+
+/// Reads into `buf` by `deadline`; `None` when nothing came in time. Past
+/// the deadline what is already in the kernel is still read: the
+/// classifier's last look at the deadline can find a head there and send
+/// it here, and tokio, not yet told the socket is readable, would let the
+/// timeout fire before the read (the client then got a reset, not even a
+/// 408).
+async fn read_by(io: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Option<std::io::Result<usize>> {
+    if Instant::now() >= deadline {
+        // Not `try_read`: it answers from tokio's readiness, which says
+        // nothing yet, without asking the kernel.
+        return crate::classify::look_now(io, buf, nix::sys::socket::MsgFlags::empty()).map(Ok);
+    }
+    timeout_at(deadline, io.read(buf)).await.ok()
 }
 
 /// Writes the answers to `count` requests into `out`: numbers from `first`
@@ -272,6 +287,42 @@ mod tests {
     use super::*;
 
     const PLAIN: &str = "GET /dispatcher HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    /// A server-side socket whose peer has sent `sent`, already in the
+    /// kernel, and that tokio has not been told is readable.
+    fn arrived(sent: &[u8]) -> (TcpStream, std::net::TcpStream) {
+        use std::io::Write as _;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(sent).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let mut probe = vec![0u8; sent.len()];
+        while !sent.is_empty() && server.peek(&mut probe).unwrap() < sent.len() {}
+        server.set_nonblocking(true).unwrap();
+        (TcpStream::from_std(server).unwrap(), client)
+    }
+
+    /// What the classifier's last look found at the deadline is read, not
+    /// timed out; nothing there is a timeout; before the deadline a read
+    /// waits as ever.
+    #[actix_rt::test]
+    async fn a_read_past_the_deadline_takes_what_is_in_the_kernel() {
+        let past = Instant::now() - Duration::from_secs(1);
+        let mut buf = [0u8; 128];
+        let (mut io, _client) = arrived(PLAIN.as_bytes());
+        let n = read_by(&mut io, &mut buf, past).await.unwrap().unwrap();
+        assert_eq!(&buf[..n], PLAIN.as_bytes());
+        assert!(
+            read_by(&mut io, &mut buf, past).await.is_none(),
+            "nothing more: a timeout"
+        );
+        let (mut io, _client) = arrived(b"");
+        assert!(read_by(&mut io, &mut buf, past).await.is_none());
+        let (mut io, _client) = arrived(PLAIN.as_bytes());
+        let soon = Instant::now() + Duration::from_secs(5);
+        let n = read_by(&mut io, &mut buf, soon).await.unwrap().unwrap();
+        assert_eq!(n, PLAIN.len());
+    }
 
     #[test]
     fn plain_requests() {
