@@ -432,7 +432,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
             result["drain_ms"] = round((time.time() - term) * 1000)
             result["exit_code"] = code
             log(f"fleet exited {code} after {result['drain_ms']} ms")
-            # floodtest sees every stream end, and stops at its duration.
+            # floodtest sees every stream end and stops (--until-drained).
             break
         if t > total_s + 30:
             run.notes.append("floodtest ran past its duration")

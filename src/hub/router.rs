@@ -881,9 +881,9 @@ impl<S: StreamActor> Router<S> {
 /// then fell behind other nodes' later messages of the same id
 /// (`do_send`), and this node's streams saw the fleet's messages in another
 /// order (the Bus's test `own_echoes_keep_their_place_behind_a_full_router_
-/// mailbox`). What waits is bounded elsewhere: a publisher's request holds
-/// its one message until answered, and `publish.max_backlog` bounds what
-/// the Router has accepted.
+/// mailbox`). The bound held back only `send`s, which each hold their own
+/// message until answered (a publisher's request, an echo's task); the
+/// `do_send`s of streams and of other nodes' messages never respected it.
 pub(crate) const MAILBOX_CAPACITY: usize = 0;
 
 impl<S: StreamActor> Actor for Router<S> {

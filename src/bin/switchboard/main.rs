@@ -49,7 +49,9 @@ enum Command {
 /// short-lived request state. README's floodtest command, this build and
 /// the glibc one alternating in one run, server bytes per stream at 1,000 /
 /// 10,000 / 19,000: glibc 1,658 / 1,277 / 1,252, mimalloc 1,630 / 1,156 /
-/// 1,139. `no_thp`: with transparent huge pages mimalloc's arenas came back
+/// 1,139. `no_thp` (mimalloc then never asks for huge pages; a host whose
+/// `transparent_hugepage/enabled` is `always` still gives them: there set
+/// `MIMALLOC_ALLOW_THP=0`): with transparent huge pages mimalloc's arenas came back
 /// in 2 MiB pages, an idle server had 17.6 MB of RSS (glibc 6.8, mimalloc
 /// without THP 8.2) and 1,000 streams cost 4,260 B each.
 #[global_allocator]
