@@ -42,8 +42,12 @@ fn metrics_are_typed_named_and_pass_promtool() {
     assert_eq!(srv.post("/send/m1", "hello").status, 200);
     assert_eq!(plain.line(), "Recvd msg #1: 'hello'");
     // The client can read the message a moment before the writing worker
-    // counts it written: wait for the books, as a scraper would see them.
-    srv.wait_stats(Duration::from_secs(5), |s| s["messages"]["written"] == 1);
+    // counts it written, and the SSE stream's welcome (unread here) may
+    // still be on its way: wait for the books, as a scraper would see them
+    // (two welcomes and the message).
+    srv.wait_stats(Duration::from_secs(5), |s| {
+        s["messages"]["written"] == 1 && s["chunks_sent"] == 3
+    });
     let r = srv.get("/metrics");
     assert_eq!(r.status, 200);
     assert_eq!(
