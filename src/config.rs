@@ -201,8 +201,15 @@ impl std::fmt::Debug for AuthSettings {
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
-    /// Redis URL; empty means one process on its own.
+    /// Redis URL; empty means one process on its own (unless sentinels
+    /// are set). With sentinels, only its credentials and db are used.
     pub redis_url: String,
+    /// `host:port,host:port,...` of Redis Sentinels; empty: not used.
+    pub redis_sentinels: String,
+    /// The master's name the sentinels monitor.
+    pub redis_sentinel_master: String,
+    /// The sentinels' password; empty: none.
+    pub redis_sentinel_password: String,
     /// This node's name; empty means `<hostname>-<pid>`.
     pub node_name: String,
     /// Start of every channel and key name.
@@ -224,7 +231,20 @@ pub struct ClusterSettings {
 impl ClusterSettings {
     /// Whether a Redis bus is configured.
     pub fn enabled(&self) -> bool {
-        !self.redis_url.is_empty()
+        !self.redis_url.is_empty() || !self.redis_sentinels.is_empty()
+    }
+
+    /// The sentinels' addresses, when they are set.
+    pub fn sentinels(&self) -> Vec<(String, u16)> {
+        self.redis_sentinels
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| {
+                let (host, port) = s.rsplit_once(':')?;
+                Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+            })
+            .collect()
     }
 }
 
@@ -233,6 +253,16 @@ impl std::fmt::Debug for ClusterSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterSettings")
             .field("redis_url", &redact_url(&self.redis_url))
+            .field("redis_sentinels", &self.redis_sentinels)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_sentinel_password",
+                &if self.redis_sentinel_password.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
             .field("node_name", &self.node_name)
             .field("prefix", &self.prefix)
             .field("command_timeout_ms", &self.command_timeout_ms)
@@ -444,10 +474,36 @@ impl Settings {
         if !c.enabled() {
             return Ok(());
         }
-        if let Err(e) = redis::Client::open(c.redis_url.as_str()) {
+        let printable = |s: &str| s.chars().all(|ch| ch.is_ascii_graphic());
+        if !c.redis_url.is_empty()
+            && let Err(e) = redis::Client::open(c.redis_url.as_str())
+        {
             return invalid("cluster.redis_url", format!("not a Redis URL: {e}"));
         }
-        let printable = |s: &str| s.chars().all(|ch| ch.is_ascii_graphic());
+        if !c.redis_sentinels.is_empty() {
+            let listed = c
+                .redis_sentinels
+                .split(',')
+                .filter(|s| !s.trim().is_empty())
+                .count();
+            if listed == 0 || c.sentinels().len() != listed {
+                return invalid(
+                    "cluster.redis_sentinels",
+                    format!(
+                        "must be \"host:port,host:port,...\" with a port number each, not {:?}",
+                        c.redis_sentinels
+                    ),
+                );
+            }
+            if c.redis_sentinel_master.is_empty() || !printable(&c.redis_sentinel_master) {
+                return invalid(
+                    "cluster.redis_sentinel_master",
+                    "must name the master the sentinels monitor (printable ASCII, no spaces) \
+                     when cluster.redis_sentinels is set"
+                        .into(),
+                );
+            }
+        }
         if c.prefix.is_empty() || c.prefix.len() > 64 || !printable(&c.prefix) {
             return invalid(
                 "cluster.prefix",
@@ -602,6 +658,35 @@ mod tests {
                 .to_string()
                 .contains("cluster.redis_url")
         );
+    }
+
+    #[test]
+    fn sentinels_are_host_port_pairs_with_a_master_name() {
+        let mut s = Settings::defaults();
+        s.cluster.redis_sentinels = "10.0.0.1:26379, sentinel-b:26380,[::1]:26381".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("cluster.redis_sentinel_master"), "{e}");
+        s.cluster.redis_sentinel_master = "mymaster".into();
+        s.validate().unwrap();
+        assert!(s.cluster.enabled(), "sentinels alone turn cluster mode on");
+        assert_eq!(
+            s.cluster.sentinels(),
+            [
+                ("10.0.0.1".to_owned(), 26379),
+                ("sentinel-b".to_owned(), 26380),
+                ("::1".to_owned(), 26381)
+            ]
+        );
+        for bad in ["10.0.0.1", "a:b", "a:1,,b", ",", "a:70000"] {
+            s.cluster.redis_sentinels = bad.into();
+            let e = s
+                .validate()
+                .map(|()| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains("cluster.redis_sentinels"), "{bad:?}: {e}");
+        }
+        s.cluster.redis_sentinel_password = "hunter2".into();
+        assert!(!format!("{:?}", s.cluster).contains("hunter2"));
     }
 
     #[test]

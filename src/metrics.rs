@@ -327,7 +327,7 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 12] = [
+        let counters: [CounterSpec<'_>; 14] = [
             (
                 "cluster_bus_restarts",
                 "Supervised restarts of the cluster Bus actor after a crash.",
@@ -383,6 +383,16 @@ impl Collector for ClusterCollector {
                 "cluster_name_conflicts",
                 "Heartbeats that found another node's entry under this node's name.",
                 &s.name_conflicts,
+            ),
+            (
+                "cluster_master_switches",
+                "Times this node moved to another Redis master the sentinels named.",
+                &s.master_switches,
+            ),
+            (
+                "cluster_readonly",
+                "Redis commands refused with READONLY (a master that became a replica).",
+                &s.readonly,
             ),
         ];
         encode_counters(&mut enc, &counters)?;

@@ -1813,3 +1813,258 @@ fn streams_that_stay_through_a_lost_link_catch_up_on_what_it_missed() {
     assert_eq!(st["history"]["gaps"], 0, "{st}");
     assert!(st["cluster"]["reconnects"].as_u64().unwrap() >= 1, "{st}");
 }
+
+/// A master, a replica of it and three sentinels watching them
+/// (`down-after-milliseconds 1000`), all on loopback, in a directory of
+/// their own (Sentinel rewrites its configuration file).
+struct Sentinelled {
+    master: RedisServer,
+    _replica: RedisServer,
+    sentinels: Vec<RedisServer>,
+    dir: std::path::PathBuf,
+}
+
+impl Sentinelled {
+    fn start(test: &str) -> Self {
+        // Their files (a replica's sync writes one) go here too.
+        let dir = std::env::temp_dir().join(format!("sbt-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = dir.display().to_string();
+        let master = RedisServer::start_with(&["--dir", &files]);
+        let port = master.port.to_string();
+        let replica = RedisServer::start_with(&["--dir", &files, "--replicaof", "127.0.0.1", &port]);
+        wait_until(Duration::from_secs(10), "the replica in sync", || {
+            replica
+                .command(&["INFO", "replication"])
+                .text()
+                .is_some_and(|t| t.contains("master_link_status:up"))
+        });
+        let conf = format!(
+            "sentinel monitor sbm 127.0.0.1 {port} 2\n\
+             sentinel down-after-milliseconds sbm 1000\n\
+             sentinel failover-timeout sbm 5000\n\
+             sentinel parallel-syncs sbm 1\n"
+        );
+        let sentinels: Vec<RedisServer> = (0..3).map(|_| RedisServer::sentinel(&dir, &conf)).collect();
+        // Each must know the replica (from the master's INFO) and the other
+        // two (from their hellos) before a failover can be agreed on.
+        wait_until(
+            Duration::from_secs(20),
+            "sentinels that know the replica and each other",
+            || {
+                sentinels.iter().all(|s| {
+                    s.command(&["SENTINEL", "replicas", "sbm"]).items().len() == 1
+                        && s.command(&["SENTINEL", "sentinels", "sbm"]).items().len() == 2
+                })
+            },
+        );
+        Sentinelled {
+            master,
+            _replica: replica,
+            sentinels,
+            dir,
+        }
+    }
+
+    /// `host:port,...` for `cluster.redis_sentinels`.
+    fn list(&self) -> String {
+        let ports: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        ports.join(",")
+    }
+
+    /// The master's port the sentinels name now.
+    fn master_port(&self) -> Option<String> {
+        let r = redis_master_of(&self.sentinels[0]);
+        r.items().get(1).and_then(common::Resp::text)
+    }
+}
+
+fn redis_master_of(sentinel: &RedisServer) -> common::Resp {
+    sentinel.command(&["SENTINEL", "get-master-addr-by-name", "sbm"])
+}
+
+impl Drop for Sentinelled {
+    fn drop(&mut self) {
+        for s in &mut self.sentinels {
+            s.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `/send` of the failover tests: id, body, status (0: no answer), when.
+type Sent = (String, String, u16, Instant);
+
+/// The binary in cluster mode through `sentinels`: no `redis_url`.
+fn sentinel_binary(sentinels: &Sentinelled, prefix: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__SERVER__WORKERS", "1")
+        .env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000")
+        .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "600000")
+        .env("SWITCHBOARD__CLUSTER__REDIS_SENTINELS", sentinels.list())
+        .env("SWITCHBOARD__CLUSTER__REDIS_SENTINEL_MASTER", "sbm")
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500")
+        .env("SWITCHBOARD__CLUSTER__PREFIX", prefix);
+    cmd
+}
+
+/// Issue 25: a fleet on Redis Sentinel (`--processes 3` plus another node)
+/// under a steady stream of `/send`s loses its master (`fault`: SIGKILL,
+/// or SIGSTOP, which closes nothing). Every node finds the promoted
+/// replica; every message answered 200 reaches every stream of its id
+/// (the one on the fleet's port and the one on the other node), in the
+/// order of the ids; `/readyz` answers 503 meanwhile and 200 again after.
+fn failover_under_sends(test: &str, fault: &str) {
+    let redis = Sentinelled::start(test);
+    let p = prefix(test);
+    let port = free_port();
+    let mut cmd = sentinel_binary(&redis, &p);
+    cmd.args(["--processes", "3"])
+        .env("SWITCHBOARD__SERVER__PORT", port.to_string());
+    let fleet = Proc::spawn(cmd);
+    let fleet_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (other, other_addr) = binary_node(sentinel_binary(&redis, &p), "other");
+    wait_cluster_of(&fleet, fleet_addr, Duration::from_secs(20), "4 nodes", |c| {
+        c["totals"]["nodes"] == 4
+    });
+    let ids: Vec<String> = (0..8).map(|i| format!("fo{i}")).collect();
+    let mut streams: Vec<(String, StreamClient)> = Vec::new();
+    for id in &ids {
+        streams.push((id.clone(), open(fleet_addr, id)));
+        streams.push((id.clone(), open(other_addr, id)));
+        assert_eq!(redis.master.wait_numsub(&id_channel(&p, id), 2, WAIT), 2, "{id}");
+    }
+    // /readyz of the other node, every 50 ms, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let status = request(other_addr, "GET", "/readyz", &[], b"").map_or(0, |r| r.status);
+                if seen.last() != Some(&status) {
+                    seen.push(status);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            seen
+        })
+    };
+    // Two publishers, one per node, a message every 2 ms each (up to
+    // 1,000/s together; each waits for its answer).
+    let fault_at = Instant::now() + Duration::from_secs(2);
+    let end_at = fault_at + Duration::from_secs(12);
+    let publishers: Vec<_> = [fleet_addr, other_addr]
+        .into_iter()
+        .enumerate()
+        .map(|(k, addr)| {
+            let ids = ids.clone();
+            std::thread::spawn(move || {
+                let mut sent = Vec::new();
+                let mut n = 0usize;
+                while Instant::now() < end_at {
+                    let id = &ids[n % ids.len()];
+                    let body = format!("p{k}m{n}");
+                    let at = Instant::now();
+                    let status = request(addr, "POST", &format!("/send/{id}"), &[], body.as_bytes())
+                        .map_or(0, |r| r.status);
+                    sent.push((id.clone(), body, status, at));
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(2).saturating_sub(at.elapsed()));
+                }
+                sent
+            })
+        })
+        .collect();
+    std::thread::sleep(fault_at.saturating_duration_since(Instant::now()));
+    let old_port = redis.master.port.to_string();
+    let master_pid = redis.master.pid().expect("master pid");
+    let faulted = Instant::now();
+    let mut redis = redis;
+    if fault == "KILL" {
+        redis.master.kill();
+    } else {
+        send_signal(master_pid, "STOP");
+        wait_until(
+            Duration::from_secs(15),
+            "the sentinels promote the replica",
+            || redis.master_port().is_some_and(|p| p != old_port),
+        );
+        // The old master runs again, now demoted: nobody may stay on it.
+        send_signal(master_pid, "CONT");
+    }
+    wait_until(
+        Duration::from_secs(15),
+        "the sentinels promote the replica",
+        || redis.master_port().is_some_and(|p| p != old_port),
+    );
+    let promoted = faulted.elapsed();
+    let sent: Vec<Sent> = publishers.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let readyz = watch.join().unwrap();
+    let mut got: std::collections::HashMap<(String, usize), Vec<String>> = Default::default();
+    for (i, (id, c)) in streams.iter_mut().enumerate() {
+        let lines = lines_within(c, Duration::from_millis(1500));
+        got.insert((id.clone(), i), lines);
+    }
+    let ok: Vec<&Sent> = sent.iter().filter(|m| m.2 == 200).collect();
+    let after: Vec<&&Sent> = ok.iter().filter(|m| m.3 > faulted).collect();
+    let refused = sent.iter().filter(|m| m.2 != 200).count();
+    eprintln!(
+        "sent {}, answered 200: {} ({} after the fault), other answers: {refused}; \
+         promoted after {promoted:?}; other node's /readyz: {readyz:?}",
+        sent.len(),
+        ok.len(),
+        after.len()
+    );
+    assert!(!after.is_empty(), "no /send answered 200 after the fault");
+    let mut missing = Vec::new();
+    for ((id, _), lines) in &got {
+        let bodies: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l.rsplit_once(": '").map(|(_, b)| b.trim_end_matches('\'')))
+            .collect();
+        for (_, body, _, _) in ok.iter().filter(|m| &m.0 == id) {
+            if !bodies.contains(&body.as_str()) {
+                missing.push(format!("{id}: {body}"));
+            }
+        }
+        let unique: std::collections::HashSet<&&str> = bodies.iter().collect();
+        assert_eq!(unique.len(), bodies.len(), "a message twice on a stream of {id}");
+    }
+    assert!(
+        missing.is_empty(),
+        "{} messages answered 200 and never received: {:?}; fleet log:\n{}\nother log:\n{}",
+        missing.len(),
+        &missing[..missing.len().min(20)],
+        fleet.log_text(),
+        other.log_text()
+    );
+    assert!(
+        readyz.contains(&503),
+        "the other node never said it was not ready: {readyz:?}"
+    );
+    assert_eq!(readyz.last(), Some(&200), "{readyz:?}");
+    assert!(
+        other.events("redis_master").len() >= 2,
+        "the other node did not move to the new master:\n{}",
+        other.log_text()
+    );
+}
+
+#[test]
+fn a_sentinel_failover_after_sigkill_loses_no_message_answered_200() {
+    failover_under_sends("sentinel-kill", "KILL");
+}
+
+#[test]
+fn a_sentinel_failover_after_sigstop_loses_no_message_answered_200() {
+    failover_under_sends("sentinel-stop", "STOP");
+}

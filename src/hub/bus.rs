@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use super::cluster::{AwaitedEcho, Cluster, Payload, parse_payload};
 use super::history::now_us;
-use super::link::{Conn, Received};
+use super::link::{Conn, Received, Reply};
 use crate::hub::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
@@ -208,13 +208,20 @@ impl Bus {
     fn connect(&mut self, ctx: &mut Context<Self>) {
         self.generation += 1;
         let generation = self.generation;
-        let client = self.cluster.client.clone();
+        let cluster = Arc::clone(&self.cluster);
         let broadcast = self.cluster.names.broadcast().to_owned();
         let timeout = self.cluster.link_timeout();
         let open = async move {
             let subscribe = redis::cmd("SUBSCRIBE").arg(&broadcast).get_packed_command();
             let opened = async {
-                let mut conn = Conn::open(&client).await?;
+                // With sentinels: the master they name now, confirmed
+                // with ROLE on the link itself (a master demoted while
+                // this node was connecting is a replica by now).
+                cluster.find_master().await?;
+                let mut conn = Conn::open(&cluster.client()).await?;
+                if cluster.sentinels() {
+                    confirm_master(&mut conn).await?;
+                }
                 conn.write(&subscribe).await.map_err(|e| e.to_string())?;
                 match Received::of(conn.next().await?)? {
                     Received::Subscribed => Ok(conn),
@@ -362,6 +369,16 @@ impl Bus {
     /// Heartbeat, and a PING through the link so a Redis that stops
     /// answering (without closing the connection) is noticed.
     fn beat(&mut self, ctx: &mut Context<Self>) {
+        if self.cluster.take_stale_master() && self.link.is_some() {
+            // A command was refused with READONLY: the master this node
+            // speaks to is a replica now, and so is its link's Redis.
+            self.lost(
+                self.generation,
+                "Redis answered READONLY: the master became a replica",
+                ctx,
+            );
+            return;
+        }
         self.send(Op::Ping);
         let cluster = Arc::clone(&self.cluster);
         ctx.spawn(
@@ -614,6 +631,82 @@ impl Actor for Bus {
         let beat = Duration::from_millis(self.cluster.settings.heartbeat_interval_ms);
         self.beat(ctx);
         ctx.run_interval(beat, Bus::beat);
+        if self.cluster.sentinels() {
+            // Part of this context: a restart replaces it with the rest.
+            ctx.spawn(watch_sentinels(Arc::clone(&self.cluster), ctx.address()).into_actor(self));
+        }
+    }
+}
+
+/// The sentinels announced a new master (`+switch-master`).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct MasterSwitched(String);
+
+impl Handler<MasterSwitched> for Bus {
+    type Result = ();
+
+    fn handle(&mut self, MasterSwitched(to): MasterSwitched, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |bus, ctx| {
+            tracing::warn!(
+                event = "redis_switch_master",
+                to = %to,
+                "the sentinels switched the master; the bus reconnects there"
+            );
+            // Without a link a connect is pending, and it asks the sentinels.
+            if bus.link.is_some() {
+                bus.lost(bus.generation, "the sentinels switched the master", ctx);
+            }
+        });
+    }
+}
+
+/// Reads `ROLE` on a fresh link: anything but a master is refused.
+async fn confirm_master(conn: &mut Conn) -> Result<(), String> {
+    conn.write(&redis::cmd("ROLE").get_packed_command())
+        .await
+        .map_err(|e| e.to_string())?;
+    match conn.next().await? {
+        Reply::Array(Some(items)) if items.first().and_then(Reply::bytes) == Some(b"master") => Ok(()),
+        Reply::Array(Some(items)) => Err(format!(
+            "the Redis the sentinels named is a {}, not a master",
+            String::from_utf8_lossy(items.first().and_then(Reply::bytes).unwrap_or(b"?"))
+        )),
+        other => Err(format!("unexpected answer to ROLE: {other:?}")),
+    }
+}
+
+/// Follows the sentinels' `+switch-master` announcements for this fleet's
+/// master and tells the Bus, for as long as the Bus runs; reconnects (to
+/// the first sentinel that answers) after any failure.
+async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
+    let master = cluster.settings.redis_sentinel_master.clone();
+    let retry = Duration::from_millis(cluster.settings.reconnect_max_ms);
+    let subscribe = redis::cmd("SUBSCRIBE").arg("+switch-master").get_packed_command();
+    while bus.connected() {
+        let watched = async {
+            let client = cluster.sentinel_client().await?;
+            let mut conn = Conn::open(&client).await?;
+            conn.write(&subscribe).await.map_err(|e| e.to_string())?;
+            loop {
+                match Received::of(conn.next().await?)? {
+                    Received::Message { payload, .. } => {
+                        let text = String::from_utf8_lossy(&payload);
+                        let mut words = text.split(' ');
+                        if words.next() == Some(master.as_str()) {
+                            let to: Vec<&str> = words.skip(2).collect();
+                            bus.do_send(MasterSwitched(to.join(":")));
+                        }
+                    }
+                    Received::Subscribed => {}
+                    other => return Err::<(), String>(format!("unexpected on a sentinel: {other:?}")),
+                }
+            }
+        };
+        if let Err(cause) = watched.await {
+            tracing::debug!(cause, "sentinel watch lost; again shortly");
+        }
+        tokio::time::sleep(retry).await;
     }
 }
 

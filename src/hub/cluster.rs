@@ -209,6 +209,58 @@ pub(crate) struct AwaitedEcho {
     expires: Instant,
 }
 
+/// The Redis a node speaks to now (see [`Cluster::find_master`]).
+struct Master {
+    client: redis::Client,
+    conn: ConnectionManager,
+    /// False until the sentinels named a master: `client` is then only
+    /// `redis_url`'s placeholder, and nothing is sent.
+    found: bool,
+}
+
+/// With `cluster.redis_sentinels`: redis-rs's Sentinel client, which asks
+/// the sentinels for the master and checks with `ROLE` that it is one, and
+/// connects to the master with `redis_url`'s credentials and db.
+fn sentinel_client(
+    settings: &ClusterSettings,
+    url: &redis::ConnectionInfo,
+) -> Result<Option<redis::sentinel::SentinelClient>, redis::RedisError> {
+    let sentinels = settings.sentinels();
+    if sentinels.is_empty() {
+        return Ok(None);
+    }
+    let addrs = sentinels
+        .into_iter()
+        .map(|(host, port)| redis::ConnectionAddr::Tcp(host, port));
+    let redis = url.redis_settings();
+    let mut b = redis::sentinel::SentinelClientBuilder::new(
+        addrs,
+        &settings.redis_sentinel_master,
+        redis::sentinel::SentinelServerType::Master,
+    )?
+    .set_client_to_redis_db(redis.db())
+    .set_client_to_redis_tcp_settings(TcpSettings::default().set_nodelay(true));
+    if let Some(user) = redis.username() {
+        b = b.set_client_to_redis_username(user);
+    }
+    if let Some(password) = redis.password() {
+        b = b.set_client_to_redis_password(password);
+    }
+    if !settings.redis_sentinel_password.is_empty() {
+        b = b.set_client_to_sentinel_password(&settings.redis_sentinel_password);
+    }
+    b.build().map(Some)
+}
+
+/// `host:port` of a client's address (a path for a Unix socket).
+fn addr_of(client: &redis::Client) -> String {
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+        redis::ConnectionAddr::Unix(path) => path.display().to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
 /// Channel and key names of one fleet.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
@@ -323,6 +375,11 @@ pub(crate) struct ClusterStats {
     pub(crate) restarts: AtomicU64,
     /// Heartbeats that found another node's entry under this node's name.
     pub(crate) name_conflicts: AtomicU64,
+    /// Times this node moved to another master the sentinels named.
+    pub(crate) master_switches: AtomicU64,
+    /// Commands a Redis refused with READONLY (a master that became a
+    /// replica); each makes the node ask the sentinels again.
+    pub(crate) readonly: AtomicU64,
 }
 
 /// One node's entry in Redis, as `/cluster` lists it.
@@ -402,10 +459,17 @@ pub(crate) struct Cluster {
     /// every open dashboard reads the view once a second, and they share
     /// one read from Redis a second rather than one each.
     view_cache: tokio::sync::Mutex<Option<(Instant, Value)>>,
-    /// The command connection.
-    conn: ConnectionManager,
-    /// The client the Bus opens its pub/sub connections with.
-    pub(crate) client: redis::Client,
+    /// The Redis this node speaks to: its client (the Bus opens its
+    /// pub/sub links with it) and the command connection. Replaced when
+    /// the sentinels name another master.
+    master: Mutex<Master>,
+    /// With `cluster.redis_sentinels`: who to ask for the master.
+    sentinel: Option<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+    /// A command was refused with READONLY: the Bus asks the sentinels
+    /// again at its next heartbeat (and drops a link that is on a replica).
+    stale_master: AtomicBool,
+    /// How the command connection is made (for a new master).
+    conn_config: ConnectionManagerConfig,
     /// Ids whose last local stream left, still subscribed until the time
     /// given (the Bus keeps it; `/send` asks whether this node is among
     /// PUBLISH's receivers).
@@ -443,12 +507,15 @@ impl Cluster {
         // TCP_NODELAY, which redis-rs leaves off: with Nagle on, a PUBLISH
         // written while the previous one is unacknowledged waits for the
         // delayed ACK (docs/design-notes.md).
-        let info = settings
-            .redis_url
-            .as_str()
+        // With sentinels, only the URL's credentials and db are used; without
+        // one, a placeholder (nothing is sent to it).
+        let url = match settings.redis_url.as_str() {
+            "" => "redis://sentinel-master",
+            url => url,
+        };
+        let info = url
             .into_connection_info()?
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let client = redis::Client::open(info)?;
         let timeout = Duration::from_millis(settings.command_timeout_ms);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -456,7 +523,11 @@ impl Cluster {
             .set_min_delay(Duration::from_millis(settings.reconnect_min_ms))
             .set_max_delay(Duration::from_millis(settings.reconnect_max_ms))
             .set_number_of_retries(2);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let sentinel = sentinel_client(settings, &info)?;
+        // With sentinels, `redis_url`'s host is a placeholder until the
+        // first ask: every command fails fast until the Bus has asked.
+        let client = redis::Client::open(info)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
         let host = hostname();
         let pid = std::process::id();
         let node = if settings.node_name.is_empty() {
@@ -468,6 +539,8 @@ impl Cluster {
             event = "cluster",
             node = %node,
             redis = %redact_url(&settings.redis_url),
+            sentinels = %settings.redis_sentinels,
+            sentinel_master = %settings.redis_sentinel_master,
             prefix = %settings.prefix,
             "cluster mode"
         );
@@ -483,8 +556,14 @@ impl Cluster {
             host,
             started: Instant::now(),
             view_cache: tokio::sync::Mutex::new(None),
-            conn,
-            client,
+            master: Mutex::new(Master {
+                client,
+                conn,
+                found: sentinel.is_none(),
+            }),
+            sentinel: sentinel.map(tokio::sync::Mutex::new),
+            stale_master: AtomicBool::new(false),
+            conn_config: config,
             lingering: Mutex::new(HashMap::new()),
             awaited: Mutex::new(BTreeMap::new()),
             seq: AtomicU64::new(0),
@@ -495,6 +574,109 @@ impl Cluster {
             redis_version: Mutex::new(String::new()),
             unusable: AtomicBool::new(false),
         })
+    }
+
+    fn master(&self) -> MutexGuard<'_, Master> {
+        self.master
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The command connection, once there is a master to send to.
+    fn conn(&self) -> Option<ConnectionManager> {
+        let m = self.master();
+        m.found.then(|| m.conn.clone())
+    }
+
+    /// The client the Bus opens its pub/sub links with: the current
+    /// master's (see [`Cluster::find_master`]).
+    pub(crate) fn client(&self) -> redis::Client {
+        self.master().client.clone()
+    }
+
+    /// `host:port` of the Redis this node speaks to (`""` while the
+    /// sentinels have named none).
+    pub(crate) fn master_addr(&self) -> String {
+        let m = self.master();
+        if m.found {
+            addr_of(&m.client)
+        } else {
+            String::new()
+        }
+    }
+
+    /// Whether the node follows a master through Redis Sentinel.
+    pub(crate) fn sentinels(&self) -> bool {
+        self.sentinel.is_some()
+    }
+
+    /// A client for the first sentinel that answers (to follow
+    /// `+switch-master` on).
+    pub(crate) async fn sentinel_client(&self) -> Result<redis::Client, String> {
+        let Some(sentinel) = &self.sentinel else {
+            return Err("no sentinels are set".to_owned());
+        };
+        let mut sentinel = sentinel.lock().await;
+        tokio::time::timeout(self.link_timeout(), sentinel.async_get_sentinel_client())
+            .await
+            .map_err(|_| "no sentinel answered in time".to_owned())?
+            .map_err(|e| format!("no sentinel answered: {e}"))
+    }
+
+    /// Whether a command was refused with READONLY since the last call.
+    pub(crate) fn take_stale_master(&self) -> bool {
+        self.stale_master.swap(false, Relaxed)
+    }
+
+    /// With sentinels: asks them for the master (redis-rs checks with
+    /// `ROLE` that it is one) and, if it is not the one this node speaks
+    /// to, moves the command connection there (the Bus's next link goes
+    /// there too). Called before every pub/sub link is made, so a node
+    /// asks again after any link loss, timeout, `+switch-master` or
+    /// READONLY. Without sentinels, nothing to do.
+    pub(crate) async fn find_master(&self) -> Result<(), String> {
+        let Some(sentinel) = &self.sentinel else {
+            return Ok(());
+        };
+        let mut sentinel = sentinel.lock().await;
+        let client = tokio::time::timeout(self.link_timeout(), sentinel.async_get_client())
+            .await
+            .map_err(|_| "the sentinels did not name a master in time".to_owned())?
+            .map_err(|e| format!("the sentinels named no usable master: {e}"))?;
+        let addr = addr_of(&client);
+        let mut m = self.master();
+        if m.found && addr_of(&m.client) == addr {
+            return Ok(());
+        }
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), self.conn_config.clone())
+            .map_err(|e| format!("connecting to the master at {addr}: {e}"))?;
+        let before = if m.found {
+            addr_of(&m.client)
+        } else {
+            String::new()
+        };
+        *m = Master {
+            client,
+            conn,
+            found: true,
+        };
+        drop(m);
+        if before.is_empty() {
+            tracing::info!(
+                event = "redis_master",
+                master = %addr,
+                "the sentinels name this Redis master; commands and the pub/sub link go there"
+            );
+        } else {
+            self.stats.master_switches.fetch_add(1, Relaxed);
+            tracing::warn!(
+                event = "redis_master",
+                master = %addr,
+                before = %before,
+                "the sentinels name another Redis master; commands and the pub/sub link move there"
+            );
+        }
+        Ok(())
     }
 
     /// The table of awaited echoes (a panic while it was held leaves it
@@ -811,10 +993,20 @@ impl Cluster {
         what: &'static str,
         f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
     ) -> Result<T, ApiError> {
-        match tokio::time::timeout(self.timeout(), f(self.conn.clone())).await {
+        let Some(conn) = self.conn() else {
+            self.stats.errors.fetch_add(1, Relaxed);
+            return Err(ApiError::BusUnavailable);
+        };
+        match tokio::time::timeout(self.timeout(), f(conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 self.stats.errors.fetch_add(1, Relaxed);
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                    || e.code() == Some("READONLY")
+                {
+                    self.stats.readonly.fetch_add(1, Relaxed);
+                    self.stale_master.store(true, Relaxed);
+                }
                 tracing::debug!(command = what, cause = %e, "redis command failed");
                 Err(ApiError::BusUnavailable)
             }
@@ -1141,6 +1333,9 @@ impl Cluster {
             "heartbeats": get(&s.heartbeats),
             "restarts": get(&s.restarts),
             "name_conflicts": get(&s.name_conflicts),
+            "master_switches": get(&s.master_switches),
+            "readonly": get(&s.readonly),
+            "redis": self.master_addr(),
             "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
         })
     }

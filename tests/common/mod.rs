@@ -472,11 +472,47 @@ impl RedisServer {
         Self::try_start_on(port).unwrap_or_else(|e| panic!("redis-server on port {port}: {e}"))
     }
 
+    /// On a free port, with `args` after the usual ones (e.g. a replica's
+    /// `--replicaof`).
+    pub fn start_with(args: &[&str]) -> Self {
+        Self::try_start(free_port(), args).unwrap_or_else(|e| panic!("redis-server {args:?}: {e}"))
+    }
+
+    /// A Sentinel (`redis-server FILE --sentinel`) on a free port, with
+    /// `conf` as its configuration file (written to `dir`, as Sentinel
+    /// rewrites it).
+    pub fn sentinel(dir: &std::path::Path, conf: &str) -> Self {
+        let port = free_port();
+        let file = dir.join(format!("sentinel-{port}.conf"));
+        std::fs::write(
+            &file,
+            format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.display()),
+        )
+        .unwrap();
+        Self::spawn_and_ping(
+            port,
+            std::process::Command::new("redis-server")
+                .arg(&file)
+                .arg("--sentinel"),
+        )
+        .unwrap_or_else(|e| panic!("redis-server --sentinel: {e}"))
+    }
+
     fn try_start_on(port: u16) -> io::Result<Self> {
+        Self::try_start(port, &[])
+    }
+
+    fn try_start(port: u16, args: &[&str]) -> io::Result<Self> {
         let port_arg = port.to_string();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port_arg, "--bind", "127.0.0.1"])
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args(["--port", &port_arg, "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(args);
+        Self::spawn_and_ping(port, &mut cmd)
+    }
+
+    fn spawn_and_ping(port: u16, cmd: &mut std::process::Command) -> io::Result<Self> {
+        let child = cmd
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
