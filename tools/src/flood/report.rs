@@ -3,7 +3,7 @@
 //! final summary.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -99,6 +99,12 @@ pub(crate) struct Counters {
     /// answering 503 still delivers to its own streams).
     pub(crate) partial: Cell<u64>,
     msgs_received: Cell<u64>,
+    /// Per send stamp: accepted (+1) less arrived (−1), the zeros dropped.
+    /// What is left once sending stops: positive, answered 2xx and never
+    /// received; negative, received without a 2xx (a failed answer whose
+    /// publish ran after all, or a message twice). Holds only messages in
+    /// flight while all is well.
+    unmatched: RefCell<HashMap<u64, i32>>,
     latency: RefCell<Latency>,
     /// How late ticks arrived (`--tick-interval`).
     tick_lag: RefCell<Latency>,
@@ -128,6 +134,7 @@ impl Counters {
             send_errors: Cell::new(0),
             partial: Cell::new(0),
             msgs_received: Cell::new(0),
+            unmatched: RefCell::new(HashMap::new()),
             latency: RefCell::new(Latency::default()),
             tick_lag: RefCell::new(Latency::default()),
             broadcast: RefCell::new(Latency::default()),
@@ -187,6 +194,7 @@ impl Counters {
 
     pub(crate) fn message_received(&self, sent_us: u64, latency_us: u64) {
         self.msgs_received.set(self.msgs_received.get() + 1);
+        self.matched(sent_us, -1);
         self.latency.borrow_mut().record_micros(latency_us);
         self.timeline.borrow_mut().received(sent_us, latency_us);
     }
@@ -208,8 +216,24 @@ impl Counters {
         self.open.borrow().get(i).copied().unwrap_or(false)
     }
 
+    fn matched(&self, stamp: u64, by: i32) {
+        let mut m = self.unmatched.borrow_mut();
+        let n = m.entry(stamp).or_default();
+        *n += by;
+        if *n == 0 {
+            m.remove(&stamp);
+        }
+    }
+
     /// A point-in-time copy.
     pub(crate) fn snapshot(&self, started: Instant) -> Snapshot {
+        let (never_received, unrequested) = self.unmatched.borrow().values().fold((0, 0), |(p, n), &v| {
+            if v > 0 {
+                (p + v as u64, n)
+            } else {
+                (p, n + v.unsigned_abs() as u64)
+            }
+        });
         let active = self.active.get();
         let rss_delta = crate::sys::rss_bytes()
             .unwrap_or(0)
@@ -225,6 +249,8 @@ impl Counters {
             send_errors: self.send_errors.get(),
             partial: self.partial.get(),
             msgs_received: self.msgs_received.get(),
+            never_received,
+            unrequested,
             rss_delta,
             ramp_s: self
                 .last_established
@@ -241,6 +267,7 @@ impl Counters {
     /// A message stamped `sent_us` was accepted by the server.
     pub(crate) fn message_sent(&self, sent_us: u64) {
         self.msgs_sent.set(self.msgs_sent.get() + 1);
+        self.matched(sent_us, 1);
         self.timeline.borrow_mut().sent(sent_us);
     }
 }
@@ -269,6 +296,10 @@ pub struct Snapshot {
     pub partial: u64,
     /// Messages that arrived on a stream.
     pub msgs_received: u64,
+    /// Accepted (2xx) and not (yet) arrived, matched by their stamp.
+    pub never_received: u64,
+    /// Arrived without a 2xx for them (or twice), matched by their stamp.
+    pub unrequested: u64,
     /// Client RSS growth since the start.
     pub rss_delta: u64,
     /// Seconds from start until the last stream was established.
@@ -307,6 +338,8 @@ impl Snapshot {
         self.send_errors += o.send_errors;
         self.partial += o.partial;
         self.msgs_received += o.msgs_received;
+        self.never_received += o.never_received;
+        self.unrequested += o.unrequested;
         self.rss_delta += o.rss_delta;
         self.ramp_s = self.ramp_s.max(o.ramp_s);
         self.held_back_s = self.held_back_s.max(o.held_back_s);
@@ -332,6 +365,7 @@ impl Snapshot {
             "established": self.established, "errors": self.errors,
             "msgs_sent": self.msgs_sent, "send_errors": self.send_errors, "partial": self.partial,
             "msgs_received": self.msgs_received, "rss_delta": self.rss_delta,
+            "never_received": self.never_received, "unrequested": self.unrequested,
             "ramp_s": self.ramp_s,
             "held_back_s": self.held_back_s,
             "latency": self.latency.to_pairs(),
@@ -361,6 +395,8 @@ impl Snapshot {
             send_errors: n("send_errors"),
             partial: n("partial"),
             msgs_received: n("msgs_received"),
+            never_received: n("never_received"),
+            unrequested: n("unrequested"),
             rss_delta: n("rss_delta"),
             ramp_s: v["ramp_s"].as_f64().unwrap_or(0.0),
             held_back_s: v["held_back_s"].as_f64().unwrap_or(0.0),
@@ -784,6 +820,11 @@ impl Summary {
                 "lost": s.expected().saturating_sub(s.msgs_received),
                 "send_errors": s.send_errors,
                 "send_errors_delivered": s.partial,
+                // Matched message by message (each sender process checks
+                // its own): answered 2xx and never received; received
+                // without a 2xx, or twice.
+                "never_received": s.never_received,
+                "received_unrequested": s.unrequested,
             },
             "latency_ms": s.latency.summary(),
             "ticks": s.tick_lag.len(),
@@ -874,6 +915,23 @@ mod tests {
 
     fn target(path: &str) -> Target {
         Target::parse(&format!("http://127.0.0.1:1{path}"), false).unwrap()
+    }
+
+    #[test]
+    fn messages_are_matched_by_their_stamp() {
+        let c = Counters::new(1);
+        c.message_received(1, 10); // arrives before its 200
+        c.message_sent(1);
+        c.message_sent(2); // never arrives
+        c.message_received(3, 10); // arrives without a 200
+        c.message_sent(4);
+        c.message_received(4, 10);
+        c.message_received(4, 10); // twice
+        let s = c.snapshot(Instant::now());
+        assert_eq!((s.never_received, s.unrequested), (1, 2));
+        let mut sum = Snapshot::from_json(&s.to_json());
+        sum.add(&s);
+        assert_eq!((sum.never_received, sum.unrequested), (2, 4));
     }
 
     #[test]
