@@ -210,6 +210,9 @@ pub struct ClusterSettings {
     pub redis_sentinel_master: String,
     /// The sentinels' password; empty: none.
     pub redis_sentinel_password: String,
+    /// Replicas that must have a publish (`WAIT n`) before it answers 200;
+    /// 0: none.
+    pub redis_wait_replicas: u32,
     /// This node's name; empty means `<hostname>-<pid>`.
     pub node_name: String,
     /// Start of every channel and key name.
@@ -263,6 +266,7 @@ impl std::fmt::Debug for ClusterSettings {
                     "<redacted>"
                 },
             )
+            .field("redis_wait_replicas", &self.redis_wait_replicas)
             .field("node_name", &self.node_name)
             .field("prefix", &self.prefix)
             .field("command_timeout_ms", &self.command_timeout_ms)

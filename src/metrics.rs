@@ -327,7 +327,7 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 14] = [
+        let counters: [CounterSpec<'_>; 15] = [
             (
                 "cluster_bus_restarts",
                 "Supervised restarts of the cluster Bus actor after a crash.",
@@ -393,6 +393,11 @@ impl Collector for ClusterCollector {
                 "cluster_readonly",
                 "Redis commands refused with READONLY (a master that became a replica).",
                 &s.readonly,
+            ),
+            (
+                "cluster_wait_short",
+                "Publishes fewer replicas than cluster.redis_wait_replicas confirmed in time (503).",
+                &s.wait_short,
             ),
         ];
         encode_counters(&mut enc, &counters)?;

@@ -380,6 +380,9 @@ pub(crate) struct ClusterStats {
     /// Commands a Redis refused with READONLY (a master that became a
     /// replica); each makes the node ask the sentinels again.
     pub(crate) readonly: AtomicU64,
+    /// Publishes fewer than `redis_wait_replicas` replicas confirmed in
+    /// time (each answered 503 "unknown").
+    pub(crate) wait_short: AtomicU64,
 }
 
 /// One node's entry in Redis, as `/cluster` lists it.
@@ -762,7 +765,12 @@ impl Cluster {
         let (fleet, origin, text) = (self.names.fleet_key(), publish_id, msg.to_owned());
         let (size, ttl) = (self.history_size, self.history_ttl_ms);
         let (claim_arg, key_ms) = (claim.clone().unwrap_or_default(), key_ttl.as_millis() as u64);
-        let run = self.command("PUBLISH", async move |mut c| {
+        // The script and its WAIT (below) on one connection: WAIT counts
+        // the writes of the connection it is sent on. (Should the manager
+        // reconnect between the two, WAIT covers nothing and answers at
+        // once: a window of one reconnect.)
+        let conn = self.conn();
+        let run = self.command_on(conn.clone(), "PUBLISH", async move |mut c| {
             script
                 .key(fleet)
                 .key(history)
@@ -803,6 +811,27 @@ impl Cluster {
                 return Ok(Once::Mismatch);
             }
             return Ok(Once::Repeat(serde_json::from_str(rest).ok()));
+        }
+        let wait = self.settings.redis_wait_replicas;
+        if wait > 0 {
+            // WAIT covers every write this connection sent before it, the
+            // script included. Fewer replicas than asked: the master may
+            // be one that nobody keeps (paused, and replaced meanwhile).
+            let ms = self.settings.command_timeout_ms;
+            let acked = self
+                .command_on(conn, "WAIT", async move |mut c| {
+                    redis::cmd("WAIT")
+                        .arg(wait)
+                        .arg(ms)
+                        .query_async::<u32>(&mut c)
+                        .await
+                })
+                .await;
+            if !acked.is_ok_and(|n| n >= wait) {
+                self.stats.wait_short.fetch_add(1, Relaxed);
+                self.stats.publish_errors.fetch_add(1, Relaxed);
+                return Err(PublishFailed::Unknown);
+            }
         }
         let event: u64 = reply
             .next()
@@ -993,7 +1022,17 @@ impl Cluster {
         what: &'static str,
         f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
     ) -> Result<T, ApiError> {
-        let Some(conn) = self.conn() else {
+        self.command_on(self.conn(), what, f).await
+    }
+
+    /// [`Cluster::command`] on a given connection (`None`: no master yet).
+    async fn command_on<T>(
+        &self,
+        conn: Option<ConnectionManager>,
+        what: &'static str,
+        f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+    ) -> Result<T, ApiError> {
+        let Some(conn) = conn else {
             self.stats.errors.fetch_add(1, Relaxed);
             return Err(ApiError::BusUnavailable);
         };
@@ -1335,6 +1374,7 @@ impl Cluster {
             "name_conflicts": get(&s.name_conflicts),
             "master_switches": get(&s.master_switches),
             "readonly": get(&s.readonly),
+            "wait_short": get(&s.wait_short),
             "redis": self.master_addr(),
             "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
         })
