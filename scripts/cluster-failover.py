@@ -3,7 +3,7 @@
 
 Run through scripts/cluster-failover.sh, which builds the binaries first.
 One run:
-  1. starts its own Redis master, a replica of it and three sentinels
+  1. starts its own Redis master, --replicas replicas of it and three sentinels
      (down-after-milliseconds 1000) on loopback, in a temporary directory;
   2. starts `switchboard --processes P` on one port and one more node on a
      port of its own (the probe node), both told only the sentinels;

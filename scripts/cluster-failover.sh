@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A Redis Sentinel failover under load: builds the release binaries and runs
-# scripts/cluster-failover.py (see its docstring): a master, a replica and
+# scripts/cluster-failover.py (see its docstring): a master, its replicas and
 # three sentinels; `switchboard --processes 4` plus a probe node; floodtest
-# with 10,000 streams and 1,000 msg/s; SIGKILL (or --fault stop: SIGSTOP)
-# of the master. Prints the result as JSON; exit 0 when nothing answered 200
-# was lost and cross-node delivery came back.
-# Usage: scripts/cluster-failover.sh [--fault kill|stop] [--replicas 1] [--wait-replicas 0] [--processes 4] [--streams 10000]
+# with 10,000 streams and 1,000 msg/s; SIGKILL of the master (--fault stop:
+# SIGSTOP, then SIGCONT once a replica is promoted; --fault none: no fault,
+# for the cost of --wait-replicas). Prints the result as JSON; exit 0 when
+# nothing answered 200 was lost and cross-node delivery came back.
+# Usage: scripts/cluster-failover.sh [--fault kill|stop|none] [--replicas 1] [--wait-replicas 0] [--processes 4] [--streams 10000]
 #                                    [--msg-rate 1000] [--fault-at 10] [--after 20] [--json FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."

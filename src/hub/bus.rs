@@ -648,6 +648,10 @@ impl Handler<MasterSwitched> for Bus {
 
     fn handle(&mut self, MasterSwitched(to): MasterSwitched, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, ctx| {
+            if to == bus.cluster.master_addr() {
+                // Already there (another sentinel's announcement, late).
+                return;
+            }
             tracing::warn!(
                 event = "redis_switch_master",
                 to = %to,
@@ -683,7 +687,9 @@ async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
     let master = cluster.settings.redis_sentinel_master.clone();
     let retry = Duration::from_millis(cluster.settings.reconnect_max_ms);
     let subscribe = redis::cmd("SUBSCRIBE").arg("+switch-master").get_packed_command();
+    let mut failures: u32 = 0;
     while bus.connected() {
+        let began = Instant::now();
         let watched = async {
             let client = cluster.sentinel_client().await?;
             let mut conn = Conn::open(&client).await?;
@@ -703,8 +709,22 @@ async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
                 }
             }
         };
-        if let Err(cause) = watched.await {
-            tracing::debug!(cause, "sentinel watch lost; again shortly");
+        let ended = watched.await;
+        if began.elapsed() > Duration::from_secs(10) {
+            failures = 0;
+        }
+        failures = failures.saturating_add(1);
+        // Logged at failures 1, 2, 4, 8, ...: ever sparser while it lasts.
+        if let Err(cause) = ended
+            && failures.is_power_of_two()
+        {
+            tracing::warn!(
+                event = "sentinel_watch_lost",
+                cause,
+                failures,
+                "lost the sentinel this node follows +switch-master on; again shortly \
+                 (link losses still make it ask the sentinels)"
+            );
         }
         tokio::time::sleep(retry).await;
     }

@@ -183,6 +183,10 @@ pub(crate) enum Here {
 pub(crate) enum PublishFailed {
     /// The bus is down: nothing was sent, nothing is delivered anywhere.
     NotSent,
+    /// Redis ran it (every node subscribed got it), but fewer replicas
+    /// than `redis_wait_replicas` confirmed it in time: a failover may
+    /// lose it from the history.
+    Unreplicated,
     /// Sent, and Redis did not answer in time: it may still run the script
     /// (a paused Redis does, when it resumes), and then every node
     /// delivers, this one included; or never. A retry with the same key is
@@ -213,6 +217,10 @@ pub(crate) struct AwaitedEcho {
 struct Master {
     client: redis::Client,
     conn: ConnectionManager,
+    /// With `redis_wait_replicas`: a connection of the publishes' own, so
+    /// that their WAITs (Redis runs nothing else a connection sent while
+    /// one waits) do not hold up heartbeats, presence and history reads.
+    publish: Option<ConnectionManager>,
     /// False until the sentinels named a master: `client` is then only
     /// `redis_url`'s placeholder, and nothing is sent.
     found: bool,
@@ -531,6 +539,14 @@ impl Cluster {
         // first ask: every command fails fast until the Bus has asked.
         let client = redis::Client::open(info)?;
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        let publish = if settings.redis_wait_replicas > 0 {
+            Some(ConnectionManager::new_lazy_with_config(
+                client.clone(),
+                config.clone(),
+            )?)
+        } else {
+            None
+        };
         let host = hostname();
         let pid = std::process::id();
         let node = if settings.node_name.is_empty() {
@@ -562,6 +578,7 @@ impl Cluster {
             master: Mutex::new(Master {
                 client,
                 conn,
+                publish,
                 found: sentinel.is_none(),
             }),
             sentinel: sentinel.map(tokio::sync::Mutex::new),
@@ -589,6 +606,12 @@ impl Cluster {
     fn conn(&self) -> Option<ConnectionManager> {
         let m = self.master();
         m.found.then(|| m.conn.clone())
+    }
+
+    /// The publishes' connection (their own with `redis_wait_replicas`).
+    fn publish_conn(&self) -> Option<ConnectionManager> {
+        let m = self.master();
+        m.found.then(|| m.publish.as_ref().unwrap_or(&m.conn).clone())
     }
 
     /// The client the Bus opens its pub/sub links with: the current
@@ -644,15 +667,34 @@ impl Cluster {
         let mut sentinel = sentinel.lock().await;
         let client = tokio::time::timeout(self.link_timeout(), sentinel.async_get_client())
             .await
-            .map_err(|_| "the sentinels did not name a master in time".to_owned())?
-            .map_err(|e| format!("the sentinels named no usable master: {e}"))?;
+            .map_err(|_| {
+                format!(
+                    "the sentinels ({}) did not name a master for {:?} in time",
+                    self.settings.redis_sentinels, self.settings.redis_sentinel_master
+                )
+            })?
+            .map_err(|e| {
+                format!(
+                    "the sentinels ({}) named no usable master for {:?} (none answered, none knows \
+                     the name, or the address it named is unreachable or not a master): {e}",
+                    self.settings.redis_sentinels, self.settings.redis_sentinel_master
+                )
+            })?;
         let addr = addr_of(&client);
         let mut m = self.master();
         if m.found && addr_of(&m.client) == addr {
             return Ok(());
         }
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), self.conn_config.clone())
-            .map_err(|e| format!("connecting to the master at {addr}: {e}"))?;
+        let manager = || {
+            ConnectionManager::new_lazy_with_config(client.clone(), self.conn_config.clone())
+                .map_err(|e| format!("connecting to the master at {addr}: {e}"))
+        };
+        let conn = manager()?;
+        let publish = if self.settings.redis_wait_replicas > 0 {
+            Some(manager()?)
+        } else {
+            None
+        };
         let before = if m.found {
             addr_of(&m.client)
         } else {
@@ -661,6 +703,7 @@ impl Cluster {
         *m = Master {
             client,
             conn,
+            publish,
             found: true,
         };
         drop(m);
@@ -769,7 +812,7 @@ impl Cluster {
         // the writes of the connection it is sent on. (Should the manager
         // reconnect between the two, WAIT covers nothing and answers at
         // once: a window of one reconnect.)
-        let conn = self.conn();
+        let conn = self.publish_conn();
         let run = self.command_on(conn.clone(), "PUBLISH", async move |mut c| {
             script
                 .key(fleet)
@@ -817,7 +860,9 @@ impl Cluster {
             // WAIT covers every write this connection sent before it, the
             // script included. Fewer replicas than asked: the master may
             // be one that nobody keeps (paused, and replaced meanwhile).
-            let ms = self.settings.command_timeout_ms;
+            // Below the command timeout, so a short count is an answer,
+            // not a timeout.
+            let ms = (self.settings.command_timeout_ms / 2).max(5);
             let acked = self
                 .command_on(conn, "WAIT", async move |mut c| {
                     redis::cmd("WAIT")
@@ -830,7 +875,11 @@ impl Cluster {
             if !acked.is_ok_and(|n| n >= wait) {
                 self.stats.wait_short.fetch_add(1, Relaxed);
                 self.stats.publish_errors.fetch_add(1, Relaxed);
-                return Err(PublishFailed::Unknown);
+                if !subscribed_here {
+                    // No echo will come to take it.
+                    self.awaited().remove(&seq);
+                }
+                return Err(PublishFailed::Unreplicated);
             }
         }
         let event: u64 = reply
@@ -1040,8 +1089,9 @@ impl Cluster {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 self.stats.errors.fetch_add(1, Relaxed);
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-                    || e.code() == Some("READONLY")
+                if self.sentinel.is_some()
+                    && (e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                        || e.code() == Some("READONLY"))
                 {
                     self.stats.readonly.fetch_add(1, Relaxed);
                     self.stale_master.store(true, Relaxed);

@@ -384,6 +384,11 @@ impl<S: StreamActor> Hub<S> {
                 "unknown: Redis did not answer in time; if it runs the publish later, every node \
                  delivers it then; retry with the same Idempotency-Key, which never delivers twice"
             }
+            (PublishFailed::Unreplicated, _) => {
+                "unknown: Redis ran the publish (streams subscribed then got it), but fewer replicas \
+                 than cluster.redis_wait_replicas confirmed it in time, so a failover may lose it \
+                 from the fleet's history; retry only with an Idempotency-Key"
+            }
             (PublishFailed::Unknown, None) => {
                 "unknown: Redis did not answer in time; if it runs the publish later, every node \
                  delivers it then, this one included; retry only with an Idempotency-Key"
