@@ -156,12 +156,18 @@ fn parent_of(pid: u64) -> Option<u64> {
 
 /// The binary with a cluster configuration: JSON logs, one worker, no ticks.
 fn binary(redis: &RedisServer, prefix: &str) -> Command {
+    let mut cmd = fleet_binary(prefix);
+    cmd.env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url());
+    cmd
+}
+
+/// [`binary`] without saying where Redis is.
+fn fleet_binary(prefix: &str) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
         .env("SWITCHBOARD__SERVER__WORKERS", "1")
         .env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000")
         .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "600000")
-        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
         .env("SWITCHBOARD__CLUSTER__PREFIX", prefix);
     cmd
 }
@@ -1916,12 +1922,8 @@ type Sent = (String, String, u16, Instant);
 
 /// The binary in cluster mode through `sentinels`: no `redis_url`.
 fn sentinel_binary(sentinels: &Sentinelled, prefix: &str) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
-        .env("SWITCHBOARD__SERVER__WORKERS", "1")
-        .env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000")
-        .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "600000")
-        .env("SWITCHBOARD__CLUSTER__REDIS_SENTINELS", sentinels.list())
+    let mut cmd = fleet_binary(prefix);
+    cmd.env("SWITCHBOARD__CLUSTER__REDIS_SENTINELS", sentinels.list())
         .env("SWITCHBOARD__CLUSTER__REDIS_SENTINEL_MASTER", "sbm")
         // A 200 only once a replica has it: without, a master paused and
         // resumed after the failover answers 200 for what nobody keeps
@@ -1929,8 +1931,7 @@ fn sentinel_binary(sentinels: &Sentinelled, prefix: &str) -> Command {
         // 27,727 at 1,000 msg/s).
         .env("SWITCHBOARD__CLUSTER__REDIS_WAIT_REPLICAS", "1")
         .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
-        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500")
-        .env("SWITCHBOARD__CLUSTER__PREFIX", prefix);
+        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
     cmd
 }
 

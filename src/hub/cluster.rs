@@ -226,6 +226,25 @@ struct Master {
     found: bool,
 }
 
+impl Master {
+    /// Lazily connected (nothing is sent until the first command): the
+    /// command connection, and with `wait_replicas` the publishes' own.
+    fn open(
+        client: redis::Client,
+        config: &ConnectionManagerConfig,
+        wait_replicas: u32,
+        found: bool,
+    ) -> redis::RedisResult<Self> {
+        let manager = || ConnectionManager::new_lazy_with_config(client.clone(), config.clone());
+        Ok(Master {
+            conn: manager()?,
+            publish: if wait_replicas > 0 { Some(manager()?) } else { None },
+            client,
+            found,
+        })
+    }
+}
+
 /// With `cluster.redis_sentinels`: redis-rs's Sentinel client, which asks
 /// the sentinels for the master and checks with `ROLE` that it is one, and
 /// connects to the master with `redis_url`'s credentials and db.
@@ -538,15 +557,7 @@ impl Cluster {
         // With sentinels, `redis_url`'s host is a placeholder until the
         // first ask: every command fails fast until the Bus has asked.
         let client = redis::Client::open(info)?;
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        let publish = if settings.redis_wait_replicas > 0 {
-            Some(ConnectionManager::new_lazy_with_config(
-                client.clone(),
-                config.clone(),
-            )?)
-        } else {
-            None
-        };
+        let master = Master::open(client, &config, settings.redis_wait_replicas, sentinel.is_none())?;
         let host = hostname();
         let pid = std::process::id();
         let node = if settings.node_name.is_empty() {
@@ -575,12 +586,7 @@ impl Cluster {
             host,
             started: Instant::now(),
             view_cache: tokio::sync::Mutex::new(None),
-            master: Mutex::new(Master {
-                client,
-                conn,
-                publish,
-                found: sentinel.is_none(),
-            }),
+            master: Mutex::new(master),
             sentinel: sentinel.map(tokio::sync::Mutex::new),
             stale_master: AtomicBool::new(false),
             conn_config: config,
@@ -685,27 +691,13 @@ impl Cluster {
         if m.found && addr_of(&m.client) == addr {
             return Ok(());
         }
-        let manager = || {
-            ConnectionManager::new_lazy_with_config(client.clone(), self.conn_config.clone())
-                .map_err(|e| format!("connecting to the master at {addr}: {e}"))
-        };
-        let conn = manager()?;
-        let publish = if self.settings.redis_wait_replicas > 0 {
-            Some(manager()?)
-        } else {
-            None
-        };
         let before = if m.found {
             addr_of(&m.client)
         } else {
             String::new()
         };
-        *m = Master {
-            client,
-            conn,
-            publish,
-            found: true,
-        };
+        *m = Master::open(client, &self.conn_config, self.settings.redis_wait_replicas, true)
+            .map_err(|e| format!("connecting to the master at {addr}: {e}"))?;
         drop(m);
         if before.is_empty() {
             tracing::info!(
