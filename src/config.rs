@@ -210,6 +210,11 @@ pub struct ClusterSettings {
     pub redis_sentinel_master: String,
     /// The sentinels' password; empty: none.
     pub redis_sentinel_password: String,
+    /// The sentinels speak TLS.
+    pub redis_sentinel_tls: bool,
+    /// PEM file of the certificate authorities Redis's and the sentinels'
+    /// TLS certificates are checked against; empty: the system's roots.
+    pub redis_ca_file: String,
     /// Replicas that must have a publish (`WAIT n`) before it answers 200;
     /// 0: none.
     pub redis_wait_replicas: u32,
@@ -235,6 +240,34 @@ impl ClusterSettings {
     /// Whether a Redis bus is configured.
     pub fn enabled(&self) -> bool {
         !self.redis_url.is_empty() || !self.redis_sentinels.is_empty()
+    }
+
+    /// Whether anything speaks TLS to Redis: a `rediss://` URL or
+    /// `redis_sentinel_tls`.
+    pub fn tls(&self) -> bool {
+        self.redis_url.starts_with("rediss://") || self.redis_sentinel_tls
+    }
+
+    /// The certificates of `redis_ca_file` (`None` when it is empty: the
+    /// system's roots), or why they cannot be used.
+    pub fn ca_certificates(&self) -> Result<Option<Vec<u8>>, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        if self.redis_ca_file.is_empty() {
+            return Ok(None);
+        }
+        let pem = std::fs::read(&self.redis_ca_file)
+            .map_err(|e| format!("cannot read {:?}: {e}", self.redis_ca_file))?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{:?} is not PEM certificates: {e}", self.redis_ca_file))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "{:?} holds no certificate (\"-----BEGIN CERTIFICATE-----\")",
+                self.redis_ca_file
+            ));
+        }
+        Ok(Some(pem))
     }
 
     /// The sentinels' addresses, when they are set.
@@ -266,6 +299,8 @@ impl std::fmt::Debug for ClusterSettings {
                     "<redacted>"
                 },
             )
+            .field("redis_sentinel_tls", &self.redis_sentinel_tls)
+            .field("redis_ca_file", &self.redis_ca_file)
             .field("redis_wait_replicas", &self.redis_wait_replicas)
             .field("node_name", &self.node_name)
             .field("prefix", &self.prefix)
@@ -507,6 +542,23 @@ impl Settings {
                         .into(),
                 );
             }
+        }
+        if c.redis_sentinel_tls && c.redis_sentinels.is_empty() {
+            return invalid(
+                "cluster.redis_sentinel_tls",
+                "is set but cluster.redis_sentinels is empty: there are no sentinels to speak TLS to".into(),
+            );
+        }
+        if !c.redis_ca_file.is_empty() && !c.tls() {
+            return invalid(
+                "cluster.redis_ca_file",
+                "is set but nothing speaks TLS to Redis: use a rediss:// cluster.redis_url \
+                 (the master) or cluster.redis_sentinel_tls (the sentinels)"
+                    .into(),
+            );
+        }
+        if let Err(e) = c.ca_certificates() {
+            return invalid("cluster.redis_ca_file", e);
         }
         if c.prefix.is_empty() || c.prefix.len() > 64 || !printable(&c.prefix) {
             return invalid(

@@ -1827,31 +1827,71 @@ struct Sentinelled {
     master: RedisServer,
     _replicas: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
+    /// With TLS: the sentinels' TLS ports, in the order of `sentinels`.
+    sentinel_tls_ports: Vec<u16>,
     dir: std::path::PathBuf,
 }
 
 impl Sentinelled {
     fn start(test: &str) -> Self {
+        Self::start_with(test, None)
+    }
+
+    /// With `tls`: every server and sentinel also listens with TLS on a
+    /// port of its own (and keeps a plain one for the test's own
+    /// commands); replication and the sentinels' watch go over TLS, so
+    /// the sentinels name the masters' TLS ports.
+    fn start_with(test: &str, tls: Option<&common::Certificates>) -> Self {
         // Their files (a replica's sync writes one) go here too.
         let dir = std::env::temp_dir().join(format!("sbt-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let files = dir.display().to_string();
-        let master = RedisServer::start_with(&["--dir", &files]);
-        let port = master.port.to_string();
+        let tls_args = |port: u16| -> Vec<String> {
+            let Some(c) = tls else { return Vec::new() };
+            [
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &c.cert.display().to_string(),
+                "--tls-key-file",
+                &c.key.display().to_string(),
+                "--tls-ca-cert-file",
+                &c.ca.display().to_string(),
+                "--tls-auth-clients",
+                "no",
+                "--tls-replication",
+                "yes",
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        };
+        let start = |args: Vec<String>| {
+            let tls_port = free_port();
+            let mut all = args;
+            all.extend(tls_args(tls_port));
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            (RedisServer::start_with(&all), tls_port)
+        };
+        let (master, master_tls) = start(vec!["--dir".into(), files.clone()]);
+        // The port the replicas and the sentinels use.
+        let port = if tls.is_some() { master_tls } else { master.port }.to_string();
         // Two replicas: with `redis_wait_replicas = 1` the one promoted
         // still has another to confirm publishes.
         let replicas: Vec<RedisServer> = (0..2)
             .map(|i| {
-                let file = format!("replica-{i}.rdb");
-                let r = RedisServer::start_with(&[
-                    "--dir",
-                    &files,
-                    "--dbfilename",
-                    &file,
-                    "--replicaof",
-                    "127.0.0.1",
-                    &port,
-                ]);
+                let (r, _) = start(
+                    [
+                        "--dir",
+                        &files,
+                        "--dbfilename",
+                        &format!("replica-{i}.rdb"),
+                        "--replicaof",
+                        "127.0.0.1",
+                        &port,
+                    ]
+                    .map(str::to_owned)
+                    .to_vec(),
+                );
                 wait_until(Duration::from_secs(10), "a replica in sync", || {
                     r.command(&["INFO", "replication"])
                         .text()
@@ -1866,7 +1906,24 @@ impl Sentinelled {
              sentinel failover-timeout sbm 5000\n\
              sentinel parallel-syncs sbm 1\n"
         );
-        let sentinels: Vec<RedisServer> = (0..3).map(|_| RedisServer::sentinel(&dir, &conf)).collect();
+        let mut sentinel_tls_ports = Vec::new();
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                let mut conf = conf.clone();
+                if let Some(c) = tls {
+                    let tls_port = free_port();
+                    sentinel_tls_ports.push(tls_port);
+                    conf.push_str(&format!(
+                        "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                         tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                        c.cert.display(),
+                        c.key.display(),
+                        c.ca.display()
+                    ));
+                }
+                RedisServer::sentinel(&dir, &conf)
+            })
+            .collect();
         // Each must know the replica (from the master's INFO) and the other
         // two (from their hellos) before a failover can be agreed on.
         wait_until(
@@ -1883,17 +1940,20 @@ impl Sentinelled {
             master,
             _replicas: replicas,
             sentinels,
+            sentinel_tls_ports,
             dir,
         }
     }
 
     /// `host:port,...` for `cluster.redis_sentinels`.
     fn list(&self) -> String {
-        let ports: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
+        let ports: Vec<String> = match self.sentinel_tls_ports.as_slice() {
+            [] => self.sentinels.iter().map(|s| s.port).collect(),
+            tls => tls.to_vec(),
+        }
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
         ports.join(",")
     }
 
@@ -2131,5 +2191,149 @@ fn a_publish_that_must_reach_a_replica_answers_503_without_one() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(c.line().ends_with("'kept'"));
     assert_eq!(n.stats()["cluster"]["wait_short"], 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 25: Redis over TLS (`rediss://`, as managed Redis services
+/// require), with certificates a test authority signed. Two nodes that
+/// trust that authority (`cluster.redis_ca_file`) route to each other's
+/// streams through it; a node given another authority is refused by its
+/// own check of Redis's certificate: it says so in its log, is not ready,
+/// and still delivers its own streams' messages (answering 503).
+#[test]
+fn nodes_route_over_tls_and_a_wrong_authority_is_refused() {
+    let dir = std::env::temp_dir().join(format!("sbt-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = common::make_certificates(&dir, "good");
+    let other = common::make_certificates(&dir, "other");
+    let tls_port = free_port();
+    let (port_s, cert, key, ca) = (
+        tls_port.to_string(),
+        good.cert.display().to_string(),
+        good.key.display().to_string(),
+        good.ca.display().to_string(),
+    );
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &port_s,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let p = prefix("tls");
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let node = |name: &str, ca: &std::path::Path| {
+        let mut cmd = fleet_binary(&p);
+        cmd.env("SWITCHBOARD__CLUSTER__REDIS_URL", &url)
+            .env("SWITCHBOARD__CLUSTER__REDIS_CA_FILE", ca)
+            .env("SWITCHBOARD__CLUSTER__NODE_NAME", name)
+            .env("SWITCHBOARD__CLUSTER__RECONNECT_MAX_MS", "500");
+        let p = Proc::spawn(cmd);
+        let addr = p.wait_listening()[0];
+        (p, addr)
+    };
+    let (a, a_addr) = node("a", &good.ca);
+    let (b, b_addr) = node("b", &good.ca);
+    for (p, addr) in [(&a, a_addr), (&b, b_addr)] {
+        wait_until(Duration::from_secs(10), "a node over TLS ready", || {
+            get(addr, "/readyz").status == 200
+        });
+        assert!(p.log_contains("\"bus_up\""), "{}", p.log_text());
+    }
+    let mut far = open(a_addr, "secret");
+    assert_eq!(redis.wait_numsub(&id_channel(&p, "secret"), 1, WAIT), 1);
+    let r = post(b_addr, "/send/secret", "over tls");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(far.line(), "Recvd msg #1: 'over tls'");
+    // Both nodes' links are subscribed, through the TLS port (the only
+    // one they were given).
+    let clients = redis.command(&["CLIENT", "LIST"]).text().unwrap();
+    assert!(
+        clients.lines().filter(|l| l.contains("cmd=subscribe")).count() >= 2,
+        "{clients}"
+    );
+
+    let (c, c_addr) = node("c", &other.ca);
+    let refused = c.wait_event("bus_down", Duration::from_secs(10), |_| true);
+    let reason = refused.to_string();
+    assert!(
+        reason.contains("TLS with 127.0.0.1") && reason.contains("UnknownIssuer"),
+        "{reason}"
+    );
+    assert_eq!(get(c_addr, "/readyz").status, 503);
+    let mut local = open(c_addr, "alone");
+    let r = post(c_addr, "/send/alone", "local only");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(local.line(), "Recvd msg #1: 'local only'");
+    drop((a, b, c));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 25: sentinels and the master they name both speak TLS
+/// (`cluster.redis_sentinel_tls`, a `rediss://` URL for the master's
+/// credentials): a node asks the sentinels over TLS, routes through the
+/// master over TLS, and after a SIGKILL of the master follows the
+/// sentinels to the promoted replica, over TLS again.
+#[test]
+fn a_node_follows_sentinels_over_tls_through_a_failover() {
+    let dir = std::env::temp_dir().join(format!("sbt-stls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let certs = common::make_certificates(&dir, "fleet");
+    let mut redis = Sentinelled::start_with("sentinel-tls", Some(&certs));
+    let p = prefix("stls");
+    let node = |name: &str| {
+        let mut cmd = sentinel_binary(&redis, &p);
+        cmd.env("SWITCHBOARD__CLUSTER__REDIS_URL", "rediss://sentinel-master")
+            .env("SWITCHBOARD__CLUSTER__REDIS_SENTINEL_TLS", "true")
+            .env("SWITCHBOARD__CLUSTER__REDIS_CA_FILE", &certs.ca)
+            .env("SWITCHBOARD__CLUSTER__REDIS_WAIT_REPLICAS", "0");
+        binary_node(cmd, name)
+    };
+    let (a, a_addr) = node("a");
+    let (b, b_addr) = node("b");
+    let mut far = open(a_addr, "tls-followed");
+    wait_until(WAIT, "a's subscription", || {
+        redis.master.numsub(&id_channel(&p, "tls-followed")) == 1
+    });
+    let r = post(b_addr, "/send/tls-followed", "before");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(far.line(), "Recvd msg #1: 'before'");
+    let first = a.events("redis_master");
+    assert!(
+        first
+            .iter()
+            .any(|e| e.to_string().contains(&redis.master_port().unwrap())),
+        "{first:?}"
+    );
+
+    redis.master.kill();
+    // Sends until one crosses from b to a again, through the new master.
+    let fault = Instant::now();
+    let mut n = 1;
+    let mut crossed = false;
+    while fault.elapsed() < Duration::from_secs(20) && !crossed {
+        n += 1;
+        if post(b_addr, "/send/tls-followed", &format!("after {n}")).status == 200 {
+            let line = far.line();
+            assert!(line.starts_with("Recvd msg #"), "{line}");
+            crossed = true;
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert!(
+        crossed,
+        "no delivery across nodes within 20 s of the fault; log of a:\n{}",
+        a.log_text()
+    );
+    let moved = b.events("redis_master");
+    assert!(moved.len() >= 2, "b moved to the new master: {moved:?}");
+    drop((a, b));
+    drop(redis);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -218,7 +218,7 @@ impl Bus {
                 // with ROLE on the link itself (a master demoted while
                 // this node was connecting is a replica by now).
                 cluster.find_master().await?;
-                let mut conn = Conn::open(&cluster.client()).await?;
+                let mut conn = Conn::open(&cluster.client(), cluster.tls()).await?;
                 if cluster.sentinels() {
                     confirm_master(&mut conn).await?;
                 }
@@ -692,7 +692,7 @@ async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
         let began = Instant::now();
         let watched = async {
             let client = cluster.sentinel_client().await?;
-            let mut conn = Conn::open(&client).await?;
+            let mut conn = Conn::open(&client, cluster.tls()).await?;
             conn.write(&subscribe).await.map_err(|e| e.to_string())?;
             loop {
                 match Received::of(conn.next().await?)? {

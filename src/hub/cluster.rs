@@ -247,18 +247,34 @@ impl Master {
 
 /// With `cluster.redis_sentinels`: redis-rs's Sentinel client, which asks
 /// the sentinels for the master and checks with `ROLE` that it is one, and
-/// connects to the master with `redis_url`'s credentials and db.
+/// connects to the master with `redis_url`'s credentials and db (over TLS
+/// when it is a `rediss://` URL; to the sentinels with
+/// `redis_sentinel_tls`), checking certificates against `ca` when given.
 fn sentinel_client(
     settings: &ClusterSettings,
     url: &redis::ConnectionInfo,
+    ca: Option<&[u8]>,
 ) -> Result<Option<redis::sentinel::SentinelClient>, redis::RedisError> {
     let sentinels = settings.sentinels();
     if sentinels.is_empty() {
         return Ok(None);
     }
-    let addrs = sentinels
-        .into_iter()
-        .map(|(host, port)| redis::ConnectionAddr::Tcp(host, port));
+    let certificates = || redis::TlsCertificates {
+        client_tls: None,
+        root_cert: ca.map(<[u8]>::to_vec),
+    };
+    let addrs = sentinels.into_iter().map(|(host, port)| {
+        if settings.redis_sentinel_tls {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host, port)
+        }
+    });
     let redis = url.redis_settings();
     let mut b = redis::sentinel::SentinelClientBuilder::new(
         addrs,
@@ -276,15 +292,67 @@ fn sentinel_client(
     if !settings.redis_sentinel_password.is_empty() {
         b = b.set_client_to_sentinel_password(&settings.redis_sentinel_password);
     }
+    if matches!(url.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        b = b.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        if ca.is_some() {
+            b = b.set_client_to_redis_certificates(certificates());
+        }
+    }
+    if settings.redis_sentinel_tls {
+        b = b.set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+        if ca.is_some() {
+            b = b.set_client_to_sentinel_certificates(certificates());
+        }
+    }
     b.build().map(Some)
+}
+
+/// The TLS client the pub/sub link (and the sentinel watch) wraps its
+/// socket in: certificates checked against `ca`, or the system's roots.
+/// redis-rs builds its own for the command connection from the same
+/// certificates.
+fn link_tls(ca: Option<&[u8]>) -> Result<tokio_rustls::TlsConnector, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| format!("cluster.redis_ca_file: {e}"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("cluster.redis_ca_file: {e}"))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            if let Some(e) = found.errors.first() {
+                tracing::warn!(event = "redis_tls_roots", error = %e, "some of the system's root certificates could not be read");
+            }
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                return Err(
+                    "the system has no root certificates to check Redis's TLS certificate \
+                            against: install ca-certificates or set cluster.redis_ca_file"
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
 /// `host:port` of a client's address (a path for a Unix socket).
 fn addr_of(client: &redis::Client) -> String {
     match client.get_connection_info().addr() {
-        redis::ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+        redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}")
+        }
         redis::ConnectionAddr::Unix(path) => path.display().to_string(),
-        other => format!("{other:?}"),
+        other => format!("{other}"),
     }
 }
 
@@ -495,6 +563,9 @@ pub(crate) struct Cluster {
     master: Mutex<Master>,
     /// With `cluster.redis_sentinels`: who to ask for the master.
     sentinel: Option<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+    /// With a `rediss://` URL or `redis_sentinel_tls`: what the pub/sub
+    /// link and the sentinel watch wrap their sockets in.
+    tls: Option<tokio_rustls::TlsConnector>,
     /// A command was refused with READONLY: the Bus asks the sentinels
     /// again at its next heartbeat (and drops a link that is on a replica).
     stale_master: AtomicBool,
@@ -553,10 +624,29 @@ impl Cluster {
             .set_min_delay(Duration::from_millis(settings.reconnect_min_ms))
             .set_max_delay(Duration::from_millis(settings.reconnect_max_ms))
             .set_number_of_retries(2);
-        let sentinel = sentinel_client(settings, &info)?;
+        // The process-wide rustls provider (redis-rs's TLS asks for it).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls_error =
+            |e: String| redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "TLS", e));
+        let ca = settings.ca_certificates().map_err(tls_error)?;
+        let tls = if settings.tls() {
+            Some(link_tls(ca.as_deref()).map_err(tls_error)?)
+        } else {
+            None
+        };
+        let sentinel = sentinel_client(settings, &info, ca.as_deref())?;
         // With sentinels, `redis_url`'s host is a placeholder until the
         // first ask: every command fails fast until the Bus has asked.
-        let client = redis::Client::open(info)?;
+        let client = match (&ca, info.addr()) {
+            (Some(ca), redis::ConnectionAddr::TcpTls { .. }) if sentinel.is_none() => {
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                };
+                redis::Client::build_with_tls(info, certificates)?
+            }
+            _ => redis::Client::open(info)?,
+        };
         let master = Master::open(client, &config, settings.redis_wait_replicas, sentinel.is_none())?;
         let host = hostname();
         let pid = std::process::id();
@@ -588,6 +678,7 @@ impl Cluster {
             view_cache: tokio::sync::Mutex::new(None),
             master: Mutex::new(master),
             sentinel: sentinel.map(tokio::sync::Mutex::new),
+            tls,
             stale_master: AtomicBool::new(false),
             conn_config: config,
             lingering: Mutex::new(HashMap::new()),
@@ -635,6 +726,12 @@ impl Cluster {
         } else {
             String::new()
         }
+    }
+
+    /// The TLS client for the hand-written connections, when anything
+    /// speaks TLS to Redis.
+    pub(crate) fn tls(&self) -> Option<&tokio_rustls::TlsConnector> {
+        self.tls.as_ref()
     }
 
     /// Whether the node follows a master through Redis Sentinel.

@@ -12,8 +12,9 @@
 //!   bulk strings and arrays, everything a subscribed connection receives.
 //!   The tests check it against redis-rs's own parser.
 //!
-//! TLS (`rediss://`) is not built in; such a URL is refused when the link
-//! is opened, with that reason.
+//! TLS (`rediss://`, a sentinel with `redis_sentinel_tls`): the socket is
+//! wrapped in tokio-rustls, with the connector the cluster built from
+//! `cluster.redis_ca_file` or the system's roots.
 
 use std::io;
 
@@ -186,24 +187,43 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Connects to the Redis `client` names and authenticates as its URL
-    /// says. TCP_NODELAY is set, as on the command connection.
-    pub(crate) async fn open(client: &redis::Client) -> Result<Conn, String> {
+    /// Connects to the Redis `client` names (over TLS with `tls` when its
+    /// URL says `rediss://`) and authenticates as its URL says. TCP_NODELAY
+    /// is set, as on the command connection.
+    pub(crate) async fn open(
+        client: &redis::Client,
+        tls: Option<&tokio_rustls::TlsConnector>,
+    ) -> Result<Conn, String> {
         let info = client.get_connection_info();
+        let tcp = |host: String, port: u16| async move {
+            let s = tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|e| format!("connecting to {host}:{port}: {e}"))?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            Ok::<_, String>(s)
+        };
         let io: Box<dyn Transport> = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let s = tokio::net::TcpStream::connect((host.as_str(), *port))
-                    .await
-                    .map_err(|e| format!("connecting to {host}:{port}: {e}"))?;
-                s.set_nodelay(true).map_err(|e| e.to_string())?;
-                Box::new(s)
+            ConnectionAddr::Tcp(host, port) => Box::new(tcp(host.clone(), *port).await?),
+            ConnectionAddr::TcpTls { host, port, .. } => {
+                let Some(tls) = tls else {
+                    return Err(format!("{host}:{port} speaks TLS, and no TLS was set up for it"));
+                };
+                let name = rustls::pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| format!("{host:?} is not a name a TLS certificate can have: {e}"))?;
+                let s = tcp(host.clone(), *port).await?;
+                Box::new(tls.connect(name, s).await.map_err(|e| {
+                    format!(
+                        "TLS with {host}:{port} failed: {e} (its certificate is checked against \
+                         cluster.redis_ca_file, or the system's roots when that is empty)"
+                    )
+                })?)
             }
             ConnectionAddr::Unix(path) => Box::new(
                 tokio::net::UnixStream::connect(path)
                     .await
                     .map_err(|e| format!("connecting to {}: {e}", path.display()))?,
             ),
-            _ => return Err("this build speaks to Redis over TCP or a Unix socket only, not TLS".to_owned()),
+            other => return Err(format!("cannot open a pub/sub link to {other}")),
         };
         let mut conn = Conn {
             io,

@@ -640,3 +640,93 @@ impl Drop for RedisMonitor {
         let _ = self.shutdown.shutdown(std::net::Shutdown::Both);
     }
 }
+
+/// Files of a test certificate authority and a server certificate it
+/// signed, made with the `openssl` command line (see [`make_certificates`]).
+pub struct Certificates {
+    /// The authority's certificate (PEM): what a client trusts.
+    pub ca: std::path::PathBuf,
+    /// The server's certificate (PEM), for `127.0.0.1` and `localhost`.
+    pub cert: std::path::PathBuf,
+    /// The server's private key (PEM).
+    pub key: std::path::PathBuf,
+}
+
+/// Makes, in `dir`, a certificate authority named `name` and a server
+/// certificate it signed for `IP:127.0.0.1` and `DNS:localhost` (P-256
+/// keys, valid two days). Two calls with different names make authorities
+/// that do not trust each other's certificates.
+pub fn make_certificates(dir: &std::path::Path, name: &str) -> Certificates {
+    let file = |ext: &str| dir.join(format!("{name}{ext}"));
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("openssl (apt-get install -y openssl): {e}"));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let path = |p: &std::path::Path| p.display().to_string();
+    let (ca_key, ca, key, csr, cert, ext) = (
+        file("-ca.key"),
+        file("-ca.pem"),
+        file(".key"),
+        file(".csr"),
+        file(".crt"),
+        file(".ext"),
+    );
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let subject = format!("/CN={name} test authority");
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subject];
+    args.extend(ec);
+    let (ca_key_s, ca_s) = (path(&ca_key), path(&ca));
+    args.extend([
+        "-keyout",
+        &ca_key_s,
+        "-out",
+        &ca_s,
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(&args);
+    let (key_s, csr_s, cert_s, ext_s) = (path(&key), path(&csr), path(&cert), path(&ext));
+    let mut args = vec!["req", "-subj", "/CN=127.0.0.1", "-keyout", &key_s, "-out", &csr_s];
+    args.extend(ec);
+    openssl(&args);
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr_s,
+        "-CA",
+        &ca_s,
+        "-CAkey",
+        &ca_key_s,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        &cert_s,
+        "-extfile",
+        &ext_s,
+    ]);
+    Certificates { ca, cert, key }
+}
