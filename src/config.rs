@@ -717,6 +717,32 @@ mod tests {
     }
 
     #[test]
+    fn tls_settings_are_checked_at_start() {
+        let mut s = Settings::defaults();
+        s.cluster.redis_url = "redis://127.0.0.1:6379".into();
+        s.cluster.redis_sentinel_tls = true;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("cluster.redis_sentinel_tls"), "{e}");
+        s.cluster.redis_sentinel_tls = false;
+        let dir = std::env::temp_dir().join(format!("sb-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        s.cluster.redis_ca_file = ca.display().to_string();
+        // Nothing speaks TLS yet.
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("nothing speaks TLS"), "{e}");
+        s.cluster.redis_url = "rediss://redis.example:6380".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{e}");
+        std::fs::write(&ca, "not a certificate\n").unwrap();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("holds no certificate"), "{e}");
+        s.cluster.redis_ca_file.clear();
+        assert!(s.validate().is_ok(), "rediss:// with the system's roots");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn sentinels_are_host_port_pairs_with_a_master_name() {
         let mut s = Settings::defaults();
         s.cluster.redis_sentinels = "10.0.0.1:26379, sentinel-b:26380,[::1]:26381".into();
