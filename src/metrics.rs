@@ -327,7 +327,7 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 15] = [
+        let counters: [CounterSpec<'_>; 16] = [
             (
                 "cluster_bus_restarts",
                 "Supervised restarts of the cluster Bus actor after a crash.",
@@ -398,6 +398,11 @@ impl Collector for ClusterCollector {
                 "cluster_wait_short",
                 "Publishes fewer replicas than cluster.redis_wait_replicas confirmed in time (503).",
                 &s.wait_short,
+            ),
+            (
+                "cluster_history_regressions",
+                "Times Redis lacked event ids this node saw (a lagging replica promoted, an old snapshot): a new epoch, a gap for resumes from before it.",
+                &s.history_regressions,
             ),
         ];
         encode_counters(&mut enc, &counters)?;

@@ -222,6 +222,10 @@ impl Bus {
                 if cluster.sentinels() {
                     confirm_master(&mut conn).await?;
                 }
+                // Before anything is read or delivered through this link:
+                // a Redis that lost entries this node saw starts a new
+                // epoch, so resumes and catch-ups are told of a gap.
+                cluster.fence().await?;
                 conn.write(&subscribe).await.map_err(|e| e.to_string())?;
                 match Received::of(conn.next().await?)? {
                     Received::Subscribed => Ok(conn),
@@ -822,6 +826,9 @@ impl Bus {
             }
             return;
         };
+        if let Some(event) = event {
+            self.cluster.saw(event);
+        }
         // `<instance>`, or `<instance>/<seq>` for a publish with an
         // Idempotency-Key, whose echo is how this node's own streams get it.
         let (instance, seq) = match origin.split_once('/') {

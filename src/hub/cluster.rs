@@ -133,6 +133,23 @@ const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
     table.insert(out, fmt(lost)) table.insert(out, entries) end \
     return out";
 
+/// Run before every pub/sub link is made: if this node saw an event id
+/// (`ARGV[1]`, on the bus or in a publish's answer) above the fleet's
+/// clock, the Redis it now speaks to lacks messages the fleet gave out: a
+/// replica promoted before it had the last entries, or a restart from a
+/// snapshot older than the last writes. Then nothing before now can be
+/// trusted to be whole: the epoch becomes now (every resume from before
+/// it is told of a gap, cause `epoch`) and the clock goes past every id
+/// this node saw (no id is given twice). Answers `{1, old clock, new
+/// epoch}` when it fenced, `{0, clock, epoch}` when there was no need.
+///
+/// KEYS: fleet. ARGV: the highest event id this node saw.
+const FENCE_SCRIPT: &str = "local seen = tonumber(ARGV[1]) \
+    if seen <= clock then return {0, fmt(clock), fmt(epoch)} end \
+    local e = math.max(now, seen + 1) \
+    redis.call('HSET', KEYS[1], 'clock', fmt(e - 1), 'epoch', fmt(e)) \
+    return {1, fmt(clock), fmt(e)}";
+
 /// Most ids one catch-up read asks for (a SUBSCRIBE batch's).
 pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
@@ -478,6 +495,9 @@ pub(crate) struct ClusterStats {
     /// Publishes fewer than `redis_wait_replicas` replicas confirmed in
     /// time (each answered 503 "unknown").
     pub(crate) wait_short: AtomicU64,
+    /// Times this node found Redis's clock behind an event id it saw, and
+    /// began a new epoch (see [`FENCE_SCRIPT`]).
+    pub(crate) history_regressions: AtomicU64,
 }
 
 /// One node's entry in Redis, as `/cluster` lists it.
@@ -583,6 +603,10 @@ pub(crate) struct Cluster {
     /// [`PUBLISH_SCRIPT`] and [`READ_SCRIPT`] (sent by hash, loaded once).
     publish_script: redis::Script,
     read_script: redis::Script,
+    fence_script: redis::Script,
+    /// The highest event id this node saw: in its publishes' answers and
+    /// on the bus. [`Cluster::fence`] compares it with the fleet's clock.
+    seen: AtomicU64,
     /// `history.size` and `history.ttl_ms`: what the fleet's history keeps.
     history_size: usize,
     history_ttl_ms: u64,
@@ -686,6 +710,8 @@ impl Cluster {
             seq: AtomicU64::new(0),
             publish_script: redis::Script::new(&format!("{LUA_PRELUDE}{PUBLISH_SCRIPT}")),
             read_script: redis::Script::new(&format!("{LUA_PRELUDE}{READ_SCRIPT}")),
+            fence_script: redis::Script::new(&format!("{LUA_PRELUDE}{FENCE_SCRIPT}")),
+            seen: AtomicU64::new(0),
             history_size: history.size,
             history_ttl_ms: history.ttl_ms,
             redis_version: Mutex::new(String::new()),
@@ -944,6 +970,12 @@ impl Cluster {
             }
             return Ok(Once::Repeat(serde_json::from_str(rest).ok()));
         }
+        let event: u64 = reply
+            .next()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        self.saw(event);
         let wait = self.settings.redis_wait_replicas;
         if wait > 0 {
             // WAIT covers every write this connection sent before it, the
@@ -971,11 +1003,6 @@ impl Cluster {
                 return Err(PublishFailed::Unreplicated);
             }
         }
-        let event: u64 = reply
-            .next()
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
         let receivers: u64 = reply
             .next()
             .and_then(|v| redis::from_redis_value(v).ok())
@@ -1024,6 +1051,46 @@ impl Cluster {
 
     /// The fleet's clock (its hash made, with a new epoch, if Redis has
     /// none: a new fleet, or one whose Redis lost its data).
+    /// Takes note of an event id the fleet gave (see [`FENCE_SCRIPT`]).
+    pub(crate) fn saw(&self, event: u64) {
+        self.seen.fetch_max(event, Relaxed);
+    }
+
+    /// Before a pub/sub link is made: runs [`FENCE_SCRIPT`] with the
+    /// highest event id this node saw, so that a Redis that lost entries
+    /// (a lagging replica promoted, a restart from an old snapshot) is a
+    /// gap for every resume from before it, never a silent hole. Logged
+    /// (`history_regressed`) and counted when it fenced.
+    pub(crate) async fn fence(&self) -> Result<(), String> {
+        let seen = self.seen.load(Relaxed);
+        if seen == 0 {
+            return Ok(());
+        }
+        let (script, fleet) = (self.fence_script.clone(), self.names.fleet_key());
+        let reply: Vec<String> = self
+            .command("FENCE", async move |mut c| {
+                script.key(fleet).arg(seen).invoke_async(&mut c).await
+            })
+            .await
+            .map_err(|e| format!("checking the fleet's clock against the ids this node saw: {e:?}"))?;
+        if let [fenced, clock, epoch] = reply.as_slice()
+            && fenced == "1"
+        {
+            self.stats.history_regressions.fetch_add(1, Relaxed);
+            tracing::warn!(
+                event = "history_regressed",
+                seen,
+                fleet_clock = %clock,
+                epoch = %epoch,
+                master = %self.master_addr(),
+                "this Redis lacks messages the fleet gave out (a replica promoted before it had the \
+                 last ones, or a restart from an older snapshot): a new epoch, so every resume from \
+                 before it is told of a gap"
+            );
+        }
+        Ok(())
+    }
+
     pub(crate) async fn fleet_clock(&self) -> Result<u64, ApiError> {
         self.read(Vec::new(), None).await.map(|(clock, _, _)| clock)
     }
@@ -1514,6 +1581,7 @@ impl Cluster {
             "master_switches": get(&s.master_switches),
             "readonly": get(&s.readonly),
             "wait_short": get(&s.wait_short),
+            "history_regressions": get(&s.history_regressions),
             "redis": self.master_addr(),
             "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
         })
