@@ -20,7 +20,12 @@ One run:
      cross-node delivery), messages answered 200 and never received
      (floodtest matches each by its stamp), messages answered 503, and the
      reconnects and
-     master switches the nodes logged.
+     master switches the nodes logged, and the new epochs they began
+     (history_regressed: the promoted replica lacked ids a node had seen).
+With --tls every server and sentinel also listens with TLS (certificates
+from a test authority made with openssl), replication and the sentinels go
+over TLS, and the nodes speak only TLS: rediss://, redis_sentinel_tls and
+redis_ca_file. The test's own commands use the plain ports.
 Every wait is bounded; only the processes it started are stopped, by pid.
 """
 
@@ -112,11 +117,13 @@ def main():
     ap.add_argument("--replicas", type=int, default=1, help="replicas of the master (one is promoted)")
     ap.add_argument("--wait-replicas", type=int, default=0,
                     help="cluster.redis_wait_replicas of every node (0: publishes do not wait for a replica)")
+    ap.add_argument("--tls", action="store_true",
+                    help="Redis, replication and the sentinels over TLS; the nodes speak only TLS")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="switchboard-failover-")
     run = Run(out)
-    result = {"fault": args.fault, "replicas": args.replicas, "wait_replicas": args.wait_replicas, "processes": args.processes, "streams": args.streams,
+    result = {"fault": args.fault, "tls": args.tls, "replicas": args.replicas, "wait_replicas": args.wait_replicas, "processes": args.processes, "streams": args.streams,
               "msg_rate": args.msg_rate, "down_after_ms": 1000}
     try:
         measure(run, args, out, result)
@@ -147,47 +154,85 @@ def report_flood(result, flood_json):
     result["latency_ms"] = {k: lat.get(k) for k in ("p50", "p99", "max")}
 
 
+def make_certificates(out):
+    """A test authority and a certificate it signed for 127.0.0.1 (openssl)."""
+    ca_key, ca, key, csr, crt, ext = (os.path.join(out, n) for n in
+                                       ("ca.key", "ca.pem", "redis.key", "redis.csr", "redis.crt", "redis.ext"))
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    def openssl(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=30)
+    openssl("req", "-x509", "-days", "2", "-subj", "/CN=failover test authority", *ec, "-keyout", ca_key, "-out", ca,
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", "-subj", "/CN=127.0.0.1", *ec, "-keyout", key, "-out", csr)
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "2",
+            "-out", crt, "-extfile", ext)
+    return ca, crt, key
+
+
 def measure(run, args, out, result):
+    tls = make_certificates(out) if args.tls else None
+
+    def tls_args(port):
+        if not tls:
+            return []
+        ca, crt, key = tls
+        return ["--tls-port", str(port), "--tls-cert-file", crt, "--tls-key-file", key, "--tls-ca-cert-file", ca,
+                "--tls-auth-clients", "no", "--tls-replication", "yes"]
     master = free_port()
+    master_tls = free_port()
+    # The port replicas, sentinels and (through the sentinels) the nodes use.
+    served = master_tls if tls else master
     common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", out]
-    run.start("master", ["redis-server", "--port", str(master), *common])
+    run.start("master", ["redis-server", "--port", str(master), *common, *tls_args(master_tls)])
     wait_for("the master", 5, lambda: redis_cli(master, "PING") == "PONG")
     for i in range(args.replicas):
         replica = free_port()
-        run.start(f"replica-{i}", ["redis-server", "--port", str(replica), *common,
-                                   "--dbfilename", f"replica-{i}.rdb", "--replicaof", "127.0.0.1", str(master)])
+        run.start(f"replica-{i}", ["redis-server", "--port", str(replica), *common, *tls_args(free_port()),
+                                   "--dbfilename", f"replica-{i}.rdb", "--replicaof", "127.0.0.1", str(served)])
         wait_for("the replica in sync", 10,
                  lambda: "master_link_status:up" in redis_cli(replica, "INFO", "replication"))
     sentinels = []
     for _ in range(3):
         port = free_port()
         conf = os.path.join(out, f"sentinel-{port}.conf")
+        tls_port = free_port()
         with open(conf, "w") as f:
             f.write(f"port {port}\nbind 127.0.0.1\ndir {out}\n"
-                    f"sentinel monitor sbm 127.0.0.1 {master} 2\n"
+                    f"sentinel monitor sbm 127.0.0.1 {served} 2\n"
                     "sentinel down-after-milliseconds sbm 1000\n"
                     "sentinel failover-timeout sbm 5000\n")
+            if tls:
+                ca, crt, key = tls
+                f.write(f"tls-port {tls_port}\ntls-cert-file {crt}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n"
+                        "tls-auth-clients no\ntls-replication yes\n")
         run.start(f"sentinel-{port}", ["redis-server", conf, "--sentinel"])
-        sentinels.append(port)
+        sentinels.append((port, tls_port if tls else port))
     def sentinel_view(s):
         lines = redis_cli(s, "SENTINEL", "master", "sbm").split("\n")
         return dict(zip(lines[::2], lines[1::2]))
     wait_for("sentinels that know the replica and each other", 30, lambda: all(
         sentinel_view(s).get("num-slaves") == str(args.replicas) and sentinel_view(s).get("num-other-sentinels") == "2"
-        for s in sentinels))
+        for s, _ in sentinels))
 
     def named_master():
-        return redis_cli(sentinels[0], "SENTINEL", "get-master-addr-by-name", "sbm").split("\n")[-1]
+        return redis_cli(sentinels[0][0], "SENTINEL", "get-master-addr-by-name", "sbm").split("\n")[-1]
 
     port, probe_port = free_port(), free_port()
     env = {
-        "SWITCHBOARD__CLUSTER__REDIS_SENTINELS": ",".join(f"127.0.0.1:{s}" for s in sentinels),
+        "SWITCHBOARD__CLUSTER__REDIS_SENTINELS": ",".join(f"127.0.0.1:{t}" for _, t in sentinels),
         "SWITCHBOARD__CLUSTER__REDIS_SENTINEL_MASTER": "sbm",
         "SWITCHBOARD__CLUSTER__PREFIX": "failover",
         "SWITCHBOARD__STREAM__TICK_INTERVAL_MS": "600000",
         "SWITCHBOARD__LOG__FORMAT": "json",
         "SWITCHBOARD__CLUSTER__REDIS_WAIT_REPLICAS": str(args.wait_replicas),
     }
+    if tls:
+        env.update({"SWITCHBOARD__CLUSTER__REDIS_URL": "rediss://sentinel-master",
+                    "SWITCHBOARD__CLUSTER__REDIS_SENTINEL_TLS": "true",
+                    "SWITCHBOARD__CLUSTER__REDIS_CA_FILE": tls[0]})
     run.start("fleet", [os.path.join(BIN, "switchboard"), "--processes", str(args.processes)],
               env={**env, "SWITCHBOARD__SERVER__PORT": str(port)})
     run.start("probe-node", [os.path.join(BIN, "switchboard")],
@@ -280,7 +325,7 @@ def measure(run, args, out, result):
     report_flood(result, flood_json)
     # Every node logs bus_up with reconnect=true once its link is back, and
     # redis_master with `before` when it moved to the new master.
-    events = {"bus_up_reconnects": 0, "master_switches": 0, "switch_master_seen": 0}
+    events = {"bus_up_reconnects": 0, "master_switches": 0, "switch_master_seen": 0, "history_regressed": 0}
     for name in ("fleet", "probe-node"):
         for line in open(os.path.join(out, f"{name}.log")):
             try:
@@ -294,6 +339,8 @@ def measure(run, args, out, result):
                 events["master_switches"] += 1
             elif ev == "redis_switch_master":
                 events["switch_master_seen"] += 1
+            elif ev == "history_regressed":
+                events["history_regressed"] += 1
     result.update(events)
     result["nodes"] = args.processes + 1
 

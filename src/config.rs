@@ -245,7 +245,18 @@ impl ClusterSettings {
     /// Whether anything speaks TLS to Redis: a `rediss://` URL or
     /// `redis_sentinel_tls`.
     pub fn tls(&self) -> bool {
-        self.redis_url.starts_with("rediss://") || self.redis_sentinel_tls
+        self.master_tls() || self.redis_sentinel_tls
+    }
+
+    /// Whether `redis_url` names a TLS address (`rediss://`, as redis-rs
+    /// reads it).
+    pub fn master_tls(&self) -> bool {
+        redis::Client::open(self.redis_url.as_str()).is_ok_and(|c| {
+            matches!(
+                c.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            )
+        })
     }
 
     /// The certificates of `redis_ca_file` (`None` when it is empty: the
@@ -543,6 +554,16 @@ impl Settings {
                 );
             }
         }
+        if let Ok(client) = redis::Client::open(c.redis_url.as_str())
+            && let redis::ConnectionAddr::TcpTls { insecure: true, .. } = client.get_connection_info().addr()
+        {
+            return invalid(
+                "cluster.redis_url",
+                "#insecure is not supported: Redis's certificate is always checked; for a \
+                 private certificate authority set cluster.redis_ca_file"
+                    .into(),
+            );
+        }
         if c.redis_sentinel_tls && c.redis_sentinels.is_empty() {
             return invalid(
                 "cluster.redis_sentinel_tls",
@@ -739,6 +760,9 @@ mod tests {
         assert!(e.contains("holds no certificate"), "{e}");
         s.cluster.redis_ca_file.clear();
         assert!(s.validate().is_ok(), "rediss:// with the system's roots");
+        s.cluster.redis_url = "rediss://redis.example:6380/#insecure".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("#insecure is not supported"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

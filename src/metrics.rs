@@ -401,7 +401,7 @@ impl Collector for ClusterCollector {
             ),
             (
                 "cluster_history_regressions",
-                "Times Redis lacked event ids this node saw (a lagging replica promoted, an old snapshot): a new epoch, a gap for resumes from before it.",
+                "Times this node found another Redis keeping the fleet's history (a failover, a restart from disk) and began a new epoch: a gap for resumes from before it.",
                 &s.history_regressions,
             ),
         ];

@@ -445,6 +445,7 @@ async fn drive(
     generation: u64,
 ) -> String {
     let timeout = cluster.link_timeout();
+    let slack = Duration::from_millis(cluster.settings.heartbeat_interval_ms).min(timeout / 2);
     let mut queued: VecDeque<Op> = VecDeque::new();
     let mut gather_until: Option<Instant> = None;
     let mut unconfirmed: VecDeque<Unconfirmed> = VecDeque::new();
@@ -508,8 +509,15 @@ async fn drive(
             continue;
         }
         // Redis answers in order: the link is alive while bytes come. It
-        // is dead when a command has waited `timeout` with nothing read.
-        let expiry = unconfirmed.front().map(|p| p.sent.max(last_read) + timeout);
+        // is dead when a command waits and nothing was read for `timeout`
+        // (counted from the last read, or from one ping interval before
+        // the command was sent, whichever is later: a PING goes every
+        // interval, so a Redis gone silent right after a read is given
+        // up `timeout` after that read, not an interval later; a command
+        // still gets at least half of `timeout` of its own).
+        let expiry = unconfirmed
+            .front()
+            .map(|p| p.sent.checked_sub(slack).unwrap_or(p.sent).max(last_read) + timeout);
         // Biased, the socket first: after this thread was starved (a box
         // under full load can leave a process unpolled for seconds), what
         // Redis sent meanwhile is read before any timer is believed.

@@ -133,21 +133,30 @@ const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
     table.insert(out, fmt(lost)) table.insert(out, entries) end \
     return out";
 
-/// Run before every pub/sub link is made: if this node saw an event id
-/// (`ARGV[1]`, on the bus or in a publish's answer) above the fleet's
-/// clock, the Redis it now speaks to lacks messages the fleet gave out: a
-/// replica promoted before it had the last entries, or a restart from a
-/// snapshot older than the last writes. Then nothing before now can be
-/// trusted to be whole: the epoch becomes now (every resume from before
-/// it is told of a gap, cause `epoch`) and the clock goes past every id
-/// this node saw (no id is given twice). Answers `{1, old clock, new
-/// epoch}` when it fenced, `{0, clock, epoch}` when there was no need.
+/// Run before every pub/sub link is made. The fleet hash records which
+/// Redis keeps it (field `redis`: that server's `run_id`). A different
+/// `run_id` means another Redis holds the fleet's history now: a replica
+/// promoted by a failover, or the same server restarted from its
+/// snapshot or AOF. Either may lack the last entries the fleet gave out
+/// (answered 200, delivered, resumed from), and which ones is not
+/// knowable from the new server. So the first node to link to it begins
+/// a new epoch there, before any publish can reach it (a node publishes
+/// only once its own link, fenced first, is up): every resume and
+/// catch-up from before it is told of a gap (cause `epoch`), never a
+/// silent hole, at the price of a gap also for clients that missed
+/// nothing. The clock goes past every id this node saw (`ARGV[1]`), so no
+/// id is given twice even if the new server's time is behind. A hash
+/// without the field (a fleet of an older version) only records it.
+/// Answers `{1, old clock, new epoch}` when it began an epoch, else
+/// `{0, clock, epoch}`.
 ///
 /// KEYS: fleet. ARGV: the highest event id this node saw.
-const FENCE_SCRIPT: &str = "local seen = tonumber(ARGV[1]) \
-    if seen <= clock then return {0, fmt(clock), fmt(epoch)} end \
-    local e = math.max(now, seen + 1) \
-    redis.call('HSET', KEYS[1], 'clock', fmt(e - 1), 'epoch', fmt(e)) \
+const FENCE_SCRIPT: &str = "local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') \
+    local was = redis.call('HGET', KEYS[1], 'redis') \
+    if was == run then return {0, fmt(clock), fmt(epoch)} end \
+    if not was then redis.call('HSET', KEYS[1], 'redis', run) return {0, fmt(clock), fmt(epoch)} end \
+    local e = math.max(now, tonumber(ARGV[1]) + 1, clock + 1) \
+    redis.call('HSET', KEYS[1], 'clock', fmt(e - 1), 'epoch', fmt(e), 'redis', run) \
     return {1, fmt(clock), fmt(e)}";
 
 /// Most ids one catch-up read asks for (a SUBSCRIBE batch's).
@@ -332,6 +341,17 @@ fn link_tls(ca: Option<&[u8]>) -> Result<tokio_rustls::TlsConnector, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
+    // redis-rs reads the system's roots for every command connection,
+    // with `redis_ca_file` too, and refuses to connect when any could not
+    // be read: found here, at start, rather than as a link that is up
+    // while every command fails.
+    let system = rustls_native_certs::load_native_certs();
+    if let Some(e) = system.errors.first() {
+        return Err(format!(
+            "the system's root certificates could not all be read ({e}), and redis-rs then refuses \
+             every TLS connection: fix /etc/ssl/certs, or SSL_CERT_FILE / SSL_CERT_DIR"
+        ));
+    }
     match ca {
         Some(pem) => {
             for cert in CertificateDer::pem_slice_iter(pem) {
@@ -342,11 +362,7 @@ fn link_tls(ca: Option<&[u8]>) -> Result<tokio_rustls::TlsConnector, String> {
             }
         }
         None => {
-            let found = rustls_native_certs::load_native_certs();
-            if let Some(e) = found.errors.first() {
-                tracing::warn!(event = "redis_tls_roots", error = %e, "some of the system's root certificates could not be read");
-            }
-            let (added, _) = roots.add_parsable_certificates(found.certs);
+            let (added, _) = roots.add_parsable_certificates(system.certs);
             if added == 0 {
                 return Err(
                     "the system has no root certificates to check Redis's TLS certificate \
@@ -495,8 +511,9 @@ pub(crate) struct ClusterStats {
     /// Publishes fewer than `redis_wait_replicas` replicas confirmed in
     /// time (each answered 503 "unknown").
     pub(crate) wait_short: AtomicU64,
-    /// Times this node found Redis's clock behind an event id it saw, and
-    /// began a new epoch (see [`FENCE_SCRIPT`]).
+    /// Times this node found another Redis keeping the fleet's history (a
+    /// failover, a restart from disk) and began a new epoch (see
+    /// [`FENCE_SCRIPT`]).
     pub(crate) history_regressions: AtomicU64,
 }
 
@@ -605,7 +622,7 @@ pub(crate) struct Cluster {
     read_script: redis::Script,
     fence_script: redis::Script,
     /// The highest event id this node saw: in its publishes' answers and
-    /// on the bus. [`Cluster::fence`] compares it with the fleet's clock.
+    /// on the bus. [`Cluster::fence`] moves the fleet's clock past it.
     seen: AtomicU64,
     /// `history.size` and `history.ttl_ms`: what the fleet's history keeps.
     history_size: usize,
@@ -1049,30 +1066,25 @@ impl Cluster {
         Ok(read)
     }
 
-    /// The fleet's clock (its hash made, with a new epoch, if Redis has
-    /// none: a new fleet, or one whose Redis lost its data).
     /// Takes note of an event id the fleet gave (see [`FENCE_SCRIPT`]).
     pub(crate) fn saw(&self, event: u64) {
         self.seen.fetch_max(event, Relaxed);
     }
 
-    /// Before a pub/sub link is made: runs [`FENCE_SCRIPT`] with the
-    /// highest event id this node saw, so that a Redis that lost entries
-    /// (a lagging replica promoted, a restart from an old snapshot) is a
-    /// gap for every resume from before it, never a silent hole. Logged
-    /// (`history_regressed`) and counted when it fenced.
+    /// Before a pub/sub link is made: runs [`FENCE_SCRIPT`], so that a
+    /// Redis that took over the fleet's history (a failover, a restart
+    /// from disk), which may lack its last entries, is a gap for every
+    /// resume from before it, never a silent hole. Logged
+    /// (`history_regressed`) and counted when it began an epoch.
     pub(crate) async fn fence(&self) -> Result<(), String> {
         let seen = self.seen.load(Relaxed);
-        if seen == 0 {
-            return Ok(());
-        }
         let (script, fleet) = (self.fence_script.clone(), self.names.fleet_key());
         let reply: Vec<String> = self
             .command("FENCE", async move |mut c| {
                 script.key(fleet).arg(seen).invoke_async(&mut c).await
             })
             .await
-            .map_err(|e| format!("checking the fleet's clock against the ids this node saw: {e:?}"))?;
+            .map_err(|e| format!("checking which Redis keeps the fleet's history: {e:?}"))?;
         if let [fenced, clock, epoch] = reply.as_slice()
             && fenced == "1"
         {
@@ -1083,14 +1095,15 @@ impl Cluster {
                 fleet_clock = %clock,
                 epoch = %epoch,
                 master = %self.master_addr(),
-                "this Redis lacks messages the fleet gave out (a replica promoted before it had the \
-                 last ones, or a restart from an older snapshot): a new epoch, so every resume from \
-                 before it is told of a gap"
+                "another Redis keeps the fleet's history now (a failover, or a restart from disk) and \
+                 may lack its last entries: a new epoch, so every resume from before it is told of a gap"
             );
         }
         Ok(())
     }
 
+    /// The fleet's clock (its hash made, with a new epoch, if Redis has
+    /// none: a new fleet, or one whose Redis lost its data).
     pub(crate) async fn fleet_clock(&self) -> Result<u64, ApiError> {
         self.read(Vec::new(), None).await.map(|(clock, _, _)| clock)
     }

@@ -250,7 +250,10 @@ impl Conn {
 
     /// Writes one encoded command (or several).
     pub(crate) async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.io.write_all(bytes).await
+        self.io.write_all(bytes).await?;
+        // Over TLS, what `write_all` took may still sit in rustls's
+        // buffer; a flush sends it (on a plain socket it does nothing).
+        self.io.flush().await
     }
 
     /// The next reply, reading as needed.
