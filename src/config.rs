@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The documented defaults, the base layer of every configuration.
@@ -47,6 +48,8 @@ pub struct Settings {
     pub history: HistorySettings,
     /// The Redis bus between processes.
     pub cluster: ClusterSettings,
+    /// Limits per client address.
+    pub limits: LimitSettings,
     /// Logging.
     pub log: LogSettings,
     /// Test-only switches.
@@ -83,6 +86,73 @@ pub struct ServerSettings {
     pub keep_alive_ms: u64,
     /// Upper bound on a graceful shutdown.
     pub shutdown_timeout_ms: u64,
+    /// PROXY protocol headers from a load balancer: off, v1, v2 or any.
+    pub proxy_protocol: ProxyProtocol,
+}
+
+/// `server.proxy_protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocol {
+    /// No header: the socket's peer is the client.
+    Off,
+    /// Every connection starts with a v1 (text) header.
+    V1,
+    /// Every connection starts with a v2 (binary) header.
+    V2,
+    /// Either.
+    Any,
+}
+
+/// Addresses and networks, as `http.trusted_proxies` and
+/// `limits.exempt` list them (`"10.0.0.0/8, 192.0.2.7, ::1"`).
+#[derive(Debug, Clone, Default)]
+pub struct Nets(Vec<IpNet>);
+
+impl Nets {
+    /// Parses a comma-separated list; an address alone is a /32 (/128).
+    pub fn parse(list: &str) -> Result<Nets, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<IpNet>()
+                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| format!("{s:?} is not an address or a network (\"10.0.0.0/8\")"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Nets)
+    }
+
+    /// Whether `ip` is in one of them (an IPv4 address mapped into IPv6
+    /// counts as itself).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// `[limits]`: per client address; 0 turns one off.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Most open streams per address.
+    pub streams_per_ip: u32,
+    /// New streams per address per second.
+    pub stream_opens_per_ip_per_s: u32,
+    /// New streams an address may open at once above that rate.
+    pub stream_opens_burst: u32,
+    /// `/send` and `/broadcast` per address per second.
+    pub publishes_per_ip_per_s: u32,
+    /// Publishes an address may send at once above that rate.
+    pub publishes_burst: u32,
+    /// Addresses and networks no limit applies to.
+    pub exempt: String,
 }
 
 /// `[stream]`
@@ -150,6 +220,9 @@ pub struct AuthSettings {
 pub struct HttpSettings {
     /// Origins allowed by CORS: comma-separated, `*` for any; empty for none.
     pub cors_origins: String,
+    /// Proxies whose `X-Forwarded-For` is believed: addresses and
+    /// networks, comma-separated; empty: none.
+    pub trusted_proxies: String,
 }
 
 impl HttpSettings {
@@ -435,6 +508,29 @@ impl Settings {
         }
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
+        }
+        if let Err(e) = Nets::parse(&self.http.trusted_proxies) {
+            return invalid("http.trusted_proxies", &e);
+        }
+        if let Err(e) = Nets::parse(&self.limits.exempt) {
+            return invalid("limits.exempt", &e);
+        }
+        let l = &self.limits;
+        for (key, rate, burst) in [
+            (
+                "limits.stream_opens_burst",
+                l.stream_opens_per_ip_per_s,
+                l.stream_opens_burst,
+            ),
+            (
+                "limits.publishes_burst",
+                l.publishes_per_ip_per_s,
+                l.publishes_burst,
+            ),
+        ] {
+            if rate > 0 && burst < rate {
+                return invalid(key, "must be at least the rate per second it goes with");
+            }
         }
         if self.server.head_timeout_ms < 1000 {
             // actix-web computes the deadline from a clock it updates every

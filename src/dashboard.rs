@@ -39,7 +39,11 @@ pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
         n(&s["actors"]["counter"]["restarts"]),
     );
     let bus = s["cluster"]["restarts"].as_u64();
-    let fill: [(&str, String); 15] = [
+    let refused = ["streams", "stream_opens", "publishes"]
+        .iter()
+        .map(|k| n(&s["limits"]["refused"][*k]))
+        .sum::<u64>();
+    let fill: [(&str, String); 16] = [
         ("node", escape(&node)),
         ("uptime", format!("{} s", n(&s["uptime_s"]))),
         ("streams", n(&s["connections"]["active"]).to_string()),
@@ -48,6 +52,7 @@ pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
         ("delivered", n(&s["messages"]["delivered"]).to_string()),
         ("dropped", n(&s["messages"]["dropped"]).to_string()),
         ("slow", n(&s["connections"]["slow_disconnects"]).to_string()),
+        ("refused", refused.to_string()),
         ("rss", n(&s["memory"]["rss_bytes"]).to_string()),
         ("rss_text", bytes(n(&s["memory"]["rss_bytes"]))),
         ("per_stream", per.map_or_else(String::new, |b| b.to_string())),
@@ -162,6 +167,7 @@ mod tests {
             "delivered",
             "dropped",
             "slow",
+            "refused",
             "rss",
             "rss_text",
             "per_stream",

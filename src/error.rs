@@ -124,6 +124,20 @@ pub(crate) enum ApiError {
     /// `stream.max_streams` reached: 503.
     #[error("stream limit of {0} reached")]
     StreamLimit(usize),
+    /// `server.proxy_protocol` is on and the connection did not start with
+    /// a valid PROXY header: 400, closed.
+    #[error("{0}")]
+    BadProxyHeader(String),
+    /// A client address over one of its `[limits]`: 429 with `Retry-After`.
+    #[error("too many {what} from this address (the limit is {limit}); retry after {retry_after_s} s")]
+    OverLimit {
+        /// Which limit (`streams`, `stream_opens`, `publishes`).
+        what: &'static str,
+        /// The limit, in words.
+        limit: String,
+        /// Seconds until the address may try again.
+        retry_after_s: u64,
+    },
     /// Shutting down: 503.
     #[error("server is shutting down")]
     ShuttingDown,
@@ -162,12 +176,16 @@ impl Cors<'_> {
 
 impl ApiError {
     /// The header this error adds to its response, if any.
-    fn extra_header(&self) -> Option<(header::HeaderName, &'static str)> {
+    fn extra_header(&self) -> Option<(header::HeaderName, std::borrow::Cow<'static, str>)> {
+        let header = |name, value: &'static str| Some((name, value.into()));
         match self {
-            ApiError::Unauthorized | ApiError::BadToken(_) => Some((header::WWW_AUTHENTICATE, "Bearer")),
-            ApiError::WebSocketVersion => Some((header::SEC_WEBSOCKET_VERSION, "13")),
-            ApiError::MethodNotAllowed(allow) => Some((header::ALLOW, allow)),
-            ApiError::Backlogged { .. } | ApiError::TooManyKeys => Some((header::RETRY_AFTER, "1")),
+            ApiError::Unauthorized | ApiError::BadToken(_) => header(header::WWW_AUTHENTICATE, "Bearer"),
+            ApiError::WebSocketVersion => header(header::SEC_WEBSOCKET_VERSION, "13"),
+            ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
+            ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
+            ApiError::OverLimit { retry_after_s, .. } => {
+                Some((header::RETRY_AFTER, retry_after_s.to_string().into()))
+            }
             _ => None,
         }
     }
@@ -213,6 +231,7 @@ impl ResponseError for ApiError {
             | ApiError::LineBreak
             | ApiError::Payload(_)
             | ApiError::BadHead(_)
+            | ApiError::BadProxyHeader(_)
             | ApiError::RepeatedAuthorization
             | ApiError::ConflictingTokens
             | ApiError::BadIdempotencyKey(_)
@@ -224,6 +243,7 @@ impl ResponseError for ApiError {
             ApiError::IdempotencyInFlight => StatusCode::CONFLICT,
             ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
+            ApiError::OverLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
@@ -243,8 +263,8 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let mut res = HttpResponse::build(self.status_code());
-        if let Some(h) = self.extra_header() {
-            res.insert_header(h);
+        if let Some((name, value)) = self.extra_header() {
+            res.insert_header((name, value.into_owned()));
         }
         // A body that stopped arriving leaves the connection mid-request:
         // nothing more can be read from it; and a server shutting down

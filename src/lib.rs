@@ -63,6 +63,7 @@ pub mod config;
 mod counter;
 mod dashboard;
 mod dispatcher;
+mod edge;
 mod error;
 mod handshake;
 

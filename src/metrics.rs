@@ -17,6 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::edge::{Limits, Refused};
 use crate::hub::cluster::Cluster;
 use crate::stats::{Stats, rss_bytes};
 
@@ -24,10 +25,11 @@ use crate::stats::{Stats, rss_bytes};
 pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// The exposition of `stats`; `node`: this node's name in cluster mode.
-pub(crate) fn render(stats: &Arc<Stats>, cluster: Option<&Arc<Cluster>>) -> String {
+pub(crate) fn render(stats: &Arc<Stats>, cluster: Option<&Arc<Cluster>>, limits: &Arc<Limits>) -> String {
     let labels = cluster.map(|c| ("node".into(), c.node.clone().into()));
     let mut registry = Registry::with_prefix_and_labels("switchboard", labels.into_iter());
     registry.register_collector(Box::new(StatsCollector(Arc::clone(stats))));
+    registry.register_collector(Box::new(LimitsCollector(Arc::clone(limits))));
     if let Some(c) = cluster {
         registry.register_collector(Box::new(ClusterCollector(Arc::clone(c))));
     }
@@ -35,6 +37,46 @@ pub(crate) fn render(stats: &Arc<Stats>, cluster: Option<&Arc<Cluster>>) -> Stri
     // unwrap: writing into a String cannot fail.
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).expect("encode into String");
     out
+}
+
+/// Reads [`Limits`]' counters at scrape time.
+#[derive(Debug)]
+struct LimitsCollector(Arc<Limits>);
+
+impl Collector for LimitsCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let l = &*self.0;
+        let mut m = enc.encode_descriptor(
+            "limits_refused",
+            "Requests refused with 429 by a limit per client address ([limits]), by kind.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (kind, n) in [
+            (Refused::Streams, &l.refused_streams),
+            (Refused::Opens, &l.refused_opens),
+            (Refused::Publishes, &l.refused_publishes),
+        ] {
+            let labels = [("kind", kind.name())];
+            ConstCounter::new(n.load(Relaxed)).encode(m.encode_family(&labels)?)?;
+        }
+        let (with_streams, rate_tracked) = l.tracked();
+        encode_gauges(
+            &mut enc,
+            &[
+                (
+                    "limits_addresses_with_streams",
+                    "Client addresses with streams open, counted for limits.streams_per_ip.",
+                    with_streams as i64,
+                ),
+                (
+                    "limits_addresses_rate_tracked",
+                    "Client addresses whose opening or publishing rate is tracked now.",
+                    rate_tracked as i64,
+                ),
+            ],
+        )
+    }
 }
 
 /// Reads [`Stats`] at scrape time.
@@ -88,7 +130,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 33] = [
+        let counters: [CounterSpec<'_>; 34] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -148,6 +190,11 @@ impl Collector for StatsCollector {
                 "bad_heads",
                 "Request heads refused by switchboard's own checks (400, 408, 431).",
                 &s.bad_heads,
+            ),
+            (
+                "proxy_refused",
+                "Connections refused for a missing or invalid PROXY protocol header (400).",
+                &s.proxy_refused,
             ),
             (
                 "accept_fd_limit_errors",

@@ -154,7 +154,13 @@ async fn stream(
     }
     id::validate(&id, state.settings.stream.max_id_len)?;
     let open = state
-        .admit_stream(&id, &rebuilt_head(&req), &[], Via::Fallback)
+        .admit_stream(
+            &id,
+            &rebuilt_head(&req),
+            &[],
+            Via::Fallback,
+            state.client_of(&req),
+        )
         .map_err(|refused| refused.error)?;
     let head = Head::of(&open);
     let mut res = HttpResponse::Ok();
@@ -217,6 +223,7 @@ async fn send(
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
+    state.streams.limits.admit_publish(state.client_of(&req))?;
     let id = id.into_inner();
     id::validate(&id, state.settings.stream.max_id_len)?;
     let key = idempotency::key_of(&req)?;
@@ -231,6 +238,7 @@ async fn broadcast(
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
+    state.streams.limits.admit_publish(state.client_of(&req))?;
     let key = idempotency::key_of(&req)?;
     let msg = read_message(&req, body, &state).await?;
     publish(&state, Target::All, &msg, key).await
@@ -281,7 +289,11 @@ async fn stats(state: Data<ServerState>) -> HttpResponse {
 async fn metrics(state: Data<ServerState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type(crate::metrics::CONTENT_TYPE)
-        .body(crate::metrics::render(&state.stats, state.hub.cluster()))
+        .body(crate::metrics::render(
+            &state.stats,
+            state.hub.cluster(),
+            &state.streams.limits,
+        ))
 }
 
 /// `GET /cluster`: every live node (from their heartbeats in Redis) and the

@@ -20,7 +20,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -38,9 +38,10 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{self, Class, HeadError};
-use crate::config::Settings;
+use crate::config::{Nets, ProxyProtocol, Settings};
 use crate::counter::Counter;
 use crate::dispatcher;
+use crate::edge::{self, Limits, ProxyError};
 use crate::error::ApiError;
 use crate::hub::Hub;
 use crate::hub::router::CloseAll;
@@ -144,12 +145,32 @@ impl Server {
                     })?,
             ),
         };
+        let invalid =
+            |key: &str, e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"));
+        let limits = Arc::new(Limits::new(&settings.limits).map_err(|e| invalid("limits.exempt", e))?);
+        let trusted_proxies =
+            Nets::parse(&settings.http.trusted_proxies).map_err(|e| invalid("http.trusted_proxies", e))?;
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
             router: hub.router().clone(),
             await_welcome: hub.cluster().is_some(),
             verifier,
+            limits: Arc::clone(&limits),
+        });
+        // Rate states and log times no longer needed go every 10 s.
+        actix_rt::spawn({
+            let limits = Arc::clone(&limits);
+            let stop = cancel.clone();
+            async move {
+                let mut every = tokio::time::interval(Duration::from_secs(10));
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        _ = every.tick() => limits.sweep(),
+                    }
+                }
+            }
         });
         let state = Arc::new(ServerState {
             settings,
@@ -158,6 +179,7 @@ impl Server {
             counter,
             hub,
             addr: crate::hub::cluster::advertised(main_addr),
+            trusted_proxies,
             shutdown: cancel,
         });
 
@@ -390,7 +412,7 @@ fn http_service(
     // What `HttpService::tcp` does, for a connection that may come with bytes
     // already read (see `dispatcher`).
     fn_service(|io: Rewound| async move {
-        let peer = io.get_ref().peer_addr().ok();
+        let peer = io.client();
         Ok((io, Protocol::Http1, peer))
     })
     .and_then(http)
@@ -498,11 +520,25 @@ where
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
     let max_line = settings.server.max_head_bytes;
+    // Behind a load balancer: its PROXY header first, nothing else read.
+    // Boxed, as below: only connections that have one pay for its future.
+    let proxied = match settings.server.proxy_protocol {
+        ProxyProtocol::Off => None,
+        mode => match Box::pin(edge::read_proxy_header(&io, mode, deadline)).await {
+            Ok(client) => client,
+            Err(ProxyError::Gone) => return,
+            Err(ProxyError::Timeout) => return state.refuse_head(io, HeadError::Timeout).await,
+            Err(ProxyError::Invalid(why)) => {
+                state.stats.proxy_refused.fetch_add(1, Relaxed);
+                return Box::pin(state.refuse_proxy(io, why)).await;
+            }
+        },
+    };
     match classify::classify(&io, deadline, settings.stream.max_id_len, max_line).await {
         Class::Stream { id, http10 } => {
             // Boxed: reading and checking the head would otherwise grow
             // every connection's task (docs/design-notes.md).
-            Box::pin(serve_stream(io, id, http10, &state, permit, deadline)).await;
+            Box::pin(serve_stream(io, id, http10, &state, permit, deadline, proxied)).await;
         }
         Class::Dispatcher => {
             let _conn = HttpConn::new(permit, &state.stats);
@@ -510,14 +546,14 @@ where
             // future's size while it is classified.
             if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(io, &state, deadline)).await
             {
-                Box::pin(serve_http(&*http, io)).await;
+                Box::pin(serve_http(&*http, io.with_client(proxied))).await;
             }
         }
         Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
             // Boxed: actix-web's HTTP/1 dispatcher future is large, and every
             // connection's task would carry its size while it is classified.
-            Box::pin(serve_http(&*http, Rewound::new(io))).await;
+            Box::pin(serve_http(&*http, Rewound::new(io).with_client(proxied))).await;
         }
         Class::Timeout => state.refuse_head(io, HeadError::Timeout).await,
         Class::Fragment => {
@@ -539,10 +575,15 @@ async fn serve_stream(
     state: &Arc<ServerState>,
     permit: OwnedSemaphorePermit,
     deadline: Instant,
+    proxied: Option<SocketAddr>,
 ) {
     let max_head = state.settings.server.max_head_bytes;
+    let peer = proxied
+        .or_else(|| io.peer_addr().ok())
+        .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
     let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
-        state.admit_stream(&id, head, early, Via::Lean)
+        let client = state.client_of_head(peer, head);
+        state.admit_stream(&id, head, early, Via::Lean, client)
     })
     .await;
     match admitted {

@@ -76,6 +76,8 @@ pub(crate) struct Rewound {
     prefix: Vec<u8>,
     /// How much of `prefix` has been served.
     pos: usize,
+    /// The client's address from a PROXY header (`None`: the socket's peer).
+    client: Option<std::net::SocketAddr>,
 }
 
 impl Rewound {
@@ -86,6 +88,7 @@ impl Rewound {
             close: CloseHandle::default(),
             prefix: Vec::new(),
             pos: 0,
+            client: None,
         }
     }
 
@@ -96,17 +99,25 @@ impl Rewound {
             close: CloseHandle::default(),
             prefix: prefix.to_vec(),
             pos: 0,
+            client: None,
         }
+    }
+
+    /// The same, its client at `client` (a PROXY header's source).
+    pub(crate) fn with_client(mut self, client: Option<std::net::SocketAddr>) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// The client's address: a PROXY header's source, else the socket's
+    /// peer.
+    pub(crate) fn client(&self) -> Option<std::net::SocketAddr> {
+        self.client.or_else(|| self.io.peer_addr().ok())
     }
 
     /// What a handler on this connection uses to have it closed.
     pub(crate) fn close_handle(&self) -> CloseHandle {
         self.close.clone()
-    }
-
-    /// The socket underneath.
-    pub(crate) fn get_ref(&self) -> &TcpStream {
-        &self.io
     }
 }
 

@@ -1,5 +1,6 @@
 //! What every worker and handler of one server shares.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -9,8 +10,9 @@ use actix_rt::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::HeadError;
-use crate::config::Settings;
+use crate::config::{Nets, Settings};
 use crate::counter::Counter;
+use crate::edge;
 use crate::error::{ApiError, Cors};
 use crate::handshake::{self, Transport};
 use crate::hub::Hub;
@@ -43,16 +45,47 @@ pub(crate) struct ServerState {
     pub(crate) hub: Hub<Stream>,
     /// The main listening address, as `/cluster` shows it.
     pub(crate) addr: String,
+    /// `http.trusted_proxies`, parsed.
+    pub(crate) trusted_proxies: Nets,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
     /// accept loops stop, actix-web connections drain, new streams are refused.
     pub(crate) shutdown: CancellationToken,
 }
 
 impl ServerState {
+    /// The client's address for an actix-web request: the socket's peer
+    /// or the PROXY header's source ([`Rewound`]), or, from a trusted
+    /// proxy, what its `X-Forwarded-For` says.
+    ///
+    /// [`Rewound`]: crate::socket::Rewound
+    pub(crate) fn client_of(&self, req: &actix_web::HttpRequest) -> IpAddr {
+        let peer = req.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        edge::forwarded_for(
+            peer,
+            &self.trusted_proxies,
+            req.headers().get_all("x-forwarded-for").map(|v| v.as_bytes()),
+        )
+    }
+
+    /// The client's address for a lean stream: `peer` (the socket's, or
+    /// the PROXY header's source), or from a trusted proxy what the head's
+    /// `X-Forwarded-For` says.
+    pub(crate) fn client_of_head(&self, peer: IpAddr, head: &[u8]) -> IpAddr {
+        if self.trusted_proxies.is_empty() {
+            return peer;
+        }
+        edge::forwarded_for(
+            peer,
+            &self.trusted_proxies,
+            edge::header_values(head, b"x-forwarded-for"),
+        )
+    }
+
     /// The `/stats` document: the server's counters, and in cluster mode
     /// a `cluster` section (also what the dashboard's feed carries).
     pub(crate) fn stats_document(&self) -> serde_json::Value {
         let mut snapshot = self.stats.snapshot();
+        snapshot["limits"] = self.streams.limits.stats();
         if let Some(cluster) = self.hub.cluster() {
             snapshot["cluster"] = cluster.snapshot();
         }
@@ -81,6 +114,15 @@ impl ServerState {
         }
         self.stats.bad_heads.fetch_add(1, Relaxed);
         socket::refuse(io, &self.head_error(e), Cors::default()).await;
+    }
+
+    /// Refuses a connection whose PROXY protocol header is missing or
+    /// invalid: 400 with the reason, closed; logged at debug level (the
+    /// count is in `/stats` `connections.proxy_refused`).
+    pub(crate) async fn refuse_proxy(&self, io: TcpStream, why: String) {
+        let peer = io.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        tracing::debug!(event = "proxy_refused", peer = %peer, reason = %why, "connection refused");
+        socket::refuse(io, &ApiError::BadProxyHeader(why), Cors::default()).await;
     }
 
     /// The answer to a head a stream path refuses.
@@ -147,6 +189,7 @@ impl ServerState {
         head: &[u8],
         early: &[u8],
         via: Via,
+        client: IpAddr,
     ) -> Result<Open, Refusal> {
         // The origin first, so that every refusal after it can name it.
         let origin = handshake::origin(head).ok().flatten();
@@ -185,8 +228,14 @@ impl ServerState {
                 "a WebSocket upgrade must be the first request on its connection".to_owned(),
             )));
         }
+        // The client's address: its rate, then its count (429).
+        let limits = &self.streams.limits;
+        let counted = limits.admit_stream(client).map_err(refused)?;
         let max = self.settings.stream.max_streams;
         if !self.stats.try_reserve_stream(max) {
+            if counted {
+                limits.uncount(client);
+            }
             return Err(refused(ApiError::StreamLimit(max)));
         }
         Ok(Open {
@@ -195,6 +244,7 @@ impl ServerState {
             vary: http.cors_enabled(),
             expires,
             early: early.to_vec(),
+            counted: counted.then_some(client),
         })
     }
 }

@@ -69,6 +69,9 @@ pub(crate) struct Stats {
     /// Request heads refused by switchboard's own checks (400, 408, 431): on
     /// the lean paths, and the stream rules of actix-web's fallback route.
     pub(crate) bad_heads: AtomicU64,
+    /// Connections refused for a missing or invalid PROXY protocol header
+    /// (`server.proxy_protocol` on).
+    pub(crate) proxy_refused: AtomicU64,
     /// Streams opened as server-sent events.
     pub(crate) streams_sse: AtomicU64,
     /// Streams opened as WebSockets.
@@ -161,6 +164,7 @@ impl Stats {
             accept_fd_limit: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             bad_heads: AtomicU64::new(0),
+            proxy_refused: AtomicU64::new(0),
             streams_sse: AtomicU64::new(0),
             streams_ws: AtomicU64::new(0),
             ws_frames_ignored: AtomicU64::new(0),
@@ -259,6 +263,7 @@ impl Stats {
                 "http_active": self.http_active.load(Relaxed),
                 "accepted": get(&self.accepted),
                 "bad_heads": get(&self.bad_heads),
+                "proxy_refused": get(&self.proxy_refused),
             },
             "accept": {
                 "fd_limit": get(&self.accept_fd_limit),

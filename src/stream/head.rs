@@ -110,6 +110,7 @@ mod tests {
             vary: cors,
             early: Vec::new(),
             expires: None,
+            counted: None,
         };
         let head = Head::of(&open);
         let mut out = Vec::new();

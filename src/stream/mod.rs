@@ -70,6 +70,9 @@ pub(crate) struct Shared {
     pub(crate) await_welcome: bool,
     /// Checks subscriber tokens (`auth.subscribe_secret`); `None`: open.
     pub(crate) verifier: Option<Verifier>,
+    /// The limits per client address (a counted stream gives its place
+    /// back when it stops).
+    pub(crate) limits: Arc<crate::edge::Limits>,
 }
 
 /// Which path a stream came in by, which decides who writes its response
@@ -96,6 +99,8 @@ pub(crate) struct Open {
     pub(crate) early: Vec<u8>,
     /// The stream ends then (its subscriber token expires).
     pub(crate) expires: Option<Duration>,
+    /// Its client's address, when `limits.streams_per_ip` counted it.
+    pub(crate) counted: Option<std::net::IpAddr>,
 }
 
 /// What an event is, for SSE's `event:` line.
@@ -214,6 +219,9 @@ impl Stream {
         let needs_tracking = transport != Transport::Plain || open.req.ids || open.req.since.is_some();
         let retry = (transport == Transport::Sse).then_some(shared.settings.sse_retry_ms);
         let mut stream = Stream::new(id, sink, framing, shared, via == Via::Fallback);
+        if let Some(ip) = open.counted {
+            stream.core.shared.limits.track(stream.core.conn, ip);
+        }
         stream.transport = transport;
         stream.ids = open.req.ids;
         stream.tracking = needs_tracking.then(|| {
@@ -511,6 +519,9 @@ impl Actor for Stream {
             .messages_dropped
             .fetch_add(self.sink.pending_messages() as u64, Relaxed);
         stats.stream_closed(conn_age(self.core.conn));
+        if self.core.shared.limits.streams_on() {
+            self.core.shared.limits.closed(self.core.conn);
+        }
     }
 }
 

@@ -32,6 +32,9 @@ pub struct TestServer {
     pub addrs: Vec<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<io::Result<()>>>,
+    /// With `server.proxy_protocol` on: what this helper's own requests
+    /// start with (a balancer's own LOCAL/UNKNOWN header).
+    proxy_prefix: Vec<u8>,
 }
 
 impl TestServer {
@@ -44,6 +47,11 @@ impl TestServer {
         let listeners = (0..ports)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
+        let proxy_prefix = match settings.server.proxy_protocol {
+            switchboard::config::ProxyProtocol::Off => Vec::new(),
+            switchboard::config::ProxyProtocol::V2 => b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00".to_vec(),
+            _ => b"PROXY UNKNOWN\r\n".to_vec(),
+        };
         let server = Server::from_listeners(settings, listeners).unwrap();
         let addrs = server.local_addrs();
         let addr = addrs[0];
@@ -58,6 +66,7 @@ impl TestServer {
             addrs,
             stop: Some(tx),
             thread: Some(thread),
+            proxy_prefix,
         };
         ts.wait_ready();
         ts
@@ -85,7 +94,7 @@ impl TestServer {
     }
 
     pub fn try_get(&self, path: &str) -> io::Result<Response> {
-        request(self.addr, "GET", path, &[], b"")
+        request_prefixed(self.addr, &self.proxy_prefix, "GET", path, &[], b"")
     }
 
     pub fn get(&self, path: &str) -> Response {
@@ -93,7 +102,7 @@ impl TestServer {
     }
 
     pub fn post(&self, path: &str, body: &str) -> Response {
-        request(self.addr, "POST", path, &[], body.as_bytes()).unwrap()
+        request_prefixed(self.addr, &self.proxy_prefix, "POST", path, &[], body.as_bytes()).unwrap()
     }
 
     pub fn stats(&self) -> Value {
@@ -179,8 +188,21 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> io::Result<Response> {
+    request_prefixed(addr, b"", method, path, headers, body)
+}
+
+/// [`request`], with `prefix` (a PROXY protocol header) sent first.
+pub fn request_prefixed(
+    addr: SocketAddr,
+    prefix: &[u8],
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> io::Result<Response> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(READ_TIMEOUT))?;
+    s.write_all(prefix)?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));

@@ -112,6 +112,15 @@ async fn open(
         Ok(Err(e)) => return fail(counters, ErrorKind::of(&e)),
         Err(_) => return fail(counters, ErrorKind::Timeout),
     };
+    if let Some(version) = plan.proxy_protocol {
+        let header = match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(src), Ok(dst)) => version.header(src, dst),
+            (Err(e), _) | (_, Err(e)) => return fail(counters, ErrorKind::of(&e)),
+        };
+        if let Err(e) = stream.write_all(&header).await {
+            return fail(counters, ErrorKind::of(&e));
+        }
+    }
     let request = format!(
         "GET {path} HTTP/1.1\r\nhost: {addr}\r\nuser-agent: floodtest\r\n{}\r\n",
         plan.transport.request_headers()
@@ -299,6 +308,7 @@ mod tests {
             lifetime: None,
             tick_interval: None,
             transport: super::super::Transport::Chunked,
+            proxy_protocol: None,
         });
         let c = std::rc::Rc::new(super::Counters::new(1));
         let f = super::hold(0, plan, c);

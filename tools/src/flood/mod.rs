@@ -117,6 +117,11 @@ pub struct Args {
     /// counted) or `ws` (a WebSocket upgrade: each text frame).
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
     pub transport: Transport,
+    /// Send a PROXY protocol header (`v1` text, `v2` binary) before each
+    /// stream's request, naming the stream's own address as the client's:
+    /// what a server with `server.proxy_protocol` on behind a balancer gets.
+    #[arg(long, value_enum, value_name = "VERSION")]
+    pub proxy_protocol: Option<ProxyVersion>,
     /// Messages per second POSTed to random held streams (0: no messages).
     #[arg(long, default_value_t = 0.0)]
     pub msg_rate: f64,
@@ -155,6 +160,57 @@ pub enum Transport {
     Sse,
     /// WebSocket text frames.
     Ws,
+}
+
+/// `--proxy-protocol`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyVersion {
+    /// `PROXY TCP4 <src> <dst> <sport> <dport>\r\n`.
+    V1,
+    /// The binary header, 28 bytes for IPv4 (36 + 24 for IPv6).
+    V2,
+}
+
+impl ProxyVersion {
+    /// The header for a connection from `src` to `dst`.
+    pub fn header(self, src: std::net::SocketAddr, dst: std::net::SocketAddr) -> Vec<u8> {
+        use std::net::SocketAddr::V4;
+        match self {
+            ProxyVersion::V1 => {
+                let family = if src.is_ipv4() { "TCP4" } else { "TCP6" };
+                format!(
+                    "PROXY {family} {} {} {} {}\r\n",
+                    src.ip(),
+                    dst.ip(),
+                    src.port(),
+                    dst.port()
+                )
+                .into_bytes()
+            }
+            ProxyVersion::V2 => {
+                let mut h = b"\r\n\r\n\0\r\nQUIT\n\x21".to_vec();
+                match (src, dst) {
+                    (V4(s), V4(d)) => {
+                        h.extend([0x11, 0, 12]);
+                        h.extend(s.ip().octets());
+                        h.extend(d.ip().octets());
+                    }
+                    _ => {
+                        h.extend([0x21, 0, 36]);
+                        let v6 = |a: std::net::SocketAddr| match a.ip() {
+                            std::net::IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+                            std::net::IpAddr::V6(ip) => ip.octets(),
+                        };
+                        h.extend(v6(src));
+                        h.extend(v6(dst));
+                    }
+                }
+                h.extend(src.port().to_be_bytes());
+                h.extend(dst.port().to_be_bytes());
+                h
+            }
+        }
+    }
 }
 
 impl Transport {
@@ -209,6 +265,8 @@ pub struct Plan {
     pub tick_interval: Option<Duration>,
     /// `--transport`.
     pub transport: Transport,
+    /// `--proxy-protocol`.
+    pub proxy_protocol: Option<ProxyVersion>,
 }
 
 impl Plan {
@@ -374,6 +432,7 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
         lifetime: args.lifetime,
         tick_interval: args.tick_interval,
         transport: args.transport,
+        proxy_protocol: args.proxy_protocol,
     })
 }
 
@@ -454,4 +513,25 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
         let _ = s.await;
     }
     Ok(reporter.finish(&counters, started).await)
+}
+
+#[cfg(test)]
+mod proxy_tests {
+    use super::ProxyVersion;
+
+    #[test]
+    fn proxy_headers_are_what_a_balancer_sends() {
+        let (src, dst) = (
+            "127.0.0.2:4000".parse().unwrap(),
+            "127.0.0.1:8000".parse().unwrap(),
+        );
+        assert_eq!(
+            ProxyVersion::V1.header(src, dst),
+            b"PROXY TCP4 127.0.0.2 127.0.0.1 4000 8000\r\n"
+        );
+        let v2 = ProxyVersion::V2.header(src, dst);
+        assert_eq!(&v2[..12], b"\r\n\r\n\0\r\nQUIT\n");
+        assert_eq!(&v2[12..16], [0x21, 0x11, 0, 12]);
+        assert_eq!(&v2[16..], [127, 0, 0, 2, 127, 0, 0, 1, 0x0f, 0xa0, 0x1f, 0x40]);
+    }
 }

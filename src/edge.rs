@@ -1,0 +1,645 @@
+//! At the edge: the client's real address behind a load balancer (the
+//! PROXY protocol, or `X-Forwarded-For` from a trusted proxy) and the
+//! limits per client address.
+//!
+//! - [`read_proxy_header`] takes a PROXY protocol header (v1 text, v2
+//!   binary; parsed by the `ppp` crate) off the front of a fresh
+//!   connection, before anything else reads it: it peeks, and then reads
+//!   exactly the header's bytes, so the request behind it is classified
+//!   and served as on a connection without one. The peek buffer lives on
+//!   the stack of a plain function, never in the connection's task, whose
+//!   size every idle stream pays for (docs/design-notes.md).
+//! - [`Limits`]: open streams per address (a count kept only while an
+//!   address has streams open), new streams and publishes per address per
+//!   second (`governor`'s keyed GCRA limiters: one 8-byte state per
+//!   address seen recently, dropped once it would be full again).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::os::fd::AsRawFd as _;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use actix_rt::net::TcpStream;
+use governor::clock::{Clock as _, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota};
+use nix::errno::Errno;
+use nix::sys::socket::{MsgFlags, recv};
+use serde_json::{Value, json};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::config::{LimitSettings, Nets, ProxyProtocol};
+use crate::error::ApiError;
+use crate::id::ConnId;
+
+/// The longest PROXY header taken: a v1 header is at most 107 bytes; a v2
+/// header is 16 plus its addresses (at most 216 for Unix sockets) and its
+/// TLVs, which HAProxy keeps to a few hundred bytes.
+const MAX_PROXY_HEADER: usize = 1024;
+
+/// v2's signature, the first 12 bytes of its header.
+const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
+
+/// v1's start.
+const V1_PREFIX: &[u8] = b"PROXY ";
+
+/// First wait before peeking again at a header that is not whole yet (a
+/// peek leaves the socket readable, so waiting for readiness would spin).
+const BACKOFF_START: Duration = Duration::from_millis(1);
+const BACKOFF_MAX: Duration = Duration::from_millis(50);
+
+/// Why a connection's PROXY header was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProxyError {
+    /// Not whole before the head deadline.
+    Timeout,
+    /// The client went away first.
+    Gone,
+    /// Not a PROXY header this server takes (the reason says why).
+    Invalid(String),
+}
+
+/// What a peek found at the front of a connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Parsed {
+    /// A whole header of `len` bytes; the client's address (`None`: the
+    /// balancer's own connection, `LOCAL` or `UNKNOWN`, for health checks:
+    /// the socket's peer stands).
+    Header { len: usize, client: Option<SocketAddr> },
+    /// Only the start of one so far.
+    Partial,
+    /// Not a header this server takes.
+    Invalid(String),
+}
+
+/// Parses what was peeked of a connection with `mode` on (never `Off`).
+pub(crate) fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
+    let starts = |prefix: &[u8]| {
+        let k = buf.len().min(prefix.len());
+        buf[..k] == prefix[..k]
+    };
+    let (v1, v2) = (starts(V1_PREFIX), starts(V2_SIGNATURE));
+    if buf.is_empty() || (v1 && v2) {
+        return Parsed::Partial;
+    }
+    match (v1, v2, mode) {
+        (true, _, ProxyProtocol::V2) => {
+            Parsed::Invalid("a PROXY protocol v1 header, and server.proxy_protocol takes v2 only".to_owned())
+        }
+        (_, true, ProxyProtocol::V1) => {
+            Parsed::Invalid("a PROXY protocol v2 header, and server.proxy_protocol takes v1 only".to_owned())
+        }
+        (true, _, _) => parse_v1(buf),
+        (_, true, _) => parse_v2(buf),
+        _ => Parsed::Invalid(
+            "no PROXY protocol header: with server.proxy_protocol on, every connection must \
+             start with one (from the load balancer)"
+                .to_owned(),
+        ),
+    }
+}
+
+/// v1's longest header, CRLF included.
+const V1_MAX: usize = 107;
+
+fn parse_v1(buf: &[u8]) -> Parsed {
+    use ppp::PartialResult as _;
+    use ppp::v1::{Addresses, Header};
+    // The whole line first: ppp takes a line cut inside a number for a
+    // whole one, and a v1 header always ends with CRLF.
+    let Some(end) = buf.windows(2).take(V1_MAX - 1).position(|w| w == b"\r\n") else {
+        return if buf.len() >= V1_MAX {
+            Parsed::Invalid(format!(
+                "a PROXY protocol v1 header has no CRLF within {V1_MAX} bytes"
+            ))
+        } else {
+            Parsed::Partial
+        };
+    };
+    match Header::try_from(&buf[..end + 2]) {
+        Ok(h) => Parsed::Header {
+            len: h.header.len(),
+            client: match h.addresses {
+                Addresses::Tcp4(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
+                Addresses::Tcp6(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
+                Addresses::Unknown => None,
+            },
+        },
+        Err(e) if e.is_incomplete() => Parsed::Partial,
+        Err(e) => Parsed::Invalid(format!("not a PROXY protocol v1 header: {e}")),
+    }
+}
+
+fn parse_v2(buf: &[u8]) -> Parsed {
+    use ppp::PartialResult as _;
+    use ppp::v2::{Addresses, Command, Header};
+    match Header::try_from(buf) {
+        Ok(h) => Parsed::Header {
+            len: h.len(),
+            client: match (h.command, h.addresses) {
+                (Command::Proxy, Addresses::IPv4(a)) => {
+                    Some(SocketAddr::from((a.source_address, a.source_port)))
+                }
+                (Command::Proxy, Addresses::IPv6(a)) => {
+                    Some(SocketAddr::from((a.source_address, a.source_port)))
+                }
+                _ => None,
+            },
+        },
+        Err(e) if e.is_incomplete() => {
+            if buf.len() >= MAX_PROXY_HEADER {
+                Parsed::Invalid(format!(
+                    "a PROXY protocol v2 header longer than {MAX_PROXY_HEADER} bytes"
+                ))
+            } else {
+                Parsed::Partial
+            }
+        }
+        Err(e) => Parsed::Invalid(format!("not a PROXY protocol v2 header: {e}")),
+    }
+}
+
+/// Takes the PROXY header off the front of `io` (mode on): the client's
+/// address it names (`None`: a `LOCAL`/`UNKNOWN` header; the socket's peer
+/// stands), or why the connection must be refused. Nothing after the
+/// header is read.
+pub(crate) async fn read_proxy_header(
+    io: &TcpStream,
+    mode: ProxyProtocol,
+    deadline: Instant,
+) -> Result<Option<SocketAddr>, ProxyError> {
+    match timeout_at(deadline, io.readable()).await {
+        Err(_) => return Err(ProxyError::Timeout),
+        Ok(Err(_)) => return Err(ProxyError::Gone),
+        Ok(Ok(())) => {}
+    }
+    let mut backoff = BACKOFF_START;
+    loop {
+        match take_header(io, mode) {
+            Taken::Done(client) => return Ok(client),
+            Taken::Gone => return Err(ProxyError::Gone),
+            Taken::Invalid(why) => return Err(ProxyError::Invalid(why)),
+            Taken::NotYet if Instant::now() >= deadline => return Err(ProxyError::Timeout),
+            Taken::NotYet => {
+                sleep_until(deadline.min(Instant::now() + backoff)).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// What one look at the socket found.
+enum Taken {
+    Done(Option<SocketAddr>),
+    NotYet,
+    Gone,
+    Invalid(String),
+}
+
+/// Peeks at `io` without waiting; if a whole header is there, reads
+/// exactly its bytes. Its buffer is on this function's stack.
+fn take_header(io: &TcpStream, mode: ProxyProtocol) -> Taken {
+    let fd = io.as_raw_fd();
+    let mut buf = [0u8; MAX_PROXY_HEADER];
+    let n = match recv(fd, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+        Ok(0) => return Taken::Gone,
+        Ok(n) => n,
+        Err(Errno::EAGAIN | Errno::EINTR) => return Taken::NotYet,
+        Err(_) => return Taken::Gone,
+    };
+    match parse(&buf[..n], mode) {
+        Parsed::Header { len, client } => {
+            // The bytes are in the kernel already (just peeked): one read
+            // takes exactly them.
+            match recv(fd, &mut buf[..len], MsgFlags::MSG_DONTWAIT) {
+                Ok(got) if got == len => Taken::Done(client),
+                _ => Taken::Gone,
+            }
+        }
+        Parsed::Partial if n == MAX_PROXY_HEADER => Taken::Invalid(format!(
+            "a PROXY protocol header longer than {MAX_PROXY_HEADER} bytes"
+        )),
+        Parsed::Partial => Taken::NotYet,
+        Parsed::Invalid(why) => Taken::Invalid(why),
+    }
+}
+
+/// The values of the header `name` (lower case) in a request head that was
+/// already checked (`classify::consume_head`): one per line it is on.
+pub(crate) fn header_values<'a>(head: &'a [u8], name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    head.split(|b| *b == b'\n').skip(1).filter_map(move |line| {
+        let colon = line.iter().position(|b| *b == b':')?;
+        line[..colon]
+            .eq_ignore_ascii_case(name)
+            .then(|| line[colon + 1..].trim_ascii())
+    })
+}
+
+/// The client's address by `X-Forwarded-For` (the values of every such
+/// header, in order) when the connection's peer is a trusted proxy: the
+/// rightmost address that is not itself a trusted proxy (what the proxies
+/// nearest this server saw), or the peer if the header names none.
+/// An unparseable entry ends the walk there: what is left of it was
+/// written by someone untrusted.
+pub(crate) fn forwarded_for<'a>(
+    peer: IpAddr,
+    trusted: &Nets,
+    values: impl Iterator<Item = &'a [u8]>,
+) -> IpAddr {
+    if trusted.is_empty() || !trusted.contains(peer) {
+        return peer;
+    }
+    let entries: Vec<&[u8]> = values.flat_map(|v| v.split(|b| *b == b',')).collect();
+    let mut client = peer;
+    for entry in entries.iter().rev() {
+        let Some(ip) = std::str::from_utf8(entry)
+            .ok()
+            .and_then(|s| parse_forwarded_ip(s.trim()))
+        else {
+            break;
+        };
+        client = ip;
+        if !trusted.contains(ip) {
+            break;
+        }
+    }
+    client
+}
+
+/// An `X-Forwarded-For` entry: an address, with a port or in brackets
+/// as some proxies write them.
+fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(sa.ip());
+    }
+    s.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+}
+
+/// What was refused, for `/stats` `limits.refused` and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// `limits.streams_per_ip`.
+    Streams,
+    /// `limits.stream_opens_per_ip_per_s`.
+    Opens,
+    /// `limits.publishes_per_ip_per_s`.
+    Publishes,
+}
+
+impl Refused {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Refused::Streams => "streams",
+            Refused::Opens => "stream_opens",
+            Refused::Publishes => "publishes",
+        }
+    }
+}
+
+/// Most addresses remembered for the once-a-minute refusal log line.
+const MAX_LOGGED: usize = 10_000;
+
+/// The limits per client address (`[limits]`).
+#[derive(Debug)]
+pub(crate) struct Limits {
+    settings: LimitSettings,
+    exempt: Nets,
+    /// Open streams by address; an address leaves when its last closes.
+    streams: Mutex<HashMap<IpAddr, u32>>,
+    /// The address of each stream counted in `streams`, by its
+    /// connection id, so that its close gives its place back: kept here,
+    /// and only with `streams_per_ip` on, rather than in every stream.
+    by_conn: Mutex<HashMap<ConnId, IpAddr>>,
+    opens: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    publishes: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    /// When each refusing address was last logged, and for which limit.
+    logged: Mutex<HashMap<IpAddr, (Instant, Refused)>>,
+    pub(crate) refused_streams: AtomicU64,
+    pub(crate) refused_opens: AtomicU64,
+    pub(crate) refused_publishes: AtomicU64,
+}
+
+fn quota(per_s: u32, burst: u32) -> Option<Quota> {
+    let per_s = NonZeroU32::new(per_s)?;
+    Some(Quota::per_second(per_s).allow_burst(NonZeroU32::new(burst).unwrap_or(per_s)))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Limits {
+    pub(crate) fn new(settings: &LimitSettings) -> Result<Limits, String> {
+        Ok(Limits {
+            exempt: Nets::parse(&settings.exempt)?,
+            settings: settings.clone(),
+            streams: Mutex::new(HashMap::new()),
+            by_conn: Mutex::new(HashMap::new()),
+            opens: quota(settings.stream_opens_per_ip_per_s, settings.stream_opens_burst)
+                .map(DefaultKeyedRateLimiter::keyed),
+            publishes: quota(settings.publishes_per_ip_per_s, settings.publishes_burst)
+                .map(DefaultKeyedRateLimiter::keyed),
+            logged: Mutex::new(HashMap::new()),
+            refused_streams: AtomicU64::new(0),
+            refused_opens: AtomicU64::new(0),
+            refused_publishes: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether the limits apply to `ip` (not exempt).
+    fn applies(&self, ip: IpAddr) -> bool {
+        !self.exempt.contains(ip)
+    }
+
+    /// Whether stream limits are on (so a stream's address is kept).
+    pub(crate) fn streams_on(&self) -> bool {
+        self.settings.streams_per_ip > 0
+    }
+
+    /// A new stream from `ip`: its rate, then its count. On success the
+    /// count includes it until [`Limits::stream_closed`]; answers whether
+    /// it was counted.
+    pub(crate) fn admit_stream(&self, ip: IpAddr) -> Result<bool, ApiError> {
+        if !self.applies(ip) {
+            return Ok(false);
+        }
+        if let Some(opens) = &self.opens
+            && let Err(not_until) = opens.check_key(&ip)
+        {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            return Err(self.refuse(ip, Refused::Opens, wait));
+        }
+        let max = self.settings.streams_per_ip;
+        if max == 0 {
+            return Ok(false);
+        }
+        let mut streams = lock(&self.streams);
+        let n = streams.entry(ip).or_insert(0);
+        if *n >= max {
+            drop(streams);
+            return Err(self.refuse(ip, Refused::Streams, Duration::from_secs(5)));
+        }
+        *n += 1;
+        Ok(true)
+    }
+
+    /// The stream counted for `ip` by [`Limits::admit_stream`] started as
+    /// connection `conn`.
+    pub(crate) fn track(&self, conn: ConnId, ip: IpAddr) {
+        lock(&self.by_conn).insert(conn, ip);
+    }
+
+    /// Connection `conn` closed: if it was a counted stream, its address
+    /// gets its place back.
+    pub(crate) fn closed(&self, conn: ConnId) {
+        if let Some(ip) = lock(&self.by_conn).remove(&conn) {
+            self.uncount(ip);
+        }
+    }
+
+    /// Gives back a place [`Limits::admit_stream`] counted (for a stream
+    /// refused after it, or one that closed).
+    pub(crate) fn uncount(&self, ip: IpAddr) {
+        let mut streams = lock(&self.streams);
+        if let Some(n) = streams.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                streams.remove(&ip);
+            }
+        }
+    }
+
+    /// A `/send` or `/broadcast` from `ip`.
+    pub(crate) fn admit_publish(&self, ip: IpAddr) -> Result<(), ApiError> {
+        if !self.applies(ip) {
+            return Ok(());
+        }
+        if let Some(publishes) = &self.publishes
+            && let Err(not_until) = publishes.check_key(&ip)
+        {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            return Err(self.refuse(ip, Refused::Publishes, wait));
+        }
+        Ok(())
+    }
+
+    /// Counts a refusal, logs it (once a minute per address), and answers
+    /// 429 with `Retry-After`.
+    fn refuse(&self, ip: IpAddr, what: Refused, wait: Duration) -> ApiError {
+        let (counter, limit) = match what {
+            Refused::Streams => (
+                &self.refused_streams,
+                format!("{} open streams", self.settings.streams_per_ip),
+            ),
+            Refused::Opens => (
+                &self.refused_opens,
+                format!(
+                    "{} new streams a second (bursts of {})",
+                    self.settings.stream_opens_per_ip_per_s, self.settings.stream_opens_burst
+                ),
+            ),
+            Refused::Publishes => (
+                &self.refused_publishes,
+                format!(
+                    "{} publishes a second (bursts of {})",
+                    self.settings.publishes_per_ip_per_s, self.settings.publishes_burst
+                ),
+            ),
+        };
+        let total = counter.fetch_add(1, Relaxed) + 1;
+        let now = Instant::now();
+        let mut logged = lock(&self.logged);
+        let due = logged
+            .get(&ip)
+            .is_none_or(|(at, _)| now.duration_since(*at) >= Duration::from_secs(60));
+        if due && (logged.len() < MAX_LOGGED || logged.contains_key(&ip)) {
+            logged.insert(ip, (now, what));
+            drop(logged);
+            tracing::warn!(
+                event = "limit_refused",
+                client = %ip,
+                limit = what.name(),
+                refused_total = total,
+                "a client address is over its limit ({limit}); refused with 429 (logged once a minute per address)"
+            );
+        }
+        ApiError::OverLimit {
+            what: what.name(),
+            limit,
+            retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+        }
+    }
+
+    /// Drops what no longer needs keeping: rate states that would be full
+    /// again, log times older than a minute. Run every few seconds.
+    pub(crate) fn sweep(&self) {
+        for limiter in [&self.opens, &self.publishes].into_iter().flatten() {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+        let now = Instant::now();
+        lock(&self.logged).retain(|_, (at, _)| now.duration_since(*at) < Duration::from_secs(60));
+    }
+
+    /// Addresses with streams counted, and addresses whose rates are
+    /// tracked.
+    pub(crate) fn tracked(&self) -> (usize, usize) {
+        let rates =
+            self.opens.as_ref().map_or(0, |l| l.len()) + self.publishes.as_ref().map_or(0, |l| l.len());
+        (lock(&self.streams).len(), rates)
+    }
+
+    /// `/stats` `limits`.
+    pub(crate) fn stats(&self) -> Value {
+        let (with_streams, rate_tracked) = self.tracked();
+        // The addresses refused (and logged) within the last minute, at
+        // most 20, the latest first.
+        let mut refusing: Vec<(IpAddr, Instant, Refused)> = lock(&self.logged)
+            .iter()
+            .map(|(ip, (at, what))| (*ip, *at, *what))
+            .collect();
+        refusing.sort_by(|a, b| b.1.cmp(&a.1));
+        let refusing: Vec<Value> = refusing
+            .iter()
+            .take(20)
+            .map(|(ip, at, what)| {
+                json!({"address": ip.to_string(), "limit": what.name(), "seconds_ago": at.elapsed().as_secs()})
+            })
+            .collect();
+        json!({
+            "refusing": refusing,
+            "refused": {
+                "streams": self.refused_streams.load(Relaxed),
+                "stream_opens": self.refused_opens.load(Relaxed),
+                "publishes": self.refused_publishes.load(Relaxed),
+            },
+            "addresses_with_streams": with_streams,
+            "addresses_rate_tracked": rate_tracked,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v2(command: u8, family: u8, addresses: &[u8], tlvs: &[u8]) -> Vec<u8> {
+        let mut h = V2_SIGNATURE.to_vec();
+        h.push(0x20 | command);
+        h.push(family);
+        h.extend(((addresses.len() + tlvs.len()) as u16).to_be_bytes());
+        h.extend(addresses);
+        h.extend(tlvs);
+        h
+    }
+
+    #[test]
+    fn v1_headers_give_the_source_address() {
+        let line = b"PROXY TCP4 192.0.2.7 198.51.100.1 51234 8000\r\nGET /test/a HTTP/1.1\r\n";
+        assert_eq!(
+            parse(line, ProxyProtocol::Any),
+            Parsed::Header {
+                len: 46,
+                client: Some("192.0.2.7:51234".parse().unwrap())
+            }
+        );
+        let line6 = b"PROXY TCP6 2001:db8::7 2001:db8::1 4000 80\r\n";
+        assert_eq!(
+            parse(line6, ProxyProtocol::V1),
+            Parsed::Header {
+                len: line6.len(),
+                client: Some("[2001:db8::7]:4000".parse().unwrap())
+            }
+        );
+        assert_eq!(
+            parse(b"PROXY UNKNOWN\r\n", ProxyProtocol::V1),
+            Parsed::Header {
+                len: 15,
+                client: None
+            }
+        );
+        for cut in 1..line.len().min(45) {
+            assert_eq!(parse(&line[..cut], ProxyProtocol::Any), Parsed::Partial, "{cut}");
+        }
+    }
+
+    #[test]
+    fn v2_headers_with_tlvs_give_the_source_address() {
+        let addrs = [192, 0, 2, 7, 198, 51, 100, 1, 0xC8, 0x22, 0x1F, 0x40];
+        // An ALPN TLV and a unique-id TLV, as HAProxy sends them.
+        let tlvs = [0x01, 0x00, 0x02, b'h', b'2', 0x05, 0x00, 0x03, b'a', b'b', b'c'];
+        let h = v2(1, 0x11, &addrs, &tlvs);
+        let mut with_request = h.clone();
+        with_request.extend_from_slice(b"GET /test/a HTTP/1.1\r\n");
+        assert_eq!(
+            parse(&with_request, ProxyProtocol::V2),
+            Parsed::Header {
+                len: h.len(),
+                client: Some("192.0.2.7:51234".parse().unwrap())
+            }
+        );
+        for cut in 1..h.len() {
+            assert_eq!(parse(&h[..cut], ProxyProtocol::Any), Parsed::Partial, "{cut}");
+        }
+        // LOCAL (a health check of the balancer itself): no address.
+        assert_eq!(
+            parse(&v2(0, 0x00, &[], &[]), ProxyProtocol::V2),
+            Parsed::Header {
+                len: 16,
+                client: None
+            }
+        );
+    }
+
+    #[test]
+    fn no_header_garbage_or_the_other_version_is_refused() {
+        for (input, mode) in [
+            (&b"GET /test/a HTTP/1.1\r\n"[..], ProxyProtocol::Any),
+            (b"PROXY TCP4 not-an-address 1.2.3.4 1 2\r\n", ProxyProtocol::V1),
+            (
+                b"PROXY TCP4 192.0.2.7 198.51.100.1 51234 8000\r\n",
+                ProxyProtocol::V2,
+            ),
+            (b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c", ProxyProtocol::V1),
+            (b"\r\n\r\n\0\r\nQUIT\n\x31\x11\x00\x0c", ProxyProtocol::V2),
+        ] {
+            assert!(matches!(parse(input, mode), Parsed::Invalid(_)), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted = Nets::parse("10.0.0.0/8, 192.0.2.1").unwrap();
+        let peer: IpAddr = "10.1.2.3".parse().unwrap();
+        let client = |peer: IpAddr, values: &[&str]| {
+            forwarded_for(peer, &trusted, values.iter().map(|v| v.as_bytes()))
+        };
+        assert_eq!(
+            client(peer, &["203.0.113.9"]),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        // A client's own forgery sits left of what the trusted proxies wrote.
+        assert_eq!(
+            client(peer, &["6.6.6.6, 203.0.113.9, 10.9.9.9"]),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client(peer, &["6.6.6.6", "203.0.113.9:4321"]),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client(peer, &["garbage, 203.0.113.9"]),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(client(peer, &[]), peer);
+        let untrusted: IpAddr = "198.51.100.4".parse().unwrap();
+        assert_eq!(client(untrusted, &["203.0.113.9"]), untrusted);
+        assert!(Nets::parse("10.0.0.0/33").is_err());
+    }
+}
