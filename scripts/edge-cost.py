@@ -9,6 +9,8 @@ that floodtest opens at --rate over 127.0.0.2-127.0.0.5:
   off:   server.proxy_protocol off, every [limits] 0;
   proxy: server.proxy_protocol "v2" (floodtest sends a v2 header naming its
          own address), every [limits] 0;
+  before: (with --before DIR) the previous build's switchboard from DIR,
+         as it comes, for what "off" costs against it;
   edge:  the same PROXY headers, and every limit on with nothing exempt
         (streams_per_ip 10,000, 5,000 opens/s with a burst of 10,000,
         publishes 500/s with a burst of 2,000: high enough that this load
@@ -71,15 +73,19 @@ def one(setup, args, out):
     limited = setup == "edge"
     env = dict(os.environ,
                SWITCHBOARD__SERVER__PORT=str(port), SWITCHBOARD__SERVER__WORKERS="2",
-               SWITCHBOARD__LOG__LEVEL="warn", SWITCHBOARD__STREAM__TICK_INTERVAL_MS="600000",
-               SWITCHBOARD__SERVER__PROXY_PROTOCOL="v2" if edge else "off",
+               SWITCHBOARD__LOG__LEVEL="warn", SWITCHBOARD__STREAM__TICK_INTERVAL_MS="600000")
+    binary = os.path.join(BIN, "switchboard")
+    if setup == "before":
+        binary = os.path.join(args.before, "switchboard")
+    else:
+        env.update(SWITCHBOARD__SERVER__PROXY_PROTOCOL="v2" if edge else "off",
                SWITCHBOARD__LIMITS__STREAMS_PER_IP="10000" if limited else "0",
                SWITCHBOARD__LIMITS__STREAM_OPENS_PER_IP_PER_S="5000" if limited else "0",
                SWITCHBOARD__LIMITS__STREAM_OPENS_BURST="10000",
                SWITCHBOARD__LIMITS__PUBLISHES_PER_IP_PER_S="500" if limited else "0",
                SWITCHBOARD__LIMITS__PUBLISHES_BURST="2000",
                SWITCHBOARD__LIMITS__EXEMPT="")
-    server = subprocess.Popen([os.path.join(BIN, "switchboard")], env=env,
+    server = subprocess.Popen([binary], env=env,
                               stdout=subprocess.DEVNULL, stderr=open(os.path.join(out, f"{setup}.log"), "a"))
     flood = None
     try:
@@ -149,15 +155,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--settle", type=float, default=2.0)
     ap.add_argument("--hold", type=int, default=30, help="floodtest's --duration in seconds")
-    ap.add_argument("--setups", default="off,proxy,edge", help="comma-separated: off, proxy, edge")
+    ap.add_argument("--setups", default="off,proxy,edge", help="comma-separated: off, proxy, edge, before")
+    ap.add_argument("--before", help="a target/release directory holding the previous build (for setup before)")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args()
     if not 1 <= args.count <= 19_000:
         raise SystemExit("--count is 1 to 19,000 (one process's open files)")
     out = tempfile.mkdtemp(prefix="switchboard-edge-")
     setups = [x for x in args.setups.split(",") if x]
-    if "off" not in setups or any(x not in ("off", "proxy", "edge") for x in setups):
-        raise SystemExit("--setups: off, and any of proxy, edge")
+    if "off" not in setups or any(x not in ("off", "proxy", "edge", "before") for x in setups):
+        raise SystemExit("--setups: off, and any of proxy, edge, before")
+    if "before" in setups and not args.before:
+        raise SystemExit("--setups before needs --before DIR")
     runs = []
     for r in range(args.rounds):
         for setup in (setups if r % 2 == 0 else setups[::-1]):

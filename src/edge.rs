@@ -33,7 +33,6 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::config::{LimitSettings, Nets, ProxyProtocol};
 use crate::error::ApiError;
-use crate::id::ConnId;
 
 /// The longest PROXY header taken: a v1 header is at most 107 bytes; a v2
 /// header is 16 plus its addresses (at most 216 for Unix sockets) and its
@@ -106,7 +105,6 @@ pub(crate) fn parse(buf: &[u8], mode: ProxyProtocol) -> Parsed {
 const V1_MAX: usize = 107;
 
 fn parse_v1(buf: &[u8]) -> Parsed {
-    use ppp::PartialResult as _;
     use ppp::v1::{Addresses, Header};
     // The whole line first: ppp takes a line cut inside a number for a
     // whole one, and a v1 header always ends with CRLF.
@@ -119,6 +117,7 @@ fn parse_v1(buf: &[u8]) -> Parsed {
             Parsed::Partial
         };
     };
+    // The line is whole: whatever ppp finds missing is missing.
     match Header::try_from(&buf[..end + 2]) {
         Ok(h) => Parsed::Header {
             len: h.header.len(),
@@ -128,7 +127,6 @@ fn parse_v1(buf: &[u8]) -> Parsed {
                 Addresses::Unknown => None,
             },
         },
-        Err(e) if e.is_incomplete() => Parsed::Partial,
         Err(e) => Parsed::Invalid(format!("not a PROXY protocol v1 header: {e}")),
     }
 }
@@ -150,7 +148,9 @@ fn parse_v2(buf: &[u8]) -> Parsed {
             },
         },
         Err(e) if e.is_incomplete() => {
-            if buf.len() >= MAX_PROXY_HEADER {
+            let declared =
+                (buf.len() >= 16).then(|| 16 + usize::from(u16::from_be_bytes([buf[14], buf[15]])));
+            if buf.len() >= MAX_PROXY_HEADER || declared.is_some_and(|n| n > MAX_PROXY_HEADER) {
                 Parsed::Invalid(format!(
                     "a PROXY protocol v2 header longer than {MAX_PROXY_HEADER} bytes"
                 ))
@@ -183,11 +183,24 @@ pub(crate) async fn read_proxy_header(
             Taken::Gone => return Err(ProxyError::Gone),
             Taken::Invalid(why) => return Err(ProxyError::Invalid(why)),
             Taken::NotYet if Instant::now() >= deadline => return Err(ProxyError::Timeout),
+            // Part of a header, then FIN or RST: its bytes stay queued, so
+            // only the socket's readiness tells.
+            Taken::NotYet if peer_closed(io) => return Err(ProxyError::Gone),
             Taken::NotYet => {
                 sleep_until(deadline.min(Instant::now() + backoff)).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
+    }
+}
+
+/// True once the peer has closed its sending side or reset the connection.
+fn peer_closed(io: &TcpStream) -> bool {
+    use futures_util::FutureExt as _;
+    match io.ready(tokio::io::Interest::READABLE).now_or_never() {
+        Some(Ok(ready)) => ready.is_read_closed(),
+        Some(Err(_)) => true,
+        None => false,
     }
 }
 
@@ -281,6 +294,25 @@ fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
     s.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
 }
 
+/// A client's address as the limits see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Client {
+    /// The address (an IPv4 address mapped into IPv6 as itself).
+    pub(crate) ip: IpAddr,
+    /// It came from a PROXY header or `X-Forwarded-For`, not the socket:
+    /// then a loopback or unspecified address is a claim, never exempt.
+    pub(crate) claimed: bool,
+}
+
+impl Client {
+    pub(crate) fn new(ip: IpAddr, claimed: bool) -> Client {
+        Client {
+            ip: ip.to_canonical(),
+            claimed,
+        }
+    }
+}
+
 /// What was refused, for `/stats` `limits.refused` and the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
@@ -302,6 +334,90 @@ impl Refused {
     }
 }
 
+/// Where a counted stream's address is kept: an index into [`Slots`]'
+/// table, which is all a stream carries (4 bytes, in what was padding of
+/// its task cell: the lean stream does not grow).
+pub(crate) type Slot = std::num::NonZeroU32;
+
+/// The addresses with streams open and their counts: an address costs
+/// one table row and one map entry while it has streams open, a stream
+/// nothing here.
+#[derive(Debug, Default)]
+struct Slots {
+    /// Address to its row (index + 1).
+    by_ip: HashMap<IpAddr, Slot>,
+    /// Rows: an address and its open streams (0: free).
+    rows: Vec<(IpAddr, u32)>,
+    /// Free rows.
+    free: Vec<Slot>,
+}
+
+impl Slots {
+    /// One more stream for `ip`, if it has fewer than `max`.
+    fn take(&mut self, ip: IpAddr, max: u32) -> Option<Slot> {
+        if let Some(&slot) = self.by_ip.get(&ip) {
+            let row = &mut self.rows[slot.get() as usize - 1];
+            if row.1 >= max {
+                return None;
+            }
+            row.1 += 1;
+            return Some(slot);
+        }
+        if max == 0 {
+            return None;
+        }
+        let reusable = loop {
+            match self.free.pop() {
+                Some(slot)
+                    if (slot.get() as usize) <= self.rows.len()
+                        && self.rows[slot.get() as usize - 1].1 == 0 =>
+                {
+                    break Some(slot);
+                }
+                Some(_) => {}
+                None => break None,
+            }
+        };
+        let slot = match reusable {
+            Some(slot) => {
+                self.rows[slot.get() as usize - 1] = (ip, 1);
+                slot
+            }
+            None => {
+                self.rows.push((ip, 1));
+                Slot::new(self.rows.len() as u32).expect("a row's index + 1 is not 0")
+            }
+        };
+        self.by_ip.insert(ip, slot);
+        Some(slot)
+    }
+
+    /// One stream fewer in `slot`; the row is freed with its last.
+    fn give_back(&mut self, slot: Slot) {
+        let Some(row) = self.rows.get_mut(slot.get() as usize - 1) else {
+            return;
+        };
+        if row.1 == 0 {
+            return;
+        }
+        row.1 -= 1;
+        if row.1 == 0 {
+            let ip = row.0;
+            self.by_ip.remove(&ip);
+            self.free.push(slot);
+            // The table shrinks back when its tail is free (after a burst
+            // of addresses, memory goes back to what is in use); `free`
+            // may then name rows past the end, skipped when taken.
+            while self.rows.last().is_some_and(|r| r.1 == 0) {
+                self.rows.pop();
+            }
+            if self.rows.is_empty() {
+                self.free.clear();
+            }
+        }
+    }
+}
+
 /// Most addresses remembered for the once-a-minute refusal log line.
 const MAX_LOGGED: usize = 10_000;
 
@@ -311,11 +427,7 @@ pub(crate) struct Limits {
     settings: LimitSettings,
     exempt: Nets,
     /// Open streams by address; an address leaves when its last closes.
-    streams: Mutex<HashMap<IpAddr, u32>>,
-    /// The address of each stream counted in `streams`, by its
-    /// connection id, so that its close gives its place back: kept here,
-    /// and only with `streams_per_ip` on, rather than in every stream.
-    by_conn: Mutex<HashMap<ConnId, IpAddr>>,
+    streams: Mutex<Slots>,
     opens: Option<DefaultKeyedRateLimiter<IpAddr>>,
     publishes: Option<DefaultKeyedRateLimiter<IpAddr>>,
     /// When each refusing address was last logged, and for which limit.
@@ -339,8 +451,7 @@ impl Limits {
         Ok(Limits {
             exempt: Nets::parse(&settings.exempt)?,
             settings: settings.clone(),
-            streams: Mutex::new(HashMap::new()),
-            by_conn: Mutex::new(HashMap::new()),
+            streams: Mutex::new(Slots::default()),
             opens: quota(settings.stream_opens_per_ip_per_s, settings.stream_opens_burst)
                 .map(DefaultKeyedRateLimiter::keyed),
             publishes: quota(settings.publishes_per_ip_per_s, settings.publishes_burst)
@@ -353,78 +464,58 @@ impl Limits {
     }
 
     /// Whether the limits apply to `ip` (not exempt).
-    fn applies(&self, ip: IpAddr) -> bool {
-        !self.exempt.contains(ip)
+    fn applies(&self, client: Client) -> bool {
+        let suspicious = client.claimed && (client.ip.is_loopback() || client.ip.is_unspecified());
+        suspicious || !self.exempt.contains(client.ip)
     }
 
-    /// Whether stream limits are on (so a stream's address is kept).
-    pub(crate) fn streams_on(&self) -> bool {
-        self.settings.streams_per_ip > 0
+    /// Whether any limit is on.
+    pub(crate) fn enabled(&self) -> bool {
+        self.settings.streams_per_ip > 0 || self.opens.is_some() || self.publishes.is_some()
     }
 
-    /// A new stream from `ip`: its rate, then its count. On success the
-    /// count includes it until [`Limits::stream_closed`]; answers whether
-    /// it was counted.
-    pub(crate) fn admit_stream(&self, ip: IpAddr) -> Result<bool, ApiError> {
-        if !self.applies(ip) {
-            return Ok(false);
-        }
+    /// A new stream from `client`, before its token is checked (a flood of
+    /// bad tokens is limited too): its opening rate.
+    pub(crate) fn admit_open(&self, client: Client) -> Result<(), ApiError> {
         if let Some(opens) = &self.opens
-            && let Err(not_until) = opens.check_key(&ip)
+            && self.applies(client)
+            && let Err(not_until) = opens.check_key(&client.ip)
         {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
-            return Err(self.refuse(ip, Refused::Opens, wait));
+            return Err(self.refuse(client.ip, Refused::Opens, wait));
         }
+        Ok(())
+    }
+
+    /// A new stream from `client` that passed every other check: its
+    /// count. On success it is counted until its slot is given back
+    /// ([`Limits::stream_closed`]); answers the slot (`None`: not counted).
+    pub(crate) fn count_stream(&self, client: Client) -> Result<Option<Slot>, ApiError> {
         let max = self.settings.streams_per_ip;
-        if max == 0 {
-            return Ok(false);
+        if max == 0 || !self.applies(client) {
+            return Ok(None);
         }
-        let mut streams = lock(&self.streams);
-        let n = streams.entry(ip).or_insert(0);
-        if *n >= max {
-            drop(streams);
-            return Err(self.refuse(ip, Refused::Streams, Duration::from_secs(5)));
-        }
-        *n += 1;
-        Ok(true)
-    }
-
-    /// The stream counted for `ip` by [`Limits::admit_stream`] started as
-    /// connection `conn`.
-    pub(crate) fn track(&self, conn: ConnId, ip: IpAddr) {
-        lock(&self.by_conn).insert(conn, ip);
-    }
-
-    /// Connection `conn` closed: if it was a counted stream, its address
-    /// gets its place back.
-    pub(crate) fn closed(&self, conn: ConnId) {
-        if let Some(ip) = lock(&self.by_conn).remove(&conn) {
-            self.uncount(ip);
+        let slot = lock(&self.streams).take(client.ip, max);
+        match slot {
+            Some(slot) => Ok(Some(slot)),
+            None => Err(self.refuse(client.ip, Refused::Streams, Duration::from_secs(5))),
         }
     }
 
-    /// Gives back a place [`Limits::admit_stream`] counted (for a stream
-    /// refused after it, or one that closed).
-    pub(crate) fn uncount(&self, ip: IpAddr) {
-        let mut streams = lock(&self.streams);
-        if let Some(n) = streams.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                streams.remove(&ip);
-            }
-        }
+    /// A stream counted in `slot` closed (or was refused after it was
+    /// counted): its address gets the place back.
+    pub(crate) fn stream_closed(&self, slot: Slot) {
+        lock(&self.streams).give_back(slot);
     }
 
     /// A `/send` or `/broadcast` from `ip`.
-    pub(crate) fn admit_publish(&self, ip: IpAddr) -> Result<(), ApiError> {
-        if !self.applies(ip) {
-            return Ok(());
-        }
+    pub(crate) fn admit_publish(&self, client: Client) -> Result<(), ApiError> {
         if let Some(publishes) = &self.publishes
-            && let Err(not_until) = publishes.check_key(&ip)
+            && self.applies(client)
+            && let Err(not_until) = publishes.check_key(&client.ip)
         {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
-            return Err(self.refuse(ip, Refused::Publishes, wait));
+            return Err(self.refuse(client.ip, Refused::Publishes, wait));
         }
         Ok(())
     }
@@ -492,28 +583,13 @@ impl Limits {
     pub(crate) fn tracked(&self) -> (usize, usize) {
         let rates =
             self.opens.as_ref().map_or(0, |l| l.len()) + self.publishes.as_ref().map_or(0, |l| l.len());
-        (lock(&self.streams).len(), rates)
+        (lock(&self.streams).by_ip.len(), rates)
     }
 
     /// `/stats` `limits`.
     pub(crate) fn stats(&self) -> Value {
         let (with_streams, rate_tracked) = self.tracked();
-        // The addresses refused (and logged) within the last minute, at
-        // most 20, the latest first.
-        let mut refusing: Vec<(IpAddr, Instant, Refused)> = lock(&self.logged)
-            .iter()
-            .map(|(ip, (at, what))| (*ip, *at, *what))
-            .collect();
-        refusing.sort_by(|a, b| b.1.cmp(&a.1));
-        let refusing: Vec<Value> = refusing
-            .iter()
-            .take(20)
-            .map(|(ip, at, what)| {
-                json!({"address": ip.to_string(), "limit": what.name(), "seconds_ago": at.elapsed().as_secs()})
-            })
-            .collect();
         json!({
-            "refusing": refusing,
             "refused": {
                 "streams": self.refused_streams.load(Relaxed),
                 "stream_opens": self.refused_opens.load(Relaxed),
@@ -600,6 +676,9 @@ mod tests {
     #[test]
     fn no_header_garbage_or_the_other_version_is_refused() {
         for (input, mode) in [
+            (&b"PROXY TCP4 1.2.3.4\r\n"[..], ProxyProtocol::Any),
+            (b"PROXY TCP4\r\n", ProxyProtocol::V1),
+            (b"\r\n\r\n\0\r\nQUIT\n\x21\x11\xff\xff", ProxyProtocol::V2),
             (&b"GET /test/a HTTP/1.1\r\n"[..], ProxyProtocol::Any),
             (b"PROXY TCP4 not-an-address 1.2.3.4 1 2\r\n", ProxyProtocol::V1),
             (
@@ -611,6 +690,31 @@ mod tests {
         ] {
             assert!(matches!(parse(input, mode), Parsed::Invalid(_)), "{input:?}");
         }
+    }
+
+    #[test]
+    fn slots_count_per_address_and_free_their_rows() {
+        let mut slots = Slots::default();
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let sa = slots.take(a, 2).unwrap();
+        assert_eq!(slots.take(a, 2), Some(sa));
+        assert_eq!(slots.take(a, 2), None, "a third over 2");
+        let sb = slots.take(b, 2).unwrap();
+        assert_ne!(sa, sb);
+        slots.give_back(sa);
+        assert_eq!(slots.take(a, 2), Some(sa), "a place back");
+        slots.give_back(sa);
+        slots.give_back(sa);
+        assert!(!slots.by_ip.contains_key(&a), "gone with its last stream");
+        slots.give_back(sa);
+        assert_eq!(
+            slots.rows[sb.get() as usize - 1],
+            (b, 1),
+            "a stale give-back touches nothing else"
+        );
+        slots.give_back(sb);
+        assert!(slots.rows.is_empty() && slots.by_ip.is_empty(), "{slots:?}");
+        assert_eq!(slots.take(b, 0), None);
     }
 
     #[test]

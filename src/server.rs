@@ -150,6 +150,23 @@ impl Server {
         let limits = Arc::new(Limits::new(&settings.limits).map_err(|e| invalid("limits.exempt", e))?);
         let trusted_proxies =
             Nets::parse(&settings.http.trusted_proxies).map_err(|e| invalid("http.trusted_proxies", e))?;
+        let public = settings
+            .server
+            .host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| !ip.is_loopback());
+        if limits.enabled()
+            && public
+            && settings.server.proxy_protocol == ProxyProtocol::Off
+            && trusted_proxies.is_empty()
+        {
+            tracing::warn!(
+                event = "limits_by_peer",
+                "the [limits] per client address count each connection's own peer: behind a load \
+                 balancer every client has its address, and the whole site shares one limit. Turn on \
+                 server.proxy_protocol or http.trusted_proxies, or set the limits to 0"
+            );
+        }
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
@@ -401,6 +418,9 @@ fn http_service(
         .local_addr(local_addr)
         .on_connect_ext(|io: &Rewound, ext: &mut actix_http::Extensions| {
             ext.insert(io.close_handle());
+            if io.proxied() {
+                ext.insert(socket::Proxied);
+            }
         })
         // Hidden but stable in actix-http 3: what HttpServer uses to drain
         // keep-alive connections on graceful shutdown.
@@ -578,11 +598,16 @@ async fn serve_stream(
     proxied: Option<SocketAddr>,
 ) {
     let max_head = state.settings.server.max_head_bytes;
-    let peer = proxied
-        .or_else(|| io.peer_addr().ok())
-        .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+    // The socket's peer only when something needs it (getpeername is a
+    // system call per stream).
+    let needed = state.streams.limits.enabled() || !state.trusted_proxies.is_empty();
+    let peer = match proxied {
+        Some(client) => client.ip(),
+        None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
+        None => IpAddr::from([0, 0, 0, 0]),
+    };
     let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
-        let client = state.client_of_head(peer, head);
+        let client = state.client_of_head(peer, proxied.is_some(), head);
         state.admit_stream(&id, head, early, Via::Lean, client)
     })
     .await;

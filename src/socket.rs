@@ -109,6 +109,11 @@ impl Rewound {
         self
     }
 
+    /// Whether the client's address came from a PROXY header.
+    pub(crate) fn proxied(&self) -> bool {
+        self.client.is_some()
+    }
+
     /// The client's address: a PROXY header's source, else the socket's
     /// peer.
     pub(crate) fn client(&self) -> Option<std::net::SocketAddr> {
@@ -163,6 +168,11 @@ impl AsyncWrite for Rewound {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
+
+/// In an actix-web connection's data when its client's address came from a
+/// PROXY header (a claim: see `edge::Client`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Proxied;
 
 /// Asks for the connection under an actix-web request to be closed once its
 /// answer is out: for a request whose body stopped arriving, actix-web's

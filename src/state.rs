@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::classify::HeadError;
 use crate::config::{Nets, Settings};
 use crate::counter::Counter;
-use crate::edge;
+use crate::edge::{self, Client};
 use crate::error::{ApiError, Cors};
 use crate::handshake::{self, Transport};
 use crate::hub::Hub;
@@ -58,27 +58,30 @@ impl ServerState {
     /// proxy, what its `X-Forwarded-For` says.
     ///
     /// [`Rewound`]: crate::socket::Rewound
-    pub(crate) fn client_of(&self, req: &actix_web::HttpRequest) -> IpAddr {
+    pub(crate) fn client_of(&self, req: &actix_web::HttpRequest) -> Client {
+        let proxied = req.conn_data::<crate::socket::Proxied>().is_some();
         let peer = req.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-        edge::forwarded_for(
+        let ip = edge::forwarded_for(
             peer,
             &self.trusted_proxies,
             req.headers().get_all("x-forwarded-for").map(|v| v.as_bytes()),
-        )
+        );
+        Client::new(ip, proxied || ip != peer)
     }
 
     /// The client's address for a lean stream: `peer` (the socket's, or
-    /// the PROXY header's source), or from a trusted proxy what the head's
-    /// `X-Forwarded-For` says.
-    pub(crate) fn client_of_head(&self, peer: IpAddr, head: &[u8]) -> IpAddr {
+    /// the PROXY header's source: `proxied`), or from a trusted proxy what
+    /// the head's `X-Forwarded-For` says.
+    pub(crate) fn client_of_head(&self, peer: IpAddr, proxied: bool, head: &[u8]) -> Client {
         if self.trusted_proxies.is_empty() {
-            return peer;
+            return Client::new(peer, proxied);
         }
-        edge::forwarded_for(
+        let ip = edge::forwarded_for(
             peer,
             &self.trusted_proxies,
             edge::header_values(head, b"x-forwarded-for"),
-        )
+        );
+        Client::new(ip, proxied || ip != peer)
     }
 
     /// The `/stats` document: the server's counters, and in cluster mode
@@ -189,7 +192,7 @@ impl ServerState {
         head: &[u8],
         early: &[u8],
         via: Via,
-        client: IpAddr,
+        client: Client,
     ) -> Result<Open, Refusal> {
         // The origin first, so that every refusal after it can name it.
         let origin = handshake::origin(head).ok().flatten();
@@ -198,6 +201,9 @@ impl ServerState {
         if self.shutdown.is_cancelled() {
             return Err(refused(ApiError::ShuttingDown));
         }
+        // The opening rate first: a flood of bad tokens counts too.
+        let limits = &self.streams.limits;
+        limits.admit_open(client).map_err(refused)?;
         let req = handshake::read_request(head).map_err(refused)?;
         let http = &self.settings.http;
         let cors = origin.is_some_and(|o| http.allows_origin(o.as_bytes()));
@@ -228,13 +234,12 @@ impl ServerState {
                 "a WebSocket upgrade must be the first request on its connection".to_owned(),
             )));
         }
-        // The client's address: its rate, then its count (429).
-        let limits = &self.streams.limits;
-        let counted = limits.admit_stream(client).map_err(refused)?;
+        // The client's address: its count (429).
+        let counted = limits.count_stream(client).map_err(refused)?;
         let max = self.settings.stream.max_streams;
         if !self.stats.try_reserve_stream(max) {
-            if counted {
-                limits.uncount(client);
+            if let Some(slot) = counted {
+                limits.stream_closed(slot);
             }
             return Err(refused(ApiError::StreamLimit(max)));
         }
@@ -244,7 +249,7 @@ impl ServerState {
             vary: http.cors_enabled(),
             expires,
             early: early.to_vec(),
-            counted: counted.then_some(client),
+            counted,
         })
     }
 }

@@ -99,8 +99,8 @@ pub(crate) struct Open {
     pub(crate) early: Vec<u8>,
     /// The stream ends then (its subscriber token expires).
     pub(crate) expires: Option<Duration>,
-    /// Its client's address, when `limits.streams_per_ip` counted it.
-    pub(crate) counted: Option<std::net::IpAddr>,
+    /// Where `limits.streams_per_ip` counted it, if it did.
+    pub(crate) counted: Option<crate::edge::Slot>,
 }
 
 /// What an event is, for SSE's `event:` line.
@@ -149,6 +149,9 @@ pub(crate) struct Stream {
     tracking: Option<Box<Tracking>>,
     /// Its id, connection, count and the server's shared parts.
     core: Box<Core>,
+    /// Where `limits.streams_per_ip` counted it (its address gets the
+    /// place back when it stops).
+    limit_slot: Option<crate::edge::Slot>,
 }
 
 /// What every stream has, boxed out of its task cell.
@@ -219,9 +222,7 @@ impl Stream {
         let needs_tracking = transport != Transport::Plain || open.req.ids || open.req.since.is_some();
         let retry = (transport == Transport::Sse).then_some(shared.settings.sse_retry_ms);
         let mut stream = Stream::new(id, sink, framing, shared, via == Via::Fallback);
-        if let Some(ip) = open.counted {
-            stream.core.shared.limits.track(stream.core.conn, ip);
-        }
+        stream.limit_slot = open.counted;
         stream.transport = transport;
         stream.ids = open.req.ids;
         stream.tracking = needs_tracking.then(|| {
@@ -288,6 +289,7 @@ impl Stream {
                 seq: 0,
                 shared,
             }),
+            limit_slot: None,
         }
     }
 
@@ -519,8 +521,8 @@ impl Actor for Stream {
             .messages_dropped
             .fetch_add(self.sink.pending_messages() as u64, Relaxed);
         stats.stream_closed(conn_age(self.core.conn));
-        if self.core.shared.limits.streams_on() {
-            self.core.shared.limits.closed(self.core.conn);
+        if let Some(slot) = self.limit_slot {
+            self.core.shared.limits.stream_closed(slot);
         }
     }
 }
