@@ -586,6 +586,26 @@ impl Limits {
         (lock(&self.streams).by_ip.len(), rates)
     }
 
+    /// The client addresses refused (and logged) within about the last
+    /// minute, at most 20, the latest first: `/stats` `limits.refusing`,
+    /// for who holds the publish token.
+    pub(crate) fn refusing(&self) -> Value {
+        let mut refusing: Vec<(IpAddr, Instant, Refused)> = lock(&self.logged)
+            .iter()
+            .map(|(ip, (at, what))| (*ip, *at, *what))
+            .collect();
+        refusing.sort_by_key(|r| std::cmp::Reverse(r.1));
+        Value::from(
+            refusing
+                .iter()
+                .take(20)
+                .map(|(ip, at, what)| {
+                    json!({"address": ip.to_string(), "limit": what.name(), "seconds_ago": at.elapsed().as_secs()})
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
     /// `/stats` `limits`.
     pub(crate) fn stats(&self) -> Value {
         let (with_streams, rate_tracked) = self.tracked();

@@ -280,9 +280,14 @@ async fn next_count(state: Data<ServerState>) -> Result<HttpResponse, ApiError> 
         .body(n.to_string()))
 }
 
-/// `GET /stats`
-async fn stats(state: Data<ServerState>) -> HttpResponse {
-    HttpResponse::Ok().json(state.stats_document())
+/// `GET /stats`; with the publish token (or none set), `limits.refusing`
+/// too: the client addresses refused lately.
+async fn stats(req: HttpRequest, state: Data<ServerState>) -> HttpResponse {
+    let mut doc = state.stats_document();
+    if authorize(&req, &state).is_ok() {
+        doc["limits"]["refusing"] = state.streams.limits.refusing();
+    }
+    HttpResponse::Ok().json(doc)
 }
 
 /// `GET /metrics`: the same counters in the Prometheus text format.

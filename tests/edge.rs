@@ -280,6 +280,9 @@ fn an_address_past_its_stream_limit_gets_429_and_others_go_on() {
     let st = srv.stats();
     assert_eq!(st["limits"]["refused"]["streams"], 2, "{st}");
     assert_eq!(st["limits"]["addresses_with_streams"], 2, "{st}");
+    // No publish token set: the addresses refused are shown.
+    assert_eq!(st["limits"]["refusing"][0]["address"], "127.0.0.2", "{st}");
+    assert_eq!(st["limits"]["refusing"][0]["limit"], "streams", "{st}");
     // A place given back when a stream closes.
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -332,6 +335,35 @@ fn opening_and_publishing_too_fast_gets_429_per_address() {
     let st = srv.stats();
     assert_eq!(st["limits"]["refused"]["stream_opens"], 1, "{st}");
     assert_eq!(st["limits"]["refused"]["publishes"], 1, "{st}");
+}
+
+/// With a publish token set, `/stats` shows the refused addresses only to
+/// who sends it: anyone can read the rest of `/stats`.
+#[test]
+fn refused_addresses_are_shown_only_with_the_publish_token() {
+    let mut s = limited(settings());
+    s.auth.publish_token = "t0ken".into();
+    s.limits.streams_per_ip = 1;
+    let srv = TestServer::start(s);
+    let mut one = stream_from([127, 0, 0, 2], srv.addr, b"", &get_stream("tok"));
+    welcomed(&mut one, "tok");
+    assert_eq!(
+        stream_from([127, 0, 0, 2], srv.addr, b"", &get_stream("tok")).status,
+        429
+    );
+    let open = srv.stats();
+    assert_eq!(open["limits"]["refused"]["streams"], 1, "{open}");
+    assert!(open["limits"]["refusing"].is_null(), "{open}");
+    let with = common::request(
+        srv.addr,
+        "GET",
+        "/stats",
+        &[("authorization", "Bearer t0ken")],
+        b"",
+    )
+    .unwrap();
+    let with = with.json();
+    assert_eq!(with["limits"]["refusing"][0]["address"], "127.0.0.2", "{with}");
 }
 
 /// `X-Forwarded-For` is believed only from `http.trusted_proxies`: from
