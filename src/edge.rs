@@ -117,6 +117,14 @@ fn parse_v1(buf: &[u8]) -> Parsed {
             Parsed::Partial
         };
     };
+    // UNKNOWN: the rest of the line is to be ignored (ppp takes at most
+    // four fields after it).
+    if buf.starts_with(b"PROXY UNKNOWN") {
+        return Parsed::Header {
+            len: end + 2,
+            client: None,
+        };
+    }
     // The line is whole: whatever ppp finds missing is missing.
     match Header::try_from(&buf[..end + 2]) {
         Ok(h) => Parsed::Header {
@@ -185,7 +193,14 @@ pub(crate) async fn read_proxy_header(
             Taken::NotYet if Instant::now() >= deadline => return Err(ProxyError::Timeout),
             // Part of a header, then FIN or RST: its bytes stay queued, so
             // only the socket's readiness tells.
-            Taken::NotYet if peer_closed(io) => return Err(ProxyError::Gone),
+            // (One more look first: the rest may have come with the FIN.)
+            Taken::NotYet if peer_closed(io) => {
+                return match take_header(io, mode) {
+                    Taken::Done(client) => Ok(client),
+                    Taken::Invalid(why) => Err(ProxyError::Invalid(why)),
+                    Taken::NotYet | Taken::Gone => Err(ProxyError::Gone),
+                };
+            }
             Taken::NotYet => {
                 sleep_until(deadline.min(Instant::now() + backoff)).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -392,6 +407,17 @@ impl Slots {
         Some(slot)
     }
 
+    /// Gives back memory a burst of addresses left (run by the sweep).
+    fn shrink(&mut self) {
+        let rows = self.rows.len();
+        self.free.retain(|s| s.get() as usize <= rows);
+        if self.rows.capacity() > 4 * rows.max(16) {
+            self.rows.shrink_to_fit();
+            self.free.shrink_to_fit();
+            self.by_ip.shrink_to_fit();
+        }
+    }
+
     /// One stream fewer in `slot`; the row is freed with its last.
     fn give_back(&mut self, slot: Slot) {
         let Some(row) = self.rows.get_mut(slot.get() as usize - 1) else {
@@ -405,9 +431,9 @@ impl Slots {
             let ip = row.0;
             self.by_ip.remove(&ip);
             self.free.push(slot);
-            // The table shrinks back when its tail is free (after a burst
-            // of addresses, memory goes back to what is in use); `free`
-            // may then name rows past the end, skipped when taken.
+            // The table's free tail is cut off (its memory goes back at the
+            // next sweep, [`Slots::shrink`]); `free` may then name rows past
+            // the end, skipped when taken.
             while self.rows.last().is_some_and(|r| r.1 == 0) {
                 self.rows.pop();
             }
@@ -477,14 +503,7 @@ impl Limits {
     /// A new stream from `client`, before its token is checked (a flood of
     /// bad tokens is limited too): its opening rate.
     pub(crate) fn admit_open(&self, client: Client) -> Result<(), ApiError> {
-        if let Some(opens) = &self.opens
-            && self.applies(client)
-            && let Err(not_until) = opens.check_key(&client.ip)
-        {
-            let wait = not_until.wait_time_from(DefaultClock::default().now());
-            return Err(self.refuse(client.ip, Refused::Opens, wait));
-        }
-        Ok(())
+        self.rate(self.opens.as_ref(), client, Refused::Opens)
     }
 
     /// A new stream from `client` that passed every other check: its
@@ -508,14 +527,24 @@ impl Limits {
         lock(&self.streams).give_back(slot);
     }
 
-    /// A `/send` or `/broadcast` from `ip`.
+    /// A `/send` or `/broadcast` from `client`.
     pub(crate) fn admit_publish(&self, client: Client) -> Result<(), ApiError> {
-        if let Some(publishes) = &self.publishes
+        self.rate(self.publishes.as_ref(), client, Refused::Publishes)
+    }
+
+    /// One more of `what` from `client` against `limiter` (if on).
+    fn rate(
+        &self,
+        limiter: Option<&DefaultKeyedRateLimiter<IpAddr>>,
+        client: Client,
+        what: Refused,
+    ) -> Result<(), ApiError> {
+        if let Some(limiter) = limiter
             && self.applies(client)
-            && let Err(not_until) = publishes.check_key(&client.ip)
+            && let Err(not_until) = limiter.check_key(&client.ip)
         {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
-            return Err(self.refuse(client.ip, Refused::Publishes, wait));
+            return Err(self.refuse(client.ip, what, wait));
         }
         Ok(())
     }
@@ -570,6 +599,7 @@ impl Limits {
     /// Drops what no longer needs keeping: rate states that would be full
     /// again, log times older than a minute. Run every few seconds.
     pub(crate) fn sweep(&self) {
+        lock(&self.streams).shrink();
         for limiter in [&self.opens, &self.publishes].into_iter().flatten() {
             limiter.retain_recent();
             limiter.shrink_to_fit();

@@ -66,7 +66,7 @@ impl ServerState {
             &self.trusted_proxies,
             req.headers().get_all("x-forwarded-for").map(|v| v.as_bytes()),
         );
-        Client::new(ip, proxied || ip != peer)
+        Client::new(ip, proxied || ip.to_canonical() != peer.to_canonical())
     }
 
     /// The client's address for a lean stream: `peer` (the socket's, or
@@ -81,7 +81,7 @@ impl ServerState {
             &self.trusted_proxies,
             edge::header_values(head, b"x-forwarded-for"),
         );
-        Client::new(ip, proxied || ip != peer)
+        Client::new(ip, proxied || ip.to_canonical() != peer.to_canonical())
     }
 
     /// The `/stats` document: the server's counters, and in cluster mode
@@ -163,7 +163,8 @@ impl ServerState {
         let counter = match error {
             ApiError::BadToken(_) => Some(&self.stats.tokens_refused),
             ApiError::OriginNotAllowed => Some(&self.stats.origins_refused),
-            ApiError::ShuttingDown | ApiError::StreamLimit(_) => None,
+            // Counted where they are decided (`limits.refused`).
+            ApiError::ShuttingDown | ApiError::StreamLimit(_) | ApiError::OverLimit { .. } => None,
             _ => Some(&self.stats.bad_heads),
         };
         if let Some(counter) = counter {
@@ -180,7 +181,8 @@ impl ServerState {
     /// The one admission decision for a stream of `id`, lean or fallback
     /// (`via`), whose whole head (validated) is `head`, with `early` the
     /// bytes the client sent right behind it, in this order: shutdown (503),
-    /// its transport, HTTP version and resume point
+    /// the client address's opening rate (429: every stream request spends
+    /// one, refused later or not), its transport, HTTP version and resume point
     /// ([`handshake::read_request`]), its page origin, its subscriber token
     /// when `auth.subscribe_secret` is set, a WebSocket only as a
     /// connection's first request (on the lean path), then a

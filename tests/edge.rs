@@ -36,16 +36,7 @@ fn exchange_from(from: [u8; 4], addr: SocketAddr, bytes: &[u8]) -> Response {
 /// Opens a stream with `request` after `prefix` (a PROXY header, or
 /// nothing) from `from`; reads the response head.
 fn stream_from(from: [u8; 4], addr: SocketAddr, prefix: &[u8], request: &str) -> StreamClient {
-    let mut s = connect_from(from, addr);
-    s.write_all(prefix).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    let mut reader = BufReader::new(s);
-    let (status, headers) = read_head(&mut reader).unwrap();
-    StreamClient {
-        reader,
-        status,
-        headers,
-    }
+    StreamClient::on(connect_from(from, addr), &[prefix, request.as_bytes()].concat())
 }
 
 fn get_stream(id: &str) -> String {
@@ -206,8 +197,8 @@ fn connections_without_a_valid_proxy_header_are_refused() {
 
 /// With `proxy_protocol = "any"` (v1 headers): a complete line that is not
 /// a valid header is refused at once, not at the head deadline; a header
-/// claiming a loopback address is not exempt from the limits (only a
-/// socket's own loopback peer is).
+/// claiming a loopback address is not exempt from the limits, while a
+/// socket's own loopback peer (an UNKNOWN header) is.
 #[test]
 fn bad_v1_lines_are_refused_at_once_and_claimed_loopback_is_limited() {
     let mut s = settings();
@@ -240,6 +231,12 @@ fn bad_v1_lines_are_refused_at_once_and_claimed_loopback_is_limited() {
     welcomed(&mut first, "v");
     let second = stream_from([127, 0, 0, 2], srv.addr, &v1("127.0.0.9", 2), &get_stream("v"));
     assert_eq!(second.status, 429, "a claimed loopback address is limited");
+    // The balancer's own UNKNOWN header keeps the socket's loopback peer,
+    // which the default exempts: past the limit of 1, still served.
+    for _ in 0..3 {
+        let mut own = stream_from([127, 0, 0, 2], srv.addr, b"PROXY UNKNOWN\r\n", &get_stream("v"));
+        welcomed(&mut own, "v");
+    }
     assert_eq!(srv.stats()["connections"]["proxy_refused"], 3);
 }
 
@@ -279,6 +276,7 @@ fn an_address_past_its_stream_limit_gets_429_and_others_go_on() {
     }
     let st = srv.stats();
     assert_eq!(st["limits"]["refused"]["streams"], 2, "{st}");
+    assert_eq!(st["connections"]["bad_heads"], 0, "a 429 is not a bad head: {st}");
     assert_eq!(st["limits"]["addresses_with_streams"], 2, "{st}");
     // No publish token set: the addresses refused are shown.
     assert_eq!(st["limits"]["refusing"][0]["address"], "127.0.0.2", "{st}");

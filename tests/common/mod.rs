@@ -299,9 +299,14 @@ impl StreamClient {
 
     /// Sends `request` verbatim and reads the response head.
     pub fn open_raw(addr: SocketAddr, request: &str) -> Self {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
+        Self::on(s, request.as_bytes())
+    }
+
+    /// Sends `bytes` verbatim on `s` (connected) and reads the response head.
+    pub fn on(mut s: TcpStream, bytes: &[u8]) -> Self {
+        s.write_all(bytes).unwrap();
         let mut reader = BufReader::new(s);
         let (status, headers) = read_head(&mut reader).unwrap();
         StreamClient {
