@@ -2188,6 +2188,12 @@ fn a_publish_that_must_reach_a_replica_answers_503_without_one() {
                 .text()
                 .is_some_and(|t| t.contains("state=online"))
     });
+    // The replica answers acknowledgements (a WAIT of the test's own): a
+    // replica just online may still be loading what it was sent, and a
+    // WAIT right then comes short (seen on a loaded CI run).
+    wait_until(Duration::from_secs(10), "the replica acknowledging", || {
+        lone.command(&["WAIT", "1", "1000"]).int() == Some(1)
+    });
     let mut c = open(n.addr, "w");
     let r = post(n.addr, "/send/w", "kept");
     assert_eq!(r.status, 200, "{}", r.text());
