@@ -2192,7 +2192,13 @@ fn a_publish_that_must_reach_a_replica_answers_503_without_one() {
     // replica just online may still be loading what it was sent, and a
     // WAIT right then comes short (seen on a loaded CI run).
     wait_until(Duration::from_secs(10), "the replica acknowledging", || {
-        lone.command(&["WAIT", "1", "1000"]).int() == Some(1)
+        // A write, then WAIT on the same connection: it counts that write.
+        let s = std::net::TcpStream::connect(("127.0.0.1", lone.port)).unwrap();
+        let mut r = std::io::BufReader::new(s);
+        common::write_resp_command(r.get_mut(), &["SET", "sbt-ack", "1"]).unwrap();
+        common::write_resp_command(r.get_mut(), &["WAIT", "1", "1000"]).unwrap();
+        let _ = common::read_resp(&mut r);
+        common::read_resp(&mut r).is_ok_and(|w| w.int() == Some(1))
     });
     let mut c = open(n.addr, "w");
     let r = post(n.addr, "/send/w", "kept");
