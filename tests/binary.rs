@@ -296,6 +296,9 @@ fn json_logs_name_their_events_and_a_storm_is_rate_limited() {
     assert_eq!(start["version"], env!("CARGO_PKG_VERSION"));
     assert!(start["open_files"].as_u64().unwrap() > 64, "{start}");
     assert_eq!(p.events("bind")[0]["workers"].as_u64().map(|w| w > 0), Some(true));
+    // Logged right after "listening", which the start waited for: this
+    // test's log reader may not have it yet.
+    p.wait_event("config", Duration::from_secs(5), |_| true);
     assert_eq!(p.events("config").len(), 1);
 
     // A storm: 60 Router crashes, each an actor_panic and a restart line.

@@ -100,8 +100,14 @@ fn main() -> anyhow::Result<ExitCode> {
     }
     // From here the log is set up: a failure (the port taken, say) is a
     // log line like any other, not plain text on stderr.
-    let served = Server::bind(settings)
-        .and_then(|server| actix::System::new().block_on(server.run(shutdown_signal())));
+    // The signal handlers go in before the server starts: a SIGINT that
+    // comes as soon as it says it listens is a shutdown, not a kill.
+    let served = Server::bind(settings).and_then(|server| {
+        actix::System::new().block_on(async move {
+            let signals = shutdown_signal();
+            server.run(signals).await
+        })
+    });
     if let Err(e) = served {
         tracing::error!(event = "fatal", cause = %format!("{e:#}"), "switchboard cannot serve; exiting");
         return Ok(ExitCode::FAILURE);
@@ -109,19 +115,22 @@ fn main() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Resolves on the first SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// Installs the SIGINT and SIGTERM handlers now (inside the runtime) and
+/// answers a future that resolves on the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
-        tracing::error!(
-            event = "signal_handlers",
-            "cannot install signal handlers; stop the server with SIGKILL"
-        );
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => tracing::info!(event = "signal", signal = "SIGINT", "signal received"),
-        _ = term.recv() => tracing::info!(event = "signal", signal = "SIGTERM", "signal received"),
+    let installed = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    async move {
+        let (Ok(mut int), Ok(mut term)) = installed else {
+            tracing::error!(
+                event = "signal_handlers",
+                "cannot install signal handlers; stop the server with SIGKILL"
+            );
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => tracing::info!(event = "signal", signal = "SIGINT", "signal received"),
+            _ = term.recv() => tracing::info!(event = "signal", signal = "SIGTERM", "signal received"),
+        }
     }
 }
