@@ -39,10 +39,10 @@ pub(crate) const PEEK_BYTES: usize = 1024;
 
 /// First wait before peeking again when the request line is incomplete
 /// (peek leaves the socket readable, so waiting for readiness would spin).
-const PEEK_BACKOFF_START: Duration = Duration::from_millis(1);
+pub(crate) const PEEK_BACKOFF_START: Duration = Duration::from_millis(1);
 
 /// Longest wait between peeks.
-const PEEK_BACKOFF_MAX: Duration = Duration::from_millis(50);
+pub(crate) const PEEK_BACKOFF_MAX: Duration = Duration::from_millis(50);
 
 /// What a lean stream's request line starts with.
 const STREAM_PREFIX: &[u8] = b"GET /test/";
@@ -178,7 +178,7 @@ pub(crate) fn look_now(io: &TcpStream, buf: &mut [u8], flags: MsgFlags) -> Optio
 }
 
 /// True once the peer has closed its sending side or reset the connection.
-fn peer_closed(io: &TcpStream) -> bool {
+pub(crate) fn peer_closed(io: &TcpStream) -> bool {
     match io.ready(Interest::READABLE).now_or_never() {
         Some(Ok(ready)) => ready.is_read_closed(),
         Some(Err(_)) => true,

@@ -31,6 +31,7 @@ use nix::sys::socket::{MsgFlags, recv};
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use crate::classify::{PEEK_BACKOFF_MAX, PEEK_BACKOFF_START, peer_closed};
 use crate::config::{LimitSettings, Nets, ProxyProtocol};
 use crate::error::ApiError;
 
@@ -44,11 +45,6 @@ const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
 
 /// v1's start.
 const V1_PREFIX: &[u8] = b"PROXY ";
-
-/// First wait before peeking again at a header that is not whole yet (a
-/// peek leaves the socket readable, so waiting for readiness would spin).
-const BACKOFF_START: Duration = Duration::from_millis(1);
-const BACKOFF_MAX: Duration = Duration::from_millis(50);
 
 /// Why a connection's PROXY header was not taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,7 +180,8 @@ pub(crate) async fn read_proxy_header(
         Ok(Err(_)) => return Err(ProxyError::Gone),
         Ok(Ok(())) => {}
     }
-    let mut backoff = BACKOFF_START;
+    // Peeked as `classify` peeks a request line, with its backoff.
+    let mut backoff = PEEK_BACKOFF_START;
     loop {
         match take_header(io, mode) {
             Taken::Done(client) => return Ok(client),
@@ -203,19 +200,9 @@ pub(crate) async fn read_proxy_header(
             }
             Taken::NotYet => {
                 sleep_until(deadline.min(Instant::now() + backoff)).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                backoff = (backoff * 2).min(PEEK_BACKOFF_MAX);
             }
         }
-    }
-}
-
-/// True once the peer has closed its sending side or reset the connection.
-fn peer_closed(io: &TcpStream) -> bool {
-    use futures_util::FutureExt as _;
-    match io.ready(tokio::io::Interest::READABLE).now_or_never() {
-        Some(Ok(ready)) => ready.is_read_closed(),
-        Some(Err(_)) => true,
-        None => false,
     }
 }
 
