@@ -736,9 +736,9 @@ fn processes_without_redis_url_or_with_port_zero_are_refused() {
         .env("SWITCHBOARD__SERVER__PORT", &port);
     let mut p = Proc::spawn(cmd);
     let started = Instant::now();
-    let status = p.wait_exit(Duration::from_secs(3));
+    let status = p.wait_exit(Duration::from_secs(15));
     assert!(!status.success(), "{status:?}");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(started.elapsed() < Duration::from_secs(15));
     wait_until(WAIT, "stderr read", || p.log_text().contains("cluster.redis_url"));
 
     let redis = RedisServer::start();

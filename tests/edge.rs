@@ -203,6 +203,7 @@ fn connections_without_a_valid_proxy_header_are_refused() {
 fn bad_v1_lines_are_refused_at_once_and_claimed_loopback_is_limited() {
     let mut s = settings();
     s.server.proxy_protocol = ProxyProtocol::Any;
+    s.server.head_timeout_ms = 30_000;
     s.limits.streams_per_ip = 1;
     assert!(
         s.limits.exempt.contains("127.0.0.0/8"),
@@ -222,7 +223,7 @@ fn bad_v1_lines_are_refused_at_once_and_claimed_loopback_is_limited() {
         );
         assert_eq!(r.status, 400, "{line:?}: {}", r.text());
         assert!(
-            started.elapsed() < Duration::from_millis(500),
+            started.elapsed() < Duration::from_secs(3),
             "{line:?}: {:?}",
             started.elapsed()
         );

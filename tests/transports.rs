@@ -605,12 +605,12 @@ fn a_stream_ends_when_its_token_expires() {
     );
     c.reader
         .get_mut()
-        .set_read_timeout(Some(Duration::from_secs(4)))
+        .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     assert_eq!(c.line(), "Switchboard welcomes you! Your Id: t");
     assert_eq!(c.read_to_end().unwrap(), vec!["Token expired\n".to_owned()]);
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(15),
         "{:?}",
         started.elapsed()
     );
