@@ -98,6 +98,9 @@ pub(crate) enum HeadError {
     Invalid(&'static str),
     /// The client went away.
     Gone,
+    /// A TLS port's handshake or records failed (the reason): closed
+    /// without an HTTP answer, which the client could not read.
+    Tls(&'static str),
 }
 
 /// Peeks the request line of a fresh connection and decides who serves it.
@@ -153,7 +156,7 @@ pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usiz
 /// True if the request target in `line` (what was peeked of a request
 /// line) holds a `#`. Only a first request on a connection is peeked; the
 /// rest reach actix-web, which drops a fragment without a word.
-fn has_fragment(line: &[u8]) -> bool {
+pub(crate) fn has_fragment(line: &[u8]) -> bool {
     let Some(start) = line.iter().position(|b| *b == b' ') else {
         return false;
     };

@@ -88,6 +88,12 @@ pub struct ServerSettings {
     pub shutdown_timeout_ms: u64,
     /// PROXY protocol headers from a load balancer: off, v1, v2 or any.
     pub proxy_protocol: ProxyProtocol,
+    /// PEM certificate chain for TLS ("": no TLS).
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: String,
+    /// Ports that serve TLS, as `extra_ports` lists them; "": every port.
+    pub tls_ports: String,
 }
 
 /// `server.proxy_protocol`.
@@ -509,6 +515,7 @@ impl Settings {
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
         }
+        self.validate_tls(&seen)?;
         if let Err(e) = Nets::parse(&self.http.trusted_proxies) {
             return invalid("http.trusted_proxies", &e);
         }
@@ -711,6 +718,58 @@ impl Settings {
             );
         }
         Ok(())
+    }
+
+    /// `server.tls_*`: both files or neither, loadable, a key that is the
+    /// certificate's, and TLS ports among the listening ones (`ports`).
+    fn validate_tls(&self, ports: &std::collections::HashSet<u16>) -> Result<(), SettingsError> {
+        let invalid = |key, reason: &str| {
+            Err(SettingsError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        let s = &self.server;
+        let tls_ports = parse_ports(&s.tls_ports).map_err(|reason| SettingsError::Invalid {
+            key: "server.tls_ports",
+            reason,
+        })?;
+        match (s.tls_cert_file.is_empty(), s.tls_key_file.is_empty()) {
+            (true, true) if tls_ports.is_empty() => return Ok(()),
+            (true, true) => {
+                return invalid(
+                    "server.tls_ports",
+                    "needs server.tls_cert_file and server.tls_key_file",
+                );
+            }
+            (false, true) => return invalid("server.tls_key_file", "needed with server.tls_cert_file"),
+            (true, false) => return invalid("server.tls_cert_file", "needed with server.tls_key_file"),
+            (false, false) => {}
+        }
+        // Port 0 picks a free port, which tls_ports cannot name.
+        if s.port != 0
+            && let Some(p) = tls_ports.iter().find(|p| !ports.contains(p))
+        {
+            return invalid(
+                "server.tls_ports",
+                &format!("port {p} is neither server.port nor in server.extra_ports"),
+            );
+        }
+        crate::tls::Acceptor::new(&s.tls_cert_file, &s.tls_key_file)
+            .map(drop)
+            .map_err(|e| SettingsError::Invalid {
+                key: e.key,
+                reason: e.reason,
+            })
+    }
+
+    /// Whether a listener on `port` serves TLS.
+    pub(crate) fn tls_port(&self, port: u16) -> bool {
+        if self.server.tls_cert_file.is_empty() {
+            return false;
+        }
+        let ports = parse_ports(&self.server.tls_ports).expect("validated tls_ports");
+        ports.is_empty() || ports.contains(&port)
     }
 
     /// Main address plus one per extra port.

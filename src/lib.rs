@@ -80,6 +80,7 @@ mod stats;
 mod stream;
 mod supervision;
 pub mod telemetry;
+mod tls;
 pub mod token;
 
 pub use config::{Settings, SettingsError};

@@ -130,7 +130,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 34] = [
+        let counters: [CounterSpec<'_>; 39] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -195,6 +195,31 @@ impl Collector for StatsCollector {
                 "proxy_refused",
                 "Connections refused for a missing or invalid PROXY protocol header (400).",
                 &s.proxy_refused,
+            ),
+            (
+                "tls_handshakes",
+                "TLS handshakes completed on a TLS port.",
+                &s.tls_handshakes,
+            ),
+            (
+                "tls_handshake_failures",
+                "TLS handshakes that failed (not TLS, nothing in common, a bad record).",
+                &s.tls_handshake_failures,
+            ),
+            (
+                "tls_handshake_timeouts",
+                "TLS handshakes not finished within server.head_timeout_ms.",
+                &s.tls_handshake_timeouts,
+            ),
+            (
+                "tls_reloads",
+                "SIGHUP reloads of the TLS certificate that took.",
+                &s.tls_reloads,
+            ),
+            (
+                "tls_reload_failures",
+                "SIGHUP reloads of the TLS certificate that failed (the one in use stays).",
+                &s.tls_reload_failures,
             ),
             (
                 "accept_fd_limit_errors",

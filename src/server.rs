@@ -49,6 +49,7 @@ use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 use crate::stats::Stats;
 use crate::stream::{self, Stream, Via};
+use crate::tls::{Session, TlsIo};
 
 /// Pause after `accept` fails for lack of file descriptors. The pending
 /// connection stays in the backlog and is accepted once descriptors free up.
@@ -167,6 +168,14 @@ impl Server {
                  server.proxy_protocol or http.trusted_proxies, or set the limits to 0"
             );
         }
+        let tls = if settings.server.tls_cert_file.is_empty() {
+            None
+        } else {
+            let acceptor =
+                crate::tls::Acceptor::new(&settings.server.tls_cert_file, &settings.server.tls_key_file)
+                    .map_err(|e| invalid(e.key, e.reason))?;
+            Some(Arc::new(acceptor))
+        };
         let streams = Arc::new(stream::Shared {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
@@ -197,8 +206,15 @@ impl Server {
             hub,
             addr: crate::hub::cluster::advertised(main_addr),
             trusted_proxies,
+            tls,
             shutdown: cancel,
         });
+        if let Some(tls) = &state.tls {
+            // Installed before the server says it listens, so a SIGHUP sent
+            // from then on is never the default action (exit).
+            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            actix_rt::spawn(reload_on_hangup(hangup, Arc::clone(tls), Arc::clone(&state)));
+        }
 
         let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(workers);
@@ -285,6 +301,39 @@ async fn report_slow_disconnects(state: Arc<ServerState>) {
     }
 }
 
+/// Reads the TLS certificate and key again on every SIGHUP, until shutdown.
+/// A file that does not load leaves the certificate in use (logged and
+/// counted); open connections keep what they negotiated.
+async fn reload_on_hangup(
+    mut hangup: tokio::signal::unix::Signal,
+    tls: Arc<crate::tls::Acceptor>,
+    state: Arc<ServerState>,
+) {
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            got = hangup.recv() => if got.is_none() { return },
+        }
+        match tls.reload() {
+            Ok(()) => {
+                state.stats.tls_reloads.fetch_add(1, Relaxed);
+                tracing::info!(
+                    event = "tls_reloaded",
+                    "SIGHUP: TLS certificate and key read again"
+                );
+            }
+            Err(e) => {
+                state.stats.tls_reload_failures.fetch_add(1, Relaxed);
+                tracing::error!(
+                    event = "tls_reload_failed",
+                    cause = %e,
+                    "SIGHUP: TLS certificate not reloaded; the one in use stays"
+                );
+            }
+        }
+    }
+}
+
 /// Steps 1-3 of the module docs.
 async fn shut_down(state: &ServerState) {
     let started = Instant::now();
@@ -340,10 +389,14 @@ async fn run_worker(
         }
     };
     for l in listeners {
+        let secure = l
+            .local_addr()
+            .is_ok_and(|a| state.tls.is_some() && state.settings.tls_port(a.port()));
         match TcpListener::from_std(l) {
             Ok(l) => {
                 actix_rt::spawn(accept_loop(
                     l,
+                    secure,
                     Rc::clone(&http),
                     Arc::clone(&state),
                     Arc::clone(&slots),
@@ -442,8 +495,13 @@ fn http_service(
 /// at once. Running out of file descriptors is logged once per episode,
 /// counted in `/stats` (`accept.fd_limit`), and retried after a pause; open
 /// streams are not disturbed.
-async fn accept_loop<S>(listener: TcpListener, http: Rc<S>, state: Arc<ServerState>, slots: Arc<Semaphore>)
-where
+async fn accept_loop<S>(
+    listener: TcpListener,
+    secure: bool,
+    http: Rc<S>,
+    state: Arc<ServerState>,
+    slots: Arc<Semaphore>,
+) where
     S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
 {
     let mut fd_limit_since: Option<Instant> = None;
@@ -471,7 +529,7 @@ where
                         "file descriptors available again; accepting"
                     );
                 }
-                actix_rt::spawn(serve(io, Rc::clone(&http), Arc::clone(&state), permit));
+                actix_rt::spawn(serve(io, secure, Rc::clone(&http), Arc::clone(&state), permit));
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 state.stats.accept_fd_limit.fetch_add(1, Relaxed);
@@ -533,8 +591,13 @@ impl Drop for HttpConn {
 /// never sends a head cannot hold shutdown up), and no shutdown future is
 /// raced here: it would enlarge every connection's short-lived task, which
 /// costs idle streams memory (docs/design-notes.md, "Per-stream memory").
-async fn serve<S>(io: TcpStream, http: Rc<S>, state: Arc<ServerState>, permit: OwnedSemaphorePermit)
-where
+async fn serve<S>(
+    io: TcpStream,
+    secure: bool,
+    http: Rc<S>,
+    state: Arc<ServerState>,
+    permit: OwnedSemaphorePermit,
+) where
     S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
 {
     let settings = &state.settings;
@@ -554,6 +617,10 @@ where
             }
         },
     };
+    if secure {
+        // Boxed: a TLS session's handshake future is large.
+        return Box::pin(serve_tls(io, http, state, permit, deadline, proxied)).await;
+    }
     match classify::classify(&io, deadline, settings.stream.max_id_len, max_line).await {
         Class::Stream { id, http10 } => {
             // Boxed: reading and checking the head would otherwise grow
@@ -621,6 +688,157 @@ async fn serve_stream(
         Ok(Err(refused)) => socket::refuse(io, &refused.error, state.cors(refused.origin.as_deref())).await,
         Err(e) => state.refuse_head(io, e).await,
     }
+}
+
+/// A connection on a TLS port: the handshake, then the same decision as
+/// [`serve`] makes, on the decrypted request head. Until its head is read
+/// the connection holds only its `max_connections` permit; a handshake
+/// that does not finish by `server.head_timeout_ms` is cut.
+async fn serve_tls<S>(
+    io: TcpStream,
+    http: Rc<S>,
+    state: Arc<ServerState>,
+    permit: OwnedSemaphorePermit,
+    deadline: Instant,
+    proxied: Option<SocketAddr>,
+) where
+    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
+{
+    let Some(acceptor) = state.tls.as_ref() else {
+        return;
+    };
+    let mut session = match acceptor.session() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(event = "tls_failed", cause = %e, "cannot start a TLS session");
+            return;
+        }
+    };
+    let shaken = session.handshake(&io, deadline).await;
+    if shaken.is_ok() {
+        state.stats.tls_handshakes.fetch_add(1, Relaxed);
+    }
+    if let Err(e) = shaken {
+        // No HTTP answer: the client cannot read one before the handshake.
+        let counter = match e {
+            HeadError::Timeout => &state.stats.tls_handshake_timeouts,
+            HeadError::Gone => return,
+            _ => &state.stats.tls_handshake_failures,
+        };
+        counter.fetch_add(1, Relaxed);
+        tracing::debug!(event = "tls_refused", cause = ?e, "TLS handshake not completed");
+        return;
+    }
+    let settings = &state.settings;
+    let max_line = settings.server.max_head_bytes.max(classify::PEEK_BYTES);
+    let class = loop {
+        let full = session.plain.len() >= max_line;
+        match classify::decide(&session.plain, full, settings.stream.max_id_len) {
+            Some(Class::Http) if classify::has_fragment(&session.plain) => break Class::Fragment,
+            Some(class) => break class,
+            None => match session.read_plain(&io, deadline).await {
+                Ok(()) => {}
+                Err(HeadError::Timeout) => break Class::Timeout,
+                Err(_) => break Class::Gone,
+            },
+        }
+    };
+    match class {
+        Class::Stream { id, http10 } => {
+            Box::pin(serve_tls_stream(
+                io, session, id, http10, &state, permit, deadline, proxied,
+            ))
+            .await;
+        }
+        Class::Dispatcher | Class::Http => {
+            let _conn = HttpConn::new(permit, &state.stats);
+            let plain = std::mem::take(&mut session.plain);
+            let io = Rewound::tls(TlsIo::new(io, session), plain).with_client(proxied);
+            Box::pin(serve_http(&*http, io)).await;
+        }
+        Class::Timeout => refuse_tls_head(&state, io, session, HeadError::Timeout).await,
+        Class::Fragment => {
+            let why = "a request target has no fragment (#); send it percent-escaped (%23)";
+            refuse_tls_head(&state, io, session, HeadError::Invalid(why)).await;
+        }
+        Class::Gone => {}
+    }
+}
+
+/// [`serve_stream`] on a TLS connection whose request line is decrypted.
+#[allow(clippy::too_many_arguments)]
+async fn serve_tls_stream(
+    io: TcpStream,
+    mut session: Session,
+    id: Arc<str>,
+    http10: bool,
+    state: &Arc<ServerState>,
+    permit: OwnedSemaphorePermit,
+    deadline: Instant,
+    proxied: Option<SocketAddr>,
+) {
+    let max_head = state.settings.server.max_head_bytes;
+    let mut check = classify::HeadCheck::new(http10);
+    let mut fed = 0;
+    let end = loop {
+        match check.feed(&session.plain[fed..], max_head) {
+            classify::Checked::More => {
+                fed = session.plain.len();
+                if let Err(e) = session.read_plain(&io, deadline).await {
+                    return refuse_tls_head(state, io, session, e).await;
+                }
+            }
+            classify::Checked::End(k) => break fed + k,
+            classify::Checked::Refused(e) => return refuse_tls_head(state, io, session, e).await,
+        }
+    };
+    let peer = match proxied {
+        Some(client) => client.ip(),
+        None => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
+    };
+    let admitted = {
+        let (head, early) = session.plain.split_at(end);
+        let client = state.client_of_head(peer, proxied.is_some(), head);
+        state.admit_stream(&id, head, early, Via::Lean, client)
+    };
+    match admitted {
+        Ok(open) => {
+            // What followed the head was looked at by the admission, as on a
+            // plain connection; the stream reads on from the socket.
+            session.plain = Vec::new();
+            drop(permit);
+            Stream::start_lean_tls(io, session, id, open, Arc::clone(&state.streams));
+        }
+        Err(refused) => {
+            let cors = state.cors(refused.origin.as_deref());
+            refuse_tls(io, session, &refused.error, cors).await;
+        }
+    }
+}
+
+/// [`ServerState::refuse_head`] on a TLS connection.
+async fn refuse_tls_head(state: &ServerState, io: TcpStream, session: Session, e: HeadError) {
+    if e == HeadError::Gone {
+        return;
+    }
+    if let HeadError::Tls(why) = e {
+        state.stats.tls_handshake_failures.fetch_add(1, Relaxed);
+        tracing::debug!(event = "tls_refused", cause = why, "TLS records refused");
+        return;
+    }
+    state.stats.bad_heads.fetch_add(1, Relaxed);
+    refuse_tls(io, session, &state.head_error(e), crate::error::Cors::default()).await;
+}
+
+/// [`socket::refuse`] on a TLS connection: the answer, a close_notify, and
+/// a gentle close.
+async fn refuse_tls(io: TcpStream, mut session: Session, error: &ApiError, cors: crate::error::Cors<'_>) {
+    let mut response = Vec::new();
+    error.write_http1(&mut response, true, cors);
+    session
+        .write_and_close(&io, &response, Instant::now() + CLOSE_AFTER_ANSWER)
+        .await;
+    socket::close_gently(&io).await;
 }
 
 /// Serves a connection with actix-web until it ends, or until a handler

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::{ApiError, Cors};
+use crate::tls::TlsIo;
 
 /// How long a refused connection is drained before it is closed, so the
 /// client reads the error instead of a reset.
@@ -69,7 +70,7 @@ pub(crate) async fn close_gently(io: &TcpStream) {
 /// back in front. Every actix-web connection goes through this type (with
 /// nothing in front when the head was only peeked).
 pub(crate) struct Rewound {
-    io: TcpStream,
+    io: Conn,
     /// Lets a handler ask for this connection to be closed.
     close: CloseHandle,
     /// Read before the hand-over; served first.
@@ -80,11 +81,26 @@ pub(crate) struct Rewound {
     client: Option<std::net::SocketAddr>,
 }
 
+/// A plain or a TLS connection.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsIo>),
+}
+
+impl Conn {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(io) => io,
+            Conn::Tls(tls) => tls.socket(),
+        }
+    }
+}
+
 impl Rewound {
     /// A connection nothing has been read from.
     pub(crate) fn new(io: TcpStream) -> Self {
         Rewound {
-            io,
+            io: Conn::Plain(io),
             close: CloseHandle::default(),
             prefix: Vec::new(),
             pos: 0,
@@ -95,9 +111,21 @@ impl Rewound {
     /// A connection whose first `prefix` bytes were already read.
     pub(crate) fn with_prefix(io: TcpStream, prefix: &[u8]) -> Self {
         Rewound {
-            io,
+            io: Conn::Plain(io),
             close: CloseHandle::default(),
             prefix: prefix.to_vec(),
+            pos: 0,
+            client: None,
+        }
+    }
+
+    /// A TLS connection whose first `plain` bytes were already decrypted
+    /// and read.
+    pub(crate) fn tls(io: TlsIo, plain: Vec<u8>) -> Self {
+        Rewound {
+            io: Conn::Tls(Box::new(io)),
+            close: CloseHandle::default(),
+            prefix: plain,
             pos: 0,
             client: None,
         }
@@ -117,7 +145,7 @@ impl Rewound {
     /// The client's address: a PROXY header's source, else the socket's
     /// peer.
     pub(crate) fn client(&self) -> Option<std::net::SocketAddr> {
-        self.client.or_else(|| self.io.peer_addr().ok())
+        self.client.or_else(|| self.io.socket().peer_addr().ok())
     }
 
     /// What a handler on this connection uses to have it closed.
@@ -139,13 +167,19 @@ impl AsyncRead for Rewound {
             }
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        match &mut this.io {
+            Conn::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
     }
 }
 
 impl AsyncWrite for Rewound {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        match &mut self.get_mut().io {
+            Conn::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+        }
     }
 
     fn poll_write_vectored(
@@ -153,19 +187,31 @@ impl AsyncWrite for Rewound {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        match &mut self.get_mut().io {
+            Conn::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        match &self.io {
+            Conn::Plain(io) => io.is_write_vectored(),
+            Conn::Tls(_) => false,
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        match &mut self.get_mut().io {
+            Conn::Plain(io) => Pin::new(io).poll_flush(cx),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        match &mut self.get_mut().io {
+            Conn::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+        }
     }
 }
 

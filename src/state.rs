@@ -47,6 +47,8 @@ pub(crate) struct ServerState {
     pub(crate) addr: String,
     /// `http.trusted_proxies`, parsed.
     pub(crate) trusted_proxies: Nets,
+    /// The certificate and TLS settings of the TLS ports, if any.
+    pub(crate) tls: Option<Arc<crate::tls::Acceptor>>,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
     /// accept loops stop, actix-web connections drain, new streams are refused.
     pub(crate) shutdown: CancellationToken,
@@ -142,6 +144,7 @@ impl ServerState {
                 limit: crate::classify::MAX_HEADERS,
             },
             HeadError::Invalid(why) => ApiError::BadHead(why),
+            HeadError::Tls(why) => ApiError::BadHead(why),
             // Nobody to answer; callers do not send it.
             HeadError::Gone => ApiError::BadHead("the client went away"),
         }

@@ -72,6 +72,17 @@ pub(crate) struct Stats {
     /// Connections refused for a missing or invalid PROXY protocol header
     /// (`server.proxy_protocol` on).
     pub(crate) proxy_refused: AtomicU64,
+    /// TLS handshakes completed on a TLS port.
+    pub(crate) tls_handshakes: AtomicU64,
+    /// TLS handshakes (or records before the head) that failed: not TLS, no
+    /// common version or cipher suite, a bad record.
+    pub(crate) tls_handshake_failures: AtomicU64,
+    /// TLS handshakes not finished within `server.head_timeout_ms`.
+    pub(crate) tls_handshake_timeouts: AtomicU64,
+    /// SIGHUP reloads of the TLS certificate that took.
+    pub(crate) tls_reloads: AtomicU64,
+    /// SIGHUP reloads that failed (the certificate in use stayed).
+    pub(crate) tls_reload_failures: AtomicU64,
     /// Streams opened as server-sent events.
     pub(crate) streams_sse: AtomicU64,
     /// Streams opened as WebSockets.
@@ -165,6 +176,11 @@ impl Stats {
             accept_errors: AtomicU64::new(0),
             bad_heads: AtomicU64::new(0),
             proxy_refused: AtomicU64::new(0),
+            tls_handshakes: AtomicU64::new(0),
+            tls_handshake_failures: AtomicU64::new(0),
+            tls_handshake_timeouts: AtomicU64::new(0),
+            tls_reloads: AtomicU64::new(0),
+            tls_reload_failures: AtomicU64::new(0),
             streams_sse: AtomicU64::new(0),
             streams_ws: AtomicU64::new(0),
             ws_frames_ignored: AtomicU64::new(0),
@@ -264,6 +280,13 @@ impl Stats {
                 "accepted": get(&self.accepted),
                 "bad_heads": get(&self.bad_heads),
                 "proxy_refused": get(&self.proxy_refused),
+            },
+            "tls": {
+                "handshakes": get(&self.tls_handshakes),
+                "handshake_failures": get(&self.tls_handshake_failures),
+                "handshake_timeouts": get(&self.tls_handshake_timeouts),
+                "reloads": get(&self.tls_reloads),
+                "reload_failures": get(&self.tls_reload_failures),
             },
             "accept": {
                 "fd_limit": get(&self.accept_fd_limit),

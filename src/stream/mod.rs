@@ -190,6 +190,18 @@ impl Stream {
         Stream::launch(id, Sink::socket(io), open, shared, Via::Lean);
     }
 
+    /// [`Stream::start_lean`] on a TLS connection.
+    pub(crate) fn start_lean_tls(
+        io: TcpStream,
+        session: crate::tls::Session,
+        id: Arc<str>,
+        open: Open,
+        shared: Arc<Shared>,
+    ) {
+        let _ = io.set_nodelay(true);
+        Stream::launch(id, Sink::tls(io, session), open, shared, Via::Lean);
+    }
+
     /// Starts a fallback stream feeding an actix-web streaming body, which it
     /// returns; actix-web writes the response head ([`Head`]). The stream
     /// was admitted (`ServerState::admit_stream`).
@@ -671,7 +683,7 @@ impl ActorFuture<Stream> for Watch {
     ) -> Poll<()> {
         for _ in 0..WATCH_READS {
             let mut scratch = [0u8; 64];
-            match act.sink.poll_read(cx, &mut scratch) {
+            match act.sink.poll_read(cx, &mut scratch, &act.core.shared.stats) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
                     ctx.stop();

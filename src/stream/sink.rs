@@ -29,6 +29,7 @@ use bytes::Bytes;
 
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
+use crate::tls::Session;
 
 /// The last chunk of a chunked body.
 const FINAL_CHUNK: &[u8] = b"0\r\n\r\n";
@@ -116,12 +117,45 @@ pub(crate) enum Sink {
     },
     /// Fallback path: actix-web's HTTP/1 dispatcher reads a [`BodyStream`].
     Body(Rc<RefCell<BodyQueue>>),
+    /// Lean path on a TLS port: events are encrypted here and then go as
+    /// on [`Sink::Socket`]. All boxed: a variant as large as `Socket`
+    /// would cost the enum a tag, 8 bytes in every stream's task cell.
+    Tls(Box<TlsSink>),
+}
+
+/// A TLS stream's socket, session and pending ciphertext.
+pub(crate) struct TlsSink {
+    io: TcpStream,
+    session: Session,
+    pending: Option<Box<Pending>>,
+}
+
+/// Encrypts `parts` as one record; TLS's own output, if any, comes first.
+fn seal(session: &mut Session, parts: &[&[u8]], close: bool) -> Result<Vec<u8>, SinkError> {
+    let mut plain = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        plain.extend_from_slice(part);
+    }
+    let mut out = Vec::with_capacity(plain.len() + 64);
+    session
+        .encrypt(&plain, close, &mut out)
+        .map_err(|_| SinkError::Closed)?;
+    Ok(out)
 }
 
 impl Sink {
     /// A lean sink; `open` writes the response head.
     pub(crate) fn socket(io: TcpStream) -> Self {
         Sink::Socket { io, pending: None }
+    }
+
+    /// A lean sink on a TLS connection whose head was read.
+    pub(crate) fn tls(io: TcpStream, session: Session) -> Self {
+        Sink::Tls(Box::new(TlsSink {
+            io,
+            session,
+            pending: None,
+        }))
     }
 
     /// A fallback sink and the body actix-web should stream.
@@ -140,6 +174,18 @@ impl Sink {
         match self {
             Sink::Socket { io, pending } => {
                 write_all(io, pending, &[head], Counted::Other, max_pending, stats)
+            }
+            Sink::Tls(tls) => {
+                let io = &tls.io;
+                let sealed = seal(&mut tls.session, &[head], false)?;
+                write_all(
+                    io,
+                    &mut tls.pending,
+                    &[&sealed],
+                    Counted::Other,
+                    max_pending,
+                    stats,
+                )
             }
             Sink::Body(_) => Ok(Written::Done),
         }
@@ -165,14 +211,26 @@ impl Sink {
                 let head = chunk_head(line.len(), &mut head);
                 write_all(io, pending, &[head, line, b"\r\n"], event, max_pending, stats)
             }
+            Sink::Tls(tls) => {
+                let io = &tls.io;
+                let mut head = [0u8; 18];
+                let parts: &[&[u8]] = match framing {
+                    Framing::Close => &[line],
+                    Framing::Chunked => &[chunk_head(line.len(), &mut head), line, b"\r\n"],
+                };
+                let sealed = seal(&mut tls.session, parts, false)?;
+                write_all(io, &mut tls.pending, &[&sealed], event, max_pending, stats)
+            }
             Sink::Body(queue) => queue.borrow_mut().push(line, event, max_pending),
         }
     }
 
     /// Moves pending bytes to the kernel; ready when none are left.
     pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>, stats: &Stats) -> Poll<Result<(), SinkError>> {
-        let Sink::Socket { io, pending, .. } = self else {
-            return Poll::Ready(Ok(()));
+        let (io, pending) = match self {
+            Sink::Socket { io, pending } => (&*io, pending),
+            Sink::Tls(tls) => (&tls.io, &mut tls.pending),
+            Sink::Body(_) => return Poll::Ready(Ok(())),
         };
         let Some(p) = pending else {
             return Poll::Ready(Ok(()));
@@ -199,6 +257,7 @@ impl Sink {
     pub(crate) fn pending_messages(&self) -> usize {
         match self {
             Sink::Socket { pending, .. } => pending.as_ref().map_or(0, |p| p.ends.len()),
+            Sink::Tls(tls) => tls.pending.as_ref().map_or(0, |p| p.ends.len()),
             Sink::Body(_) => 0,
         }
     }
@@ -207,7 +266,12 @@ impl Sink {
     /// `n` bytes were read into `scratch`, `Ready(None)` once the client has
     /// gone (EOF or an error on the read side of the socket, or actix-web
     /// dropping the body), `Pending` until either.
-    pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>, scratch: &mut [u8]) -> Poll<Option<usize>> {
+    pub(crate) fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        scratch: &mut [u8],
+        stats: &Stats,
+    ) -> Poll<Option<usize>> {
         match self {
             Sink::Socket { io, .. } => loop {
                 match io.poll_read_ready(cx) {
@@ -218,6 +282,39 @@ impl Sink {
                 match io.try_read(scratch) {
                     Ok(0) => return Poll::Ready(None),
                     Ok(n) => return Poll::Ready(Some(n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => return Poll::Ready(None),
+                }
+            },
+            Sink::Tls(tls) => loop {
+                let io = &tls.io;
+                if !tls.session.plain.is_empty() {
+                    return Poll::Ready(Some(tls.session.take_plain(scratch)));
+                }
+                if tls.session.peer_closed {
+                    return Poll::Ready(None);
+                }
+                match io.poll_read_ready(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(())) => {}
+                }
+                match io.try_read(scratch) {
+                    Ok(0) => return Poll::Ready(None),
+                    Ok(n) => {
+                        let mut out = Vec::new();
+                        if tls.session.received(&scratch[..n], &mut out).is_err() {
+                            return Poll::Ready(None);
+                        }
+                        // TLS's own answer (a key update) goes in order
+                        // with the events.
+                        if !out.is_empty()
+                            && write_all(io, &mut tls.pending, &[&out], Counted::Other, usize::MAX, stats)
+                                .is_err()
+                        {
+                            return Poll::Ready(None);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(_) => return Poll::Ready(None),
                 }
@@ -253,6 +350,27 @@ impl Sink {
                     }
                     _ => {
                         let _ = io.try_write(end);
+                    }
+                }
+            }
+            Sink::Tls(tls) => {
+                let io = &tls.io;
+                let end: &[u8] = match framing {
+                    Framing::Chunked => FINAL_CHUNK,
+                    Framing::Close => b"",
+                };
+                let Ok(sealed) = seal(&mut tls.session, &[end], true) else {
+                    return;
+                };
+                match &mut tls.pending {
+                    Some(p) if !p.bytes.is_empty() => {
+                        p.bytes.extend_from_slice(&sealed);
+                        if let Ok(n) = io.try_write(&p.bytes) {
+                            p.drain(n, stats);
+                        }
+                    }
+                    _ => {
+                        let _ = io.try_write(&sealed);
                     }
                 }
             }

@@ -47,6 +47,24 @@ impl TestServer {
         let listeners = (0..ports)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
+        Self::start_on_listeners(settings, listeners)
+    }
+
+    /// A server whose first port is plain (what this helper's own requests
+    /// use) and whose second, `addrs[1]`, serves TLS with `certs`
+    /// (`server.tls_ports`).
+    pub fn start_tls(mut settings: Settings, certs: &Certificates) -> Self {
+        let listeners: Vec<TcpListener> = (0..2)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        settings.server.tls_cert_file = certs.cert.display().to_string();
+        settings.server.tls_key_file = certs.key.display().to_string();
+        settings.server.tls_ports = listeners[1].local_addr().unwrap().port().to_string();
+        Self::start_on_listeners(settings, listeners)
+    }
+
+    /// A server on listeners the test bound.
+    pub fn start_on_listeners(settings: Settings, listeners: Vec<TcpListener>) -> Self {
         let proxy_prefix = match settings.server.proxy_protocol {
             switchboard::config::ProxyProtocol::Off => Vec::new(),
             switchboard::config::ProxyProtocol::V2 => b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00".to_vec(),
@@ -756,4 +774,98 @@ pub fn make_certificates(dir: &std::path::Path, name: &str) -> Certificates {
         &ext_s,
     ]);
     Certificates { ca, cert, key }
+}
+
+/// A certificate for `127.0.0.1` and `localhost` signed by `certs`' own
+/// authority (same key as `certs.key`) that expired in 2020: `openssl ca`
+/// with fixed dates. Answers the certificate's path.
+pub fn make_expired_certificate(
+    dir: &std::path::Path,
+    name: &str,
+    certs: &Certificates,
+) -> std::path::PathBuf {
+    let file = |ext: &str| dir.join(format!("{name}{ext}"));
+    let (conf, csr, out) = (file("-expired.cnf"), file("-expired.csr"), file("-expired.crt"));
+    std::fs::write(file("-index.txt"), "").unwrap();
+    std::fs::write(file("-serial"), "01\n").unwrap();
+    std::fs::write(
+        &conf,
+        format!(
+            "[ca]\ndefault_ca = t\n[t]\ndatabase = {name}-index.txt\nnew_certs_dir = .\n\
+             serial = {name}-serial\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n\
+             [x]\nsubjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+        ),
+    )
+    .unwrap();
+    let ca_key = certs.ca.with_file_name(
+        certs
+            .ca
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace("-ca.pem", "-ca.key"),
+    );
+    let path = |p: &std::path::Path| p.display().to_string();
+    for args in [
+        vec![
+            "req".to_owned(),
+            "-new".into(),
+            "-subj".into(),
+            "/CN=127.0.0.1".into(),
+            "-key".into(),
+            path(&certs.key),
+            "-out".into(),
+            path(&csr),
+        ],
+        vec![
+            "ca".to_owned(),
+            "-batch".into(),
+            "-notext".into(),
+            "-config".into(),
+            path(&conf),
+            "-extensions".into(),
+            "x".into(),
+            "-cert".into(),
+            path(&certs.ca),
+            "-keyfile".into(),
+            path(&ca_key),
+            "-startdate".into(),
+            "20200101000000Z".into(),
+            "-enddate".into(),
+            "20200102000000Z".into(),
+            "-in".into(),
+            path(&csr),
+            "-out".into(),
+            path(&out),
+        ],
+    ] {
+        let o = std::process::Command::new("openssl")
+            .args(&args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    out
+}
+
+/// The base64 SHA-256 of a certificate's public key: what Chromium's
+/// `--ignore-certificate-errors-spki-list` trusts.
+pub fn spki_hash(cert: &std::path::Path) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | \
+             openssl dgst -sha256 -binary | base64",
+            cert.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }

@@ -1,0 +1,542 @@
+//! https:// and wss:// served natively (`server.tls_*`), against the
+//! clients people use: curl (OpenSSL) for chunked, HTTP/1.0 and SSE
+//! streams, publishing, `/dispatcher`, `/metrics`, the dashboard and
+//! resume; tokio-tungstenite over rustls for WebSocket; rustls itself for
+//! a client that stops reading. Each server here keeps its first port plain
+//! (for the test's own `/stats` requests) and serves TLS on its second
+//! (`server.tls_ports`), so one process serving both is tested throughout.
+//! Chromium's EventSource and WebSocket on an https page are in
+//! `tests/browser.rs`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::process::Proc;
+use common::{Certificates, TestServer, make_certificates, make_expired_certificate, settings};
+use rustls::pki_types::ServerName;
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchboard-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A rustls client configuration trusting only `ca`.
+fn client_config(ca: &Path) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject as _;
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+type TlsClient = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A blocking TLS connection to `addr` for `127.0.0.1`, trusting `ca`;
+/// the handshake is done (or failed) when this returns.
+fn tls_connect(addr: SocketAddr, ca: &Path) -> Result<TlsClient, std::io::Error> {
+    let tcp = TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let name = ServerName::IpAddress(addr.ip().into());
+    let conn = rustls::ClientConnection::new(client_config(ca), name).map_err(std::io::Error::other)?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock)?;
+    }
+    Ok(tls)
+}
+
+/// curl with the test authority, its exit status and output.
+fn curl(ca: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args(args)
+        .output()
+        .expect("curl (apt-get install -y curl)");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A curl holding a stream: its output, collected as it comes.
+struct Held {
+    child: Child,
+    out: Arc<Mutex<String>>,
+}
+
+impl Held {
+    fn start(ca: &Path, args: &[&str]) -> Held {
+        let mut child = Command::new("curl")
+            .args(["-sSN", "--max-time", "30", "--cacert"])
+            .arg(ca)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("curl (apt-get install -y curl)");
+        let mut stdout = child.stdout.take().unwrap();
+        let out = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&out);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Held { child, out }
+    }
+
+    /// Waits up to 10 s for the output to contain `text`.
+    fn wait_for(&self, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = self.out.lock().unwrap().clone();
+            if out.contains(text) {
+                return out;
+            }
+            assert!(Instant::now() < deadline, "no {text:?} within 10 s; got: {out:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn url(addr: SocketAddr, path: &str) -> String {
+    format!("https://{addr}{path}")
+}
+
+/// Every stream transport curl speaks, over TLS, from one process that
+/// also serves plain HTTP: each gets its welcome and a published message;
+/// publishing, `/dispatcher`, `/metrics`, the dashboard and a resume work
+/// over TLS as well.
+#[test]
+fn curl_holds_every_transport_over_tls_and_every_route_answers() {
+    let dir = temp_dir("curl");
+    let certs = make_certificates(&dir, "curl");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let tls = srv.addrs[1];
+    let chunked = Held::start(&certs.ca, &[&url(tls, "/test/a")]);
+    let http10 = Held::start(&certs.ca, &["--http1.0", &url(tls, "/test/a")]);
+    let localhost = format!("https://localhost:{}/test/a", tls.port());
+    let sse = Held::start(&certs.ca, &["-H", "Accept: text/event-stream", &localhost]);
+    for held in [&chunked, &http10] {
+        held.wait_for("Switchboard welcomes you! Your Id: a\n");
+    }
+    sse.wait_for("data: Switchboard welcomes you! Your Id: a");
+    srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 3);
+
+    let (code, sent, err) = curl(&certs.ca, &["-d", "over tls", &url(tls, "/send/a")]);
+    assert_eq!(code, 0, "{err}");
+    let sent: serde_json::Value = serde_json::from_str(&sent).unwrap();
+    assert_eq!(sent["delivered"], 3, "{sent}");
+    for held in [&chunked, &http10, &sse] {
+        held.wait_for("Recvd msg #1: 'over tls'");
+    }
+    // Chunked framing inside TLS: curl would fail on a bad chunk.
+    assert!(
+        chunked
+            .out
+            .lock()
+            .unwrap()
+            .ends_with("Recvd msg #1: 'over tls'\n")
+    );
+
+    // Resume over TLS: the message after the first is replayed.
+    let first = sent["event_id"].as_u64().unwrap();
+    let (_, second, _) = curl(&certs.ca, &["-d", "missed", &url(tls, "/send/a")]);
+    assert!(second.contains("\"delivered\":3"), "{second}");
+    let resumed = Held::start(
+        &certs.ca,
+        &[
+            "-H",
+            "Accept: text/event-stream",
+            "-H",
+            &format!("Last-Event-ID: {first}"),
+            &url(tls, "/test/a"),
+        ],
+    );
+    // A new connection counts its messages from 1.
+    let replay = resumed.wait_for("data: Recvd msg #1: 'missed'");
+    assert!(!replay.contains("over tls"), "{replay}");
+
+    for path in ["/dispatcher", "/dispatcher"] {
+        let (code, n, err) = curl(&certs.ca, &[&url(tls, path)]);
+        assert_eq!(code, 0, "{err}");
+        assert!(n.trim().parse::<u64>().is_ok(), "{n}");
+    }
+    let (_, metrics, _) = curl(&certs.ca, &[&url(tls, "/metrics")]);
+    let handshakes = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("switchboard_tls_handshakes_total "))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(handshakes.parse::<u64>().unwrap() >= 7, "{handshakes}");
+    let (code, page, err) = curl(&certs.ca, &["-w", "%{http_code}", &url(tls, "/")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(page.ends_with("200") && page.contains("<html"), "{page}");
+
+    // Plain HTTP on the TLS port is not a handshake: refused and counted.
+    let mut plain = TcpStream::connect(tls).unwrap();
+    plain
+        .write_all(b"GET /test/x HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    let _ = plain.read_to_end(&mut rest);
+    assert!(!String::from_utf8_lossy(&rest).contains("welcomes"));
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["tls"]["handshake_failures"] == 1);
+    assert_eq!(s["tls"]["handshake_failures"], 1, "{s}");
+    drop((chunked, http10, sse, resumed));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// WebSocket over TLS with tokio-tungstenite's rustls connector: the
+/// welcome, a message, a ping answered, a client message ignored, a clean
+/// close; and a token checked over TLS as on plain HTTP.
+#[test]
+fn tokio_tungstenite_streams_over_wss_with_a_token() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = temp_dir("wss");
+    let certs = make_certificates(&dir, "wss");
+    let mut s = settings();
+    s.auth.subscribe_secret = "k".into();
+    let srv = TestServer::start_tls(s, &certs);
+    let tls = srv.addrs[1];
+    let token = switchboard::token::mint("k", &["w".to_owned()], Duration::from_secs(60)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let connector = tokio_tungstenite::Connector::Rustls(client_config(&certs.ca));
+        let wss = format!("wss://{tls}/test/w?token={token}");
+        let (mut ws, response) =
+            tokio_tungstenite::connect_async_tls_with_config(wss, None, false, Some(connector.clone()))
+                .await
+                .expect("wss handshake");
+        assert_eq!(response.status(), 101);
+        let next = |m: Option<Result<Message, _>>| match m {
+            Some(Ok(Message::Text(t))) => t.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(next(ws.next().await), "Switchboard welcomes you! Your Id: w");
+        let post = tokio::task::spawn_blocking({
+            let srv_addr = srv.addr;
+            move || {
+                common::request(srv_addr, "POST", "/send/w", &[], b"secure")
+                    .unwrap()
+                    .json()
+            }
+        });
+        assert_eq!(post.await.unwrap()["delivered"], 1);
+        assert_eq!(next(ws.next().await), "Recvd msg #1: 'secure'");
+        ws.send(Message::Ping(b"p".to_vec().into())).await.unwrap();
+        ws.send(Message::Text("ignored".into())).await.unwrap();
+        match ws.next().await {
+            Some(Ok(Message::Pong(p))) => assert_eq!(&p[..], b"p"),
+            other => panic!("{other:?}"),
+        }
+        ws.close(None).await.unwrap();
+        while let Some(Ok(m)) = ws.next().await {
+            assert!(matches!(m, Message::Close(_)), "{m:?}");
+        }
+
+        // No token: refused over TLS with the same 401 as in plain text.
+        let refused = tokio_tungstenite::connect_async_tls_with_config(
+            format!("wss://{tls}/test/w"),
+            None,
+            false,
+            Some(connector),
+        )
+        .await;
+        match refused {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 401),
+            other => panic!("{other:?}"),
+        }
+    });
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 0);
+    assert_eq!(s["transports"]["ws_opened"], 1, "{s}");
+    assert_eq!(s["transports"]["ws_frames_ignored"], 1, "{s}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The client checks the certificate: one for another host, or expired,
+/// is refused by curl and by rustls; the right one is accepted.
+#[test]
+fn clients_refuse_a_wrong_host_or_an_expired_certificate() {
+    let dir = temp_dir("refuse");
+    let certs = make_certificates(&dir, "refuse");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let tls = srv.addrs[1];
+    // The certificate names 127.0.0.1 and localhost, not wrong.example.
+    let resolve = format!("wrong.example:{}:127.0.0.1", tls.port());
+    let other = format!("https://wrong.example:{}/dispatcher", tls.port());
+    let (code, _, err) = curl(&certs.ca, &["--resolve", &resolve, &other]);
+    assert_eq!(code, 60, "curl refuses the name: {err}");
+    let tcp = TcpStream::connect(tls).unwrap();
+    let name = ServerName::try_from("example.com").unwrap();
+    let conn = rustls::ClientConnection::new(client_config(&certs.ca), name).unwrap();
+    let mut wrong = rustls::StreamOwned::new(conn, tcp);
+    let e = wrong
+        .conn
+        .complete_io(&mut wrong.sock)
+        .and_then(|_| wrong.conn.complete_io(&mut wrong.sock));
+    assert!(format!("{e:?}").contains("NotValidForName"), "{e:?}");
+    assert!(tls_connect(tls, &certs.ca).is_ok());
+    drop(srv);
+
+    let expired = make_expired_certificate(&dir, "refuse", &certs);
+    let stale = Certificates {
+        ca: certs.ca.clone(),
+        cert: expired,
+        key: certs.key.clone(),
+    };
+    let srv = TestServer::start_tls(settings(), &stale);
+    let tls = srv.addrs[1];
+    let (code, _, err) = curl(&certs.ca, &[&url(tls, "/dispatcher")]);
+    assert_eq!(code, 60, "curl refuses an expired certificate: {err}");
+    assert!(err.contains("expired"), "{err}");
+    let e = tls_connect(tls, &certs.ca).err().map(|e| format!("{e:?}"));
+    assert!(e.as_deref().is_some_and(|e| e.contains("Expired")), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A handshake that never finishes (nothing sent, or half a ClientHello)
+/// is cut at `server.head_timeout_ms` and holds no stream slot meanwhile.
+#[test]
+fn a_stalled_handshake_is_cut_at_the_head_timeout_and_holds_no_stream_slot() {
+    let dir = temp_dir("stall");
+    let certs = make_certificates(&dir, "stall");
+    let mut s = settings();
+    s.server.head_timeout_ms = 2000;
+    s.stream.max_streams = 1;
+    let srv = TestServer::start_tls(s, &certs);
+    let tls = srv.addrs[1];
+    let started = Instant::now();
+    let silent = TcpStream::connect(tls).unwrap();
+    let mut half = TcpStream::connect(tls).unwrap();
+    // A TLS record header announcing a 512-byte ClientHello, and 4 bytes of it.
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc])
+        .unwrap();
+    // The one stream slot is free for a real client meanwhile.
+    let mut real = tls_connect(tls, &certs.ca).unwrap();
+    real.write_all(b"GET /test/real HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(real);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line, "HTTP/1.1 200 OK\r\n");
+    for mut stalled in [silent, half] {
+        stalled.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        // Closed by the server: EOF (or a reset), not our read timeout.
+        match stalled.read_to_end(&mut rest) {
+            Ok(_) => assert!(rest.is_empty(), "{rest:?}"),
+            Err(e) => assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+        }
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(15),
+        "{waited:?}"
+    );
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["tls"]["handshake_timeouts"] == 2);
+    assert_eq!(s["tls"]["handshake_timeouts"], 2, "{s}");
+    assert_eq!(s["connections"]["active"], 1, "{s}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A TLS client that stops reading is cut at `stream.max_pending_bytes` of
+/// ciphertext, as on plain HTTP; a reader beside it keeps up.
+#[test]
+fn a_tls_client_that_never_reads_is_cut() {
+    let dir = temp_dir("slow");
+    let certs = make_certificates(&dir, "slow");
+    let mut s = settings();
+    s.stream.max_pending_bytes = 256 * 1024;
+    s.message.max_bytes = 60_000;
+    let srv = TestServer::start_tls(s, &certs);
+    let tls = srv.addrs[1];
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&tls.into()).unwrap();
+    let tcp: TcpStream = sock.into();
+    let conn =
+        rustls::ClientConnection::new(client_config(&certs.ca), ServerName::IpAddress(tls.ip().into()))
+            .unwrap();
+    let mut slow = rustls::StreamOwned::new(conn, tcp);
+    slow.write_all(b"GET /test/slow HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    slow.flush().unwrap();
+    let mut fast = BufReader::new(tls_connect(tls, &certs.ca).unwrap());
+    fast.get_mut()
+        .write_all(b"GET /test/fast HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    let mut line = String::new();
+    while line != "\r\n" {
+        line.clear();
+        fast.read_line(&mut line).unwrap();
+    }
+    srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 2);
+    let msg = "x".repeat(50_000);
+    let mut sent = 0;
+    while sent < 400 && srv.stats()["connections"]["slow_disconnects"] == 0 {
+        assert_eq!(srv.post("/broadcast", &msg).status, 200);
+        sent += 1;
+    }
+    assert!(sent * msg.len() > 256 * 1024, "cut after only {sent} messages");
+    let s = srv.wait_stats(Duration::from_secs(5), |s| {
+        s["connections"]["slow_disconnects"] == 1
+    });
+    assert_eq!(s["connections"]["slow_disconnects"], 1, "{s}");
+    assert_eq!(s["connections"]["active"], 1, "the reader stays: {s}");
+    // The reader got every message, in chunked framing.
+    let mut got = 0;
+    while got < sent {
+        line.clear();
+        fast.read_line(&mut line).unwrap();
+        if line.starts_with("Recvd msg #") {
+            got += 1;
+        }
+    }
+    drop(slow);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The binary: SIGHUP reads the certificate again. New connections get the
+/// new one; a stream opened before keeps its connection and its messages;
+/// a file that does not load leaves the certificate in use.
+#[test]
+fn sighup_reloads_the_certificate_while_streams_stay_open() {
+    let dir = temp_dir("hup");
+    let first = make_certificates(&dir, "first");
+    let second = make_certificates(&dir, "second");
+    let (cert, key) = (dir.join("served.crt"), dir.join("served.key"));
+    std::fs::copy(&first.cert, &cert).unwrap();
+    std::fs::copy(&first.key, &key).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__SERVER__TLS_CERT_FILE", &cert)
+        .env("SWITCHBOARD__SERVER__TLS_KEY_FILE", &key);
+    let (p, addrs) = Proc::start(cmd);
+    let addr = addrs[0];
+    let mut old = BufReader::new(tls_connect(addr, &first.ca).unwrap());
+    old.get_mut()
+        .write_all(b"GET /test/kept HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    let mut line = String::new();
+    while !line.contains("welcomes") {
+        line.clear();
+        old.read_line(&mut line).unwrap();
+    }
+
+    std::fs::copy(&second.cert, &cert).unwrap();
+    std::fs::copy(&second.key, &key).unwrap();
+    p.signal("HUP");
+    p.wait_event("tls_reloaded", Duration::from_secs(10), |_| true);
+    assert!(
+        tls_connect(addr, &second.ca).is_ok(),
+        "the new certificate is served"
+    );
+    let e = tls_connect(addr, &first.ca).err().map(|e| format!("{e:?}"));
+    assert!(e.as_deref().is_some_and(|e| e.contains("UnknownIssuer")), "{e:?}");
+    // The stream from before still gets its messages.
+    let (code, out, err) = curl(&second.ca, &["-d", "after reload", &url(addr, "/send/kept")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"delivered\":1"), "{out}");
+    line.clear();
+    while !line.contains("after reload") {
+        line.clear();
+        old.read_line(&mut line).unwrap();
+    }
+
+    // A key file that does not load: the certificate in use stays.
+    std::fs::write(&key, "not a key").unwrap();
+    p.signal("HUP");
+    let failed = p.wait_event("tls_reload_failed", Duration::from_secs(10), |_| true);
+    assert!(
+        failed["cause"].as_str().unwrap().contains("server.tls_key_file"),
+        "{failed}"
+    );
+    assert!(tls_connect(addr, &second.ca).is_ok());
+    let (_, stats, _) = curl(&second.ca, &[&url(addr, "/stats")]);
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["tls"]["reloads"], 1, "{stats}");
+    assert_eq!(stats["tls"]["reload_failures"], 1, "{stats}");
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Misconfigured TLS is refused at start, naming the key to fix.
+#[test]
+fn bad_tls_settings_are_refused_naming_the_key() {
+    let dir = temp_dir("config");
+    let a = make_certificates(&dir, "a");
+    let b = make_certificates(&dir, "b");
+    let check = |cert: &Path, key: &Path, ports: &str| {
+        let mut s = switchboard::Settings::defaults();
+        s.server.tls_cert_file = cert.display().to_string();
+        s.server.tls_key_file = key.display().to_string();
+        s.server.tls_ports = ports.into();
+        s.validate().map_err(|e| e.to_string())
+    };
+    let none = Path::new("");
+    assert!(check(&a.cert, &a.key, "").is_ok());
+    assert!(check(&a.cert, &a.key, "8000").is_ok());
+    for (cert, key, ports, names, why) in [
+        (&*a.cert, none, "", "server.tls_key_file", "needed"),
+        (none, &*a.key, "", "server.tls_cert_file", "needed"),
+        (none, none, "8443", "server.tls_ports", "needs"),
+        (&*a.cert, &*a.key, "8443", "server.tls_ports", "8443"),
+        (&*a.cert, &*b.key, "", "server.tls_key_file", "is not the key"),
+        (&*a.key, &*a.key, "", "server.tls_cert_file", "no certificate"),
+        (
+            Path::new("/nonexistent.pem"),
+            &*a.key,
+            "",
+            "server.tls_cert_file",
+            "cannot read",
+        ),
+        (
+            &*a.cert,
+            &*a.cert,
+            "",
+            "server.tls_key_file",
+            "no PEM private key",
+        ),
+    ] {
+        let e = check(cert, key, ports).unwrap_err();
+        assert!(
+            e.contains(names) && e.contains(why),
+            "{cert:?} {key:?} {ports:?}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
