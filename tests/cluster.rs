@@ -747,7 +747,7 @@ fn processes_without_redis_url_or_with_port_zero_are_refused() {
         .env("SWITCHBOARD__SERVER__PORT", "0")
         .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url());
     let mut p = Proc::spawn(cmd);
-    let status = p.wait_exit(Duration::from_secs(3));
+    let status = p.wait_exit(Duration::from_secs(15));
     assert!(!status.success(), "port 0 with --processes 2 was accepted");
 }
 
@@ -2666,4 +2666,59 @@ fn can_make_namespaces() -> bool {
             u64::from_str_radix(&hex, 16).ok()
         })
         .is_some_and(|caps| caps & (1 << 12) != 0 && caps & (1 << 21) != 0)
+}
+
+/// A `--processes 2` fleet passes SIGHUP on: every process reads its TLS
+/// certificate again (two `tls_reloaded` lines), so whichever process the
+/// kernel hands a connection to serves the new one. The parent does not
+/// die of the signal.
+#[test]
+fn a_fleet_passes_sighup_on_and_every_process_reloads_its_certificate() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("switchboard-fleet-hup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = common::make_certificates(&dir, "first");
+    let second = common::make_certificates(&dir, "second");
+    let (cert, key) = (dir.join("served.crt"), dir.join("served.key"));
+    std::fs::copy(&first.cert, &cert).unwrap();
+    std::fs::copy(&first.key, &key).unwrap();
+    let (port, tls_port) = (free_port(), free_port());
+    let mut cmd = binary(&redis, &prefix("fleethup"));
+    cmd.args(["--processes", "2"])
+        .env("SWITCHBOARD__SERVER__PORT", port.to_string())
+        .env("SWITCHBOARD__SERVER__EXTRA_PORTS", tls_port.to_string())
+        .env("SWITCHBOARD__SERVER__TLS_PORTS", tls_port.to_string())
+        .env("SWITCHBOARD__SERVER__TLS_CERT_FILE", &cert)
+        .env("SWITCHBOARD__SERVER__TLS_KEY_FILE", &key);
+    let mut parent = Proc::spawn(cmd);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    wait_cluster_of(&parent, addr, Duration::from_secs(20), "2 children", |c| {
+        c["totals"]["nodes"] == 2
+    });
+    let curl = |ca: &std::path::Path| {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "10", "--cacert"])
+            .arg(ca)
+            .arg(format!("https://127.0.0.1:{tls_port}/dispatcher"))
+            .output()
+            .expect("curl")
+            .status
+            .success()
+    };
+    assert!(curl(&first.ca));
+    std::fs::copy(&second.cert, &cert).unwrap();
+    std::fs::copy(&second.key, &key).unwrap();
+    parent.signal("HUP");
+    wait_until(Duration::from_secs(10), "both processes reloaded", || {
+        parent.events("tls_reloaded").len() == 2
+    });
+    // Ten new connections, spread by the kernel: every one gets the new
+    // certificate.
+    for _ in 0..10 {
+        assert!(curl(&second.ca), "an old certificate was served");
+    }
+    assert!(parent.child_alive(), "the parent survived SIGHUP");
+    drop(parent);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -128,6 +128,11 @@ impl Proc {
         }
     }
 
+    /// True while the process has not exited.
+    pub fn child_alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     /// Sends `signal` ("TERM", "INT", "KILL") to this process.
     pub fn signal(&self, signal: &str) {
         send_signal(self.pid(), signal);

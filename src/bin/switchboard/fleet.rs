@@ -6,7 +6,8 @@
 //! on top, so the kernel spreads connections over them (SO_REUSEPORT) and
 //! the Redis bus routes messages between them. The parent holds no socket:
 //! it starts the children, logs their pids, restarts one that dies (with a
-//! backoff, counted and logged), forwards SIGINT/SIGTERM as SIGTERM, and
+//! backoff, counted and logged), forwards SIGINT/SIGTERM as SIGTERM and
+//! SIGHUP (reload the TLS certificate) as it is, and
 //! exits 0 once every child has drained and exited 0.
 
 use std::path::Path;
@@ -102,6 +103,9 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
     let exe = std::env::current_exe()?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (mut int, mut term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+    // SIGHUP (reload the TLS certificate) goes on to every child; without
+    // a handler it would end the parent.
+    let mut hangup = signal(SignalKind::hangup())?;
     // Child i is "<name>-<i>", by default "<hostname>-<parent pid>-<i>": a
     // restarted child takes its slot's name, so /cluster lists it in place
     // of the one that died instead of beside it until the TTL.
@@ -145,6 +149,14 @@ async fn supervise(settings: &Settings, config: Option<&Path>) -> anyhow::Result
         let event = tokio::select! {
             _ = int.recv() => break "SIGINT",
             _ = term.recv() => break "SIGTERM",
+            _ = hangup.recv() => {
+                let pids: Vec<u32> = slots.iter().filter_map(|s| s.pid).collect();
+                tracing::info!(event = "signal", signal = "SIGHUP", ?pids, "SIGHUP passed on to every server process");
+                for pid in pids {
+                    signal_pid(pid, Signal::SIGHUP);
+                }
+                continue;
+            }
             e = rx.recv() => e,
         };
         match event {
