@@ -29,70 +29,99 @@ type Cut = Box<dyn Fn(&str) + Send>;
 /// Serves the page at `/` and takes the DOM the page posts to `/result`;
 /// `POST /cut/<id>` runs `cut` (when given) before it answers.
 fn page_server(page: Arc<Mutex<String>>, cut: Option<Cut>) -> (u16, mpsc::Receiver<String>) {
+    page_server_on(page, cut, None)
+}
+
+/// [`page_server`], over https with `tls` when given.
+fn page_server_on(
+    page: Arc<Mutex<String>>,
+    cut: Option<Cut>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> (u16, mpsc::Receiver<String>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
+            let Ok(conn) = conn else { continue };
             let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                continue;
-            }
-            let mut len = 0;
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = h.split_once(':')
-                    && k.eq_ignore_ascii_case("content-length")
-                {
-                    len = v.trim().parse().unwrap_or(0);
+            match &tls {
+                None => serve_page(conn, &page, &tx, &cut),
+                Some(config) => {
+                    let Ok(session) = rustls::ServerConnection::new(Arc::clone(config)) else {
+                        continue;
+                    };
+                    serve_page(rustls::StreamOwned::new(session, conn), &page, &tx, &cut);
                 }
             }
-            let (status, body) = if line.starts_with("GET / ") {
-                ("200 OK", page.lock().unwrap().clone())
-            } else if line.starts_with("POST /result ") {
-                let mut body = vec![0u8; len];
-                let _ = reader.read_exact(&mut body);
-                let _ = tx.send(String::from_utf8_lossy(&body).into_owned());
-                ("200 OK", String::new())
-            } else if let (Some(id), Some(cut)) = (
-                line.strip_prefix("POST /cut/").and_then(|r| r.split(' ').next()),
-                &cut,
-            ) {
-                // A cut that fails answers why, and the page reports it.
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cut(id))) {
-                    Ok(()) => ("200 OK", "{}".to_owned()),
-                    Err(e) => {
-                        let why = e
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                            .unwrap_or_default();
-                        ("500 Internal Server Error", why)
-                    }
-                }
-            } else {
-                ("404 Not Found", String::new())
-            };
-            let _ = write!(
-                conn,
-                "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
         }
     });
     (port, rx)
 }
 
+/// One request of the page server.
+fn serve_page<S: Read + Write>(conn: S, page: &Mutex<String>, tx: &mpsc::Sender<String>, cut: &Option<Cut>) {
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let (status, body) = if line.starts_with("GET / ") {
+        ("200 OK", page.lock().unwrap().clone())
+    } else if line.starts_with("POST /result ") {
+        let mut body = vec![0u8; len];
+        let _ = reader.read_exact(&mut body);
+        let _ = tx.send(String::from_utf8_lossy(&body).into_owned());
+        ("200 OK", String::new())
+    } else if let (Some(id), Some(cut)) = (
+        line.strip_prefix("POST /cut/").and_then(|r| r.split(' ').next()),
+        cut,
+    ) {
+        // A cut that fails answers why, and the page reports it.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cut(id))) {
+            Ok(()) => ("200 OK", "{}".to_owned()),
+            Err(e) => {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default();
+                ("500 Internal Server Error", why)
+            }
+        }
+    } else {
+        ("404 Not Found", String::new())
+    };
+    let conn = reader.get_mut();
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.flush();
+}
+
 /// Opens the page server's page in headless Chromium and waits for the
 /// DOM the page posts back when it is done.
 fn run_page(page_port: u16, results: &mpsc::Receiver<String>) -> String {
-    let browser = Browser::open(&format!("http://127.0.0.1:{page_port}/"));
+    run_page_at(&format!("http://127.0.0.1:{page_port}/"), &[], results)
+}
+
+/// [`run_page`] for the page at `url`, Chromium started with `args`.
+fn run_page_at(url: &str, args: &[String], results: &mpsc::Receiver<String>) -> String {
+    let browser = Browser::open_with(url, args);
     let dom = results
         .recv_timeout(Duration::from_secs(60))
         .expect("the page posted no result within 60 s");
@@ -195,6 +224,56 @@ fn every_message_once_in_order(dom: &str) {
             "{transport}: no gap: {notes:?}"
         );
     }
+}
+
+/// The same page served over https, against switchboard's TLS port:
+/// Chromium's EventSource and WebSocket (`wss://`) get every message once
+/// across the cut, and its `fetch` publishes over TLS. The test authority
+/// is trusted on Chromium's command line (the page's and the server's
+/// certificate share it).
+#[test]
+fn chromium_on_an_https_page_streams_eventsource_and_wss_over_tls() {
+    let dir = std::env::temp_dir().join(format!("switchboard-browser-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let certs = common::make_certificates(&dir, "browser");
+    let page_tls = {
+        use rustls::pki_types::pem::PemObject as _;
+        let chain = rustls::pki_types::CertificateDer::pem_file_iter(&certs.cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&certs.key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap()
+    };
+    let page = Arc::new(Mutex::new(String::new()));
+    let (page_port, results) = page_server_on(Arc::clone(&page), None, Some(Arc::new(page_tls)));
+    let mut s = settings();
+    s.debug.fault_injection = true;
+    s.stream.sse_retry_ms = 300;
+    s.http.cors_origins = format!("https://127.0.0.1:{page_port}");
+    let srv = TestServer::start_tls(s, &certs);
+    *page.lock().unwrap() = resume_page(&format!("https://{}", srv.addrs[1]), None);
+
+    let trust = format!(
+        "--ignore-certificate-errors-spki-list={}",
+        common::spki_hash(&certs.cert)
+    );
+    let dom = run_page_at(&format!("https://127.0.0.1:{page_port}/"), &[trust], &results);
+    every_message_once_in_order(&dom);
+    let st = srv.stats();
+    assert_eq!(st["transports"]["sse_opened"], 2, "{st}");
+    assert_eq!(st["transports"]["ws_opened"], 2, "{st}");
+    // Both transports' streams and the page's publishes came over TLS.
+    assert!(st["tls"]["handshakes"].as_u64().unwrap() >= 5, "{st}");
+    assert_eq!(st["tls"]["handshake_failures"], 0, "{st}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 23: the same page against a `--processes 4` fleet on one port:

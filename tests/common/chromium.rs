@@ -24,6 +24,13 @@ pub struct Browser {
 impl Browser {
     /// Opens `url` in a 1280x900 window.
     pub fn open(url: &str) -> Self {
+        Self::open_with(url, &[])
+    }
+
+    /// [`Browser::open`] with more command-line arguments, e.g.
+    /// `--ignore-certificate-errors-spki-list=...` to trust a test
+    /// certificate.
+    pub fn open_with(url: &str, extra: &[String]) -> Self {
         assert!(
             std::path::Path::new(CHROMIUM).exists(),
             "{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); .ci/run does"
@@ -55,6 +62,7 @@ impl Browser {
             // e.g. SWITCHBOARD_CHROMIUM_ARG=--log-net-log=/tmp/net.json to see
             // what the browser sent and why (it found the stream-cache bug).
             .args(std::env::var("SWITCHBOARD_CHROMIUM_ARG").ok())
+            .args(extra)
             .arg(url)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
