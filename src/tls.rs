@@ -142,7 +142,18 @@ impl Acceptor {
     /// certificates.
     pub(crate) fn new(cert_file: &str, key_file: &str) -> Result<Self, LoadError> {
         let certificates = Arc::new(Certificates::load(cert_file, key_file)?);
-        let mut config = ServerConfig::builder_with_provider(Arc::clone(&certificates.provider))
+        // TLS 1.3: AES-256-GCM and ChaCha20-Poly1305 before AES-128-GCM,
+        // chosen in this order whatever the client prefers: their 32-byte
+        // keys are what an idle stream keeps (`Key`). Every browser, curl,
+        // Java 11+, Go and Erlang offer both.
+        let mut provider = (*certificates.provider).clone();
+        provider.cipher_suites.sort_by_key(|s| match s.suite() {
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => 0,
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => 1,
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => 2,
+            _ => 3,
+        });
+        let mut config = ServerConfig::builder_with_provider(Arc::new(provider))
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| LoadError {
                 key: "server.tls_cert_file",
@@ -152,6 +163,9 @@ impl Acceptor {
             .with_cert_resolver(Arc::clone(&certificates) as Arc<dyn ResolvesServerCert>);
         // curl --http1.0 offers only "http/1.0".
         config.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
+        // A TLS 1.3 stream keeps only its record keys (`Records`).
+        config.enable_secret_extraction = true;
+        config.ignore_client_order = true;
         Ok(Acceptor {
             config: Arc::new(config),
             certificates,
@@ -402,6 +416,292 @@ impl Session {
         if self.encrypt(data, true, &mut out).is_ok() {
             let _ = timeout_at(deadline, crate::socket::write_all(io, &out)).await;
         }
+    }
+}
+
+/// The largest plaintext in one record (RFC 8446 §5.1).
+const MAX_FRAGMENT: usize = 16_384;
+
+/// The largest ciphertext a TLS 1.3 record may carry (RFC 8446 §5.2).
+const MAX_CIPHERTEXT: usize = MAX_FRAGMENT + 256;
+
+/// A TLS 1.3 stream's record protection once its head is read: rustls' own
+/// AEAD encrypter and decrypter for the negotiated suite (ring), rebuilt
+/// from the traffic secrets rustls hands over for kTLS
+/// (`dangerous_into_kernel_connection`), and nothing of the connection
+/// object.
+///
+/// Hand-written on purpose: keeping rustls' connection costs an idle
+/// stream 3,298 bytes (1,088 inline, 2,210 on the heap: state machine, key
+/// schedule, buffers; `examples/tls-session-memory.rs`), nearly three times
+/// the rest of the stream; this keeps the two keys. What is written here
+/// is the 5-byte record framing and what a record after the handshake
+/// means: data is data, an alert ends the stream, anything else (a client's
+/// KeyUpdate, which browsers do not send) ends it too, and the client
+/// reconnects with a full handshake. Past the suite's confidentiality limit
+/// (2^23 records for AES-GCM) the stream ends likewise, since rekeying would
+/// need the key schedule this drops.
+pub(crate) struct Records {
+    suite: &'static rustls::Tls13CipherSuite,
+    tx: Key<dyn rustls::crypto::cipher::MessageEncrypter>,
+    rx: Key<dyn rustls::crypto::cipher::MessageDecrypter>,
+    tx_seq: u64,
+    rx_seq: u64,
+    /// Records that may be sent under this key.
+    limit: u64,
+    /// Ciphertext read and not yet a whole record. Unallocated when empty.
+    incoming: Vec<u8>,
+    /// Plaintext decrypted and not yet taken. Unallocated when empty.
+    plain: Vec<u8>,
+    /// The client sent an alert (close_notify, or an error) or EOF.
+    peer_closed: bool,
+}
+
+/// One direction's key. A 32-byte key (AES-256-GCM, ChaCha20-Poly1305) is
+/// kept as the secret and expanded for each batch of records: ring's
+/// expanded AES-GCM key is 1,088 bytes, and an idle stream keeps two
+/// (`examples/tls-session-memory.rs`); expanding costs a write about a
+/// microsecond. A 16-byte key (AES-128-GCM) is kept expanded, because
+/// rustls' public API cannot build one back from its bytes; the server
+/// prefers the other suites (`Acceptor::new`).
+enum Key<T: ?Sized> {
+    Secret([u8; 32], [u8; 12]),
+    Expanded(Box<T>),
+}
+
+impl<T: ?Sized> Drop for Key<T> {
+    fn drop(&mut self) {
+        use zeroize::Zeroize as _;
+        if let Key::Secret(key, iv) = self {
+            key.zeroize();
+            iv.zeroize();
+        }
+    }
+}
+
+/// A stream's TLS: the compact TLS 1.3 record layer, or (TLS 1.2, whose
+/// secrets are not handed over here) the whole session.
+pub(crate) enum Protection {
+    Records(Records),
+    Session(Box<Session>),
+    /// Keys that could not be handed over: the stream ends at once.
+    Gone,
+}
+
+impl Protection {
+    /// What a lean stream keeps of `session` (its head read, nothing left
+    /// to send).
+    pub(crate) fn of(mut session: Session) -> Protection {
+        use rustls::SupportedCipherSuite::Tls13;
+        let Some(Tls13(suite)) = session.conn.negotiated_cipher_suite() else {
+            return Protection::Session(Box::new(session));
+        };
+        let incoming = std::mem::take(&mut session.incoming);
+        let plain = std::mem::take(&mut session.plain);
+        let peer_closed = session.peer_closed;
+        let secrets = match session.conn.dangerous_into_kernel_connection() {
+            Ok((secrets, _)) => secrets,
+            // Not reached for a session whose head was read (its handshake
+            // is over and its flights were sent); a closed stream if it is.
+            Err(e) => {
+                tracing::warn!(event = "tls_failed", cause = %e, "TLS record keys not handed over");
+                return Protection::Gone;
+            }
+        };
+        let (Some((tx_key, tx_iv)), Some((rx_key, rx_iv))) =
+            (key_and_iv(secrets.tx.1), key_and_iv(secrets.rx.1))
+        else {
+            return Protection::Gone;
+        };
+        let secret = |key: &rustls::crypto::cipher::AeadKey, iv: &rustls::crypto::cipher::Iv| {
+            let mut nonce = [0u8; 12];
+            nonce.copy_from_slice(iv.as_ref());
+            <[u8; 32]>::try_from(key.as_ref()).ok().map(|k| (k, nonce))
+        };
+        let tx = match secret(&tx_key, &tx_iv) {
+            Some((k, iv)) => Key::Secret(k, iv),
+            None => Key::Expanded(suite.aead_alg.encrypter(tx_key, tx_iv)),
+        };
+        let rx = match secret(&rx_key, &rx_iv) {
+            Some((k, iv)) => Key::Secret(k, iv),
+            None => Key::Expanded(suite.aead_alg.decrypter(rx_key, rx_iv)),
+        };
+        Protection::Records(Records {
+            suite,
+            tx,
+            rx,
+            tx_seq: secrets.tx.0,
+            rx_seq: secrets.rx.0,
+            limit: suite.common.confidentiality_limit,
+            incoming: if incoming.is_empty() { Vec::new() } else { incoming },
+            plain: if plain.is_empty() { Vec::new() } else { plain },
+            peer_closed,
+        })
+    }
+
+    pub(crate) fn has_plain(&self) -> bool {
+        match self {
+            Protection::Records(r) => !r.plain.is_empty(),
+            Protection::Session(s) => !s.plain.is_empty(),
+            Protection::Gone => false,
+        }
+    }
+
+    pub(crate) fn peer_closed(&self) -> bool {
+        match self {
+            Protection::Records(r) => r.peer_closed,
+            Protection::Session(s) => s.peer_closed,
+            Protection::Gone => true,
+        }
+    }
+
+    /// Moves up to `buf.len()` bytes of decrypted data into `buf`.
+    pub(crate) fn take_plain(&mut self, buf: &mut [u8]) -> usize {
+        let plain = match self {
+            Protection::Records(r) => &mut r.plain,
+            Protection::Session(s) => return s.take_plain(buf),
+            Protection::Gone => return 0,
+        };
+        let n = buf.len().min(plain.len());
+        buf[..n].copy_from_slice(&plain[..n]);
+        plain.drain(..n);
+        if plain.is_empty() {
+            *plain = Vec::new();
+        }
+        n
+    }
+
+    /// Takes `bytes` read from the socket; what TLS must answer goes to
+    /// `out`. An error ends the stream.
+    pub(crate) fn received(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), rustls::Error> {
+        match self {
+            Protection::Records(r) => r.received(bytes),
+            Protection::Session(s) => s.received(bytes, out),
+            Protection::Gone => Err(rustls::Error::EncryptError),
+        }
+    }
+
+    /// Encrypts `data` (and with `close`, a close_notify after it) into
+    /// `out`.
+    pub(crate) fn encrypt(
+        &mut self,
+        data: &[u8],
+        close: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<(), rustls::Error> {
+        match self {
+            Protection::Records(r) => r.seal(data, close, out),
+            Protection::Session(s) => s.encrypt(data, close, out),
+            Protection::Gone => Err(rustls::Error::EncryptError),
+        }
+    }
+}
+
+/// The key and IV of a TLS 1.3 suite's traffic secret.
+fn key_and_iv(
+    secrets: rustls::ConnectionTrafficSecrets,
+) -> Option<(rustls::crypto::cipher::AeadKey, rustls::crypto::cipher::Iv)> {
+    use rustls::ConnectionTrafficSecrets::{Aes128Gcm, Aes256Gcm, Chacha20Poly1305};
+    match secrets {
+        Aes128Gcm { key, iv } | Aes256Gcm { key, iv } | Chacha20Poly1305 { key, iv } => Some((key, iv)),
+        // A suite rustls adds later: not known here.
+        _ => None,
+    }
+}
+
+impl Records {
+    /// Encrypts `data` in records of at most 16 KiB, and a close_notify
+    /// with `close`.
+    fn seal(&mut self, data: &[u8], close: bool, out: &mut Vec<u8>) -> Result<(), rustls::Error> {
+        let mut expanded;
+        let encrypter: &mut dyn rustls::crypto::cipher::MessageEncrypter = match &mut self.tx {
+            Key::Secret(key, iv) => {
+                expanded = self
+                    .suite
+                    .aead_alg
+                    .encrypter((*key).into(), rustls::crypto::cipher::Iv::new(*iv));
+                &mut *expanded
+            }
+            Key::Expanded(e) => &mut **e,
+        };
+        // Alert level warning (1), description close_notify (0).
+        let close_notify: &[u8] = &[1, 0];
+        let records = data
+            .chunks(MAX_FRAGMENT)
+            .map(|chunk| (rustls::ContentType::ApplicationData, chunk))
+            .chain(close.then_some((rustls::ContentType::Alert, close_notify)));
+        for (typ, chunk) in records {
+            if self.tx_seq >= self.limit {
+                return Err(rustls::Error::EncryptError);
+            }
+            let message = rustls::crypto::cipher::OutboundPlainMessage {
+                typ,
+                version: rustls::ProtocolVersion::TLSv1_2,
+                payload: rustls::crypto::cipher::OutboundChunks::Single(chunk),
+            };
+            let sealed = encrypter.encrypt(message, self.tx_seq)?;
+            self.tx_seq += 1;
+            out.extend_from_slice(&sealed.encode());
+        }
+        Ok(())
+    }
+
+    /// Decrypts every whole record in what has arrived.
+    fn received(&mut self, bytes: &[u8]) -> Result<(), rustls::Error> {
+        self.incoming.extend_from_slice(bytes);
+        let mut expanded = None;
+        let mut at = 0;
+        let result = loop {
+            let rest = &mut self.incoming[at..];
+            if rest.len() < 5 || self.peer_closed {
+                break Ok(());
+            }
+            let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+            if len > MAX_CIPHERTEXT {
+                break Err(rustls::Error::InvalidMessage(
+                    rustls::InvalidMessage::MessageTooLarge,
+                ));
+            }
+            if rest.len() < 5 + len {
+                break Ok(());
+            }
+            let (head, body) = rest.split_at_mut(5);
+            let message = rustls::crypto::cipher::InboundOpaqueMessage::new(
+                rustls::ContentType::from(head[0]),
+                rustls::ProtocolVersion::from(u16::from_be_bytes([head[1], head[2]])),
+                &mut body[..len],
+            );
+            let decrypter: &mut dyn rustls::crypto::cipher::MessageDecrypter = match &mut self.rx {
+                Key::Secret(key, iv) => &mut **expanded.get_or_insert_with(|| {
+                    self.suite
+                        .aead_alg
+                        .decrypter((*key).into(), rustls::crypto::cipher::Iv::new(*iv))
+                }),
+                Key::Expanded(d) => &mut **d,
+            };
+            let plain = match decrypter.decrypt(message, self.rx_seq) {
+                Ok(plain) => plain,
+                Err(e) => break Err(e),
+            };
+            self.rx_seq += 1;
+            at += 5 + len;
+            match plain.typ {
+                rustls::ContentType::ApplicationData => self.plain.extend_from_slice(plain.payload),
+                rustls::ContentType::Alert => self.peer_closed = true,
+                // A KeyUpdate (or any other handshake message) would need
+                // the key schedule: the stream ends, the client reconnects.
+                _ => {
+                    break Err(rustls::Error::General(
+                        "a TLS message after the handshake that a stream does not take".into(),
+                    ));
+                }
+            }
+        };
+        self.incoming.drain(..at);
+        if self.incoming.is_empty() {
+            self.incoming = Vec::new();
+        }
+        result
     }
 }
 

@@ -540,3 +540,125 @@ fn bad_tls_settings_are_refused_naming_the_key() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client on `version` holding `/test/{id}`, past its response head.
+fn tls_stream(
+    addr: SocketAddr,
+    ca: &Path,
+    version: &'static rustls::SupportedProtocolVersion,
+    id: &str,
+) -> BufReader<TlsClient> {
+    tls_stream_with(addr, ca, version, None, id)
+}
+
+/// [`tls_stream`] offering only `suite` when given.
+fn tls_stream_with(
+    addr: SocketAddr,
+    ca: &Path,
+    version: &'static rustls::SupportedProtocolVersion,
+    suite: Option<rustls::CipherSuite>,
+    id: &str,
+) -> BufReader<TlsClient> {
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject as _;
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(suite) = suite {
+        provider.cipher_suites.retain(|s| s.suite() == suite);
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(config), ServerName::IpAddress(addr.ip().into())).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "GET /test/{id} HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(tls);
+    let mut line = String::new();
+    while line != "\r\n" {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    reader
+}
+
+/// TLS 1.3 streams keep only their record keys, TLS 1.2 streams their
+/// rustls session: both get their messages, and at shutdown the final
+/// chunk and a close_notify (rustls reports a close without one as an
+/// error). A TLS 1.3 client's KeyUpdate ends its stream (the keys were
+/// handed over without the key schedule), and nothing else.
+#[test]
+fn tls12_and_tls13_streams_end_with_close_notify_and_a_key_update_ends_one() {
+    let dir = temp_dir("versions");
+    let certs = make_certificates(&dir, "versions");
+    let mut s = settings();
+    s.server.shutdown_timeout_ms = 10_000;
+    let mut srv = TestServer::start_tls(s, &certs);
+    let tls = srv.addrs[1];
+    let mut v13 = tls_stream(tls, &certs.ca, &rustls::version::TLS13, "v");
+    let mut v12 = tls_stream(tls, &certs.ca, &rustls::version::TLS12, "v");
+    let mut rekeyed = tls_stream(tls, &certs.ca, &rustls::version::TLS13, "k");
+    // Each TLS 1.3 suite: AES-128-GCM's key is kept expanded, the others'
+    // as secrets.
+    let mut suites: Vec<_> = [
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384,
+        rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+    ]
+    .into_iter()
+    .map(|suite| {
+        let reader = tls_stream_with(tls, &certs.ca, &rustls::version::TLS13, Some(suite), "v");
+        assert_eq!(
+            reader.get_ref().conn.negotiated_cipher_suite().unwrap().suite(),
+            suite
+        );
+        reader
+    })
+    .collect();
+    // With every suite offered, the server picks AES-256-GCM.
+    assert_eq!(
+        v13.get_ref().conn.negotiated_cipher_suite().unwrap().suite(),
+        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
+    );
+    assert_eq!(
+        v12.get_ref().conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 6);
+    assert_eq!(srv.post("/send/v", "both").json()["delivered"], 5);
+    let mut line = String::new();
+    for reader in [&mut v13, &mut v12].into_iter().chain(suites.iter_mut()) {
+        // Each chunk: its size line, then the event line.
+        while !line.contains("Recvd msg #1: 'both'") {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+        }
+        line.clear();
+    }
+
+    rekeyed.get_mut().conn.refresh_traffic_keys().unwrap();
+    rekeyed.get_mut().flush().unwrap();
+    let mut rest = Vec::new();
+    let _ = rekeyed.read_to_end(&mut rest);
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["connections"]["active"] == 5);
+    assert_eq!(
+        s["connections"]["active"], 5,
+        "only the rekeyed stream ended: {s}"
+    );
+
+    srv.shutdown();
+    for reader in [&mut v13, &mut v12].into_iter().chain(suites.iter_mut()) {
+        let mut rest = Vec::new();
+        // Ok only if the server's close_notify came before the close.
+        reader.read_to_end(&mut rest).expect("a clean TLS close");
+        let rest = String::from_utf8_lossy(&rest).into_owned();
+        assert!(rest.ends_with("0\r\n\r\n"), "the final chunk: {rest:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
-use crate::tls::Session;
+use crate::tls::{Protection, Session};
 
 /// The last chunk of a chunked body.
 const FINAL_CHUNK: &[u8] = b"0\r\n\r\n";
@@ -126,12 +126,12 @@ pub(crate) enum Sink {
 /// A TLS stream's socket, session and pending ciphertext.
 pub(crate) struct TlsSink {
     io: TcpStream,
-    session: Session,
+    session: Protection,
     pending: Option<Box<Pending>>,
 }
 
 /// Encrypts `parts` as one record; TLS's own output, if any, comes first.
-fn seal(session: &mut Session, parts: &[&[u8]], close: bool) -> Result<Vec<u8>, SinkError> {
+fn seal(session: &mut Protection, parts: &[&[u8]], close: bool) -> Result<Vec<u8>, SinkError> {
     let mut plain = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
     for part in parts {
         plain.extend_from_slice(part);
@@ -153,7 +153,7 @@ impl Sink {
     pub(crate) fn tls(io: TcpStream, session: Session) -> Self {
         Sink::Tls(Box::new(TlsSink {
             io,
-            session,
+            session: Protection::of(session),
             pending: None,
         }))
     }
@@ -288,10 +288,10 @@ impl Sink {
             },
             Sink::Tls(tls) => loop {
                 let io = &tls.io;
-                if !tls.session.plain.is_empty() {
+                if tls.session.has_plain() {
                     return Poll::Ready(Some(tls.session.take_plain(scratch)));
                 }
-                if tls.session.peer_closed {
+                if tls.session.peer_closed() {
                     return Poll::Ready(None);
                 }
                 match io.poll_read_ready(cx) {
