@@ -11,7 +11,8 @@
 //! - [`load`]: loadtest, request throughput (ibrowse- and wrk-style).
 //! - [`cli`]: values as users type them on the command line: durations,
 //!   address and port lists; splitting work evenly over processes.
-//! - `target`: loopback-checked target URLs.
+//! - `target`: loopback-checked target URLs (`http://` and `https://`).
+//! - `tls`: the rustls client configuration and connections for `https://`.
 //! - `http`: the client side of HTTP/1.1, finding the end of a head and
 //!   reading a `content-length` response.
 //! - `latency`: HDR latency histograms.
@@ -25,3 +26,4 @@ mod latency;
 pub mod load;
 mod sys;
 mod target;
+mod tls;

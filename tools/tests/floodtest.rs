@@ -571,3 +571,147 @@ fn the_opening_window_holds_the_ramp_to_what_the_server_answers() {
     assert!((1.0..3.0).contains(&held_back), "held back {held_back} s: {j}");
     assert!(stdout.contains("held the ramp back"), "{stdout}");
 }
+
+/// A fresh directory for one test's certificates.
+fn cert_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("floodtest-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// https:// streams (`--tls-ca`): every transport holds its streams inside
+/// TLS (ws: wss), messages are POSTed over TLS and arrive, `/stats` is read
+/// over TLS, across child processes too; the server counts the handshakes.
+#[test]
+fn holds_streams_over_tls_on_every_transport() {
+    let dir = cert_dir("hold");
+    let certs = common::make_certificates(&dir, "flood");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let tls_port = srv.addrs[1].port();
+    let ca = certs.ca.to_str().unwrap();
+    // `localhost` checks the certificate's DNS name, the others its IP address.
+    for (transport, host, extra) in [
+        ("chunked", "127.0.0.1", &[][..]),
+        ("sse", "localhost", &[][..]),
+        ("ws", "127.0.0.1", &["--max-per-process", "10"][..]),
+    ] {
+        let url = format!("https://{host}:{tls_port}/test/{transport}{{n}}");
+        let args = [
+            &[
+                "--url",
+                &url,
+                "--tls-ca",
+                ca,
+                "--transport",
+                transport,
+                "--count",
+                "20",
+                "--rate",
+                "1000",
+                "--duration",
+                "3s",
+                "--interval",
+                "1s",
+                "--msg-rate",
+                "30",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let (out, summary) = flood(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{transport}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("Final: {20, 0, "), "{transport}: {stdout}");
+        let j = summary.expect("summary");
+        assert_eq!(j["active"], 20, "{transport}: {j}");
+        assert_eq!(j["errors"], serde_json::json!({}), "{transport}: {j}");
+        assert!(
+            j["chunks"].as_u64().unwrap() >= 20,
+            "every welcome: {transport}: {j}"
+        );
+        let sent = j["messages"]["sent"].as_u64().unwrap();
+        assert!(sent >= 10, "{transport}: {j}");
+        assert_eq!(j["messages"]["send_errors"], 0, "{transport}: {j}");
+        assert_eq!(j["messages"]["received"], sent, "{transport}: {j}");
+        // The default statistics URL is the streams' own https:// origin.
+        assert!(
+            j["server_bytes_per_connection"].as_u64().is_some(),
+            "/stats read over TLS: {transport}: {j}"
+        );
+    }
+    let st = srv.stats();
+    // 60 streams, 4 sender connections per run and the /stats reads.
+    assert!(st["tls"]["handshakes"].as_u64().unwrap() >= 60, "{st}");
+    assert_eq!(st["tls"]["handshake_failures"], 0, "{st}");
+    assert_eq!(st["transports"]["ws_opened"], 20, "{st}");
+    assert_eq!(st["transports"]["sse_opened"], 20, "{st}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server whose certificate `--tls-ca` does not vouch for: every stream
+/// fails its handshake at once and is counted as a TLS error; nothing is
+/// held and nothing waits for a timeout. A plain http:// URL stays plain.
+#[test]
+fn an_untrusted_certificate_is_a_tls_error_not_a_hang() {
+    let dir = cert_dir("untrusted");
+    let certs = common::make_certificates(&dir, "server");
+    let stranger = common::make_certificates(&dir, "stranger");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let url = format!("https://127.0.0.1:{}/test/u{{n}}", srv.addrs[1].port());
+    let started = Instant::now();
+    let (out, summary) = flood(&[
+        "--url",
+        &url,
+        "--tls-ca",
+        stranger.ca.to_str().unwrap(),
+        "--count",
+        "20",
+        "--rate",
+        "1000",
+        "--duration",
+        "2s",
+        "--interval",
+        "1s",
+        "--connect-timeout",
+        "30s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("Final: {0, 0, 0}"), "{stdout}");
+    let j = summary.expect("summary");
+    assert_eq!(j["errors"], serde_json::json!({"tls": 20}), "{j}");
+    assert_eq!(j["established"], 0, "{j}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused at the handshake, not after the 30 s timeout: {:?}",
+        started.elapsed()
+    );
+    // The server saw every stream give up on its certificate (and the
+    // /stats reads, which trust the same stranger).
+    let failures = |s: &Value| s["tls"]["handshake_failures"].as_u64().unwrap_or(0);
+    let st = srv.wait_stats(Duration::from_secs(5), |s| failures(s) >= 20);
+    assert!(failures(&st) >= 20, "{st}");
+    assert_eq!(st["tls"]["handshakes"], 0, "{st}");
+    // A CA file without a certificate is refused before anything connects.
+    let empty = dir.join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let out = run(&[
+        "--url",
+        &url,
+        "--tls-ca",
+        empty.to_str().unwrap(),
+        "--count",
+        "1",
+        "--duration",
+        "60s",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no PEM certificate"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

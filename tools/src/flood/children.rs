@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use serde_json::Value;
 
 use super::Args;
-use super::report::{Reporter, Snapshot, Summary, stats_target};
+use super::report::{Reporter, Snapshot, Summary, stats_target, stats_tls};
 use crate::target::Target;
 
 /// Extra time a child gets past `--duration` before the parent kills it.
@@ -82,7 +82,8 @@ pub(super) fn run(args: &Args, budget: u64) -> anyhow::Result<Summary> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut reporter = Reporter::new(args, stats_url);
+    let tls = stats_tls(args, stats_url.as_ref(), None)?;
+    let mut reporter = Reporter::new(args, stats_url, tls);
     let sum = |final_only: bool| {
         let mut total = Snapshot::default();
         for s in &seen {

@@ -21,14 +21,17 @@ pub use report::{ClusterNode, ClusterView, Summary};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use rustls::ClientConfig;
 
 use crate::cli::{parse_duration, parse_ip_list, parse_ports, split_evenly};
 use crate::sys;
 use crate::target::Target;
+use crate::tls;
 use report::Counters;
 
 /// Connections per (source address, server address) pair above which Linux's
@@ -56,7 +59,8 @@ pub const FD_RESERVE: u64 = 64;
 pub struct Args {
     // The placeholder is described, not written: clap prints it as a line break.
     /// Stream URL template: the letter n in curly braces becomes the
-    /// connection number (/test/c0, /test/c1, ...).
+    /// connection number (/test/c0, /test/c1, ...). http:// or https://
+    /// (TLS; see --tls-ca).
     #[arg(long, required_unless_present = "urls", conflicts_with = "urls")]
     pub url: Option<String>,
     /// A file with one stream URL per line (used round-robin), like the original.
@@ -101,6 +105,11 @@ pub struct Args {
     /// Allow targets that are not loopback addresses.
     #[arg(long)]
     pub allow_remote: bool,
+    /// PEM certificate(s) of the authority to trust for https:// URLs
+    /// (streams, --send-url, --stats-url). Default: the system's roots.
+    /// The certificate must name the URL's host (an IP address or a name).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
     /// Churn: close each stream after a random time between half and one and
     /// a half of this, and open it again (same id), until the run ends. It
     /// gets no new messages for its last second, so none is lost to it.
@@ -114,7 +123,8 @@ pub struct Args {
     pub tick_interval: Option<Duration>,
     /// How each stream is asked for: `chunked` (a plain GET, the default),
     /// `sse` (`Accept: text/event-stream`: each event's data line is what is
-    /// counted) or `ws` (a WebSocket upgrade: each text frame).
+    /// counted) or `ws` (a WebSocket upgrade: each text frame). Over an
+    /// https:// URL each is inside TLS (`ws`: wss).
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
     pub transport: Transport,
     /// Send a PROXY protocol header (`v1` text, `v2` binary) before each
@@ -267,12 +277,20 @@ pub struct Plan {
     pub transport: Transport,
     /// `--proxy-protocol`.
     pub proxy_protocol: Option<ProxyVersion>,
+    /// The TLS client configuration, when a stream or message target is
+    /// `https://`.
+    pub tls: Option<Arc<ClientConfig>>,
 }
 
 impl Plan {
+    /// The URL connection `n` uses (before `--ports`).
+    pub fn target(&self, n: u64) -> &Target {
+        &self.targets[(n % self.targets.len() as u64) as usize]
+    }
+
     /// Where connection `n` goes and what it asks for.
     pub fn conn(&self, n: u64) -> (SocketAddr, String, Option<IpAddr>) {
-        let t = &self.targets[(n % self.targets.len() as u64) as usize];
+        let t = self.target(n);
         let mut addr = t.addr;
         // Source IP varies fastest, port next: every (source, port) pair is
         // used equally, whatever the two counts are.
@@ -402,13 +420,15 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
                 let Some(prefix) = path.rfind('/').map(|i| &path[..i]) else {
                     bail!("cannot derive --send-url from {}", t.path);
                 };
-                format!("http://{}{}/{{id}}", t.addr, prefix.replacen("/test", "/send", 1))
+                format!("{}{}/{{id}}", t.origin(), prefix.replacen("/test", "/send", 1))
             }
         };
         Some(Target::parse(&url, args.allow_remote)?)
     } else {
         None
     };
+    let needs_tls = targets.iter().any(|t| t.tls) || send.as_ref().is_some_and(|t| t.tls);
+    let tls = tls::client_config_if(needs_tls, args.tls_ca.as_deref())?;
     let share = |i| split_evenly(args.count, of, i);
     let first_n = (0..index).map(share).sum();
     Ok(Plan {
@@ -433,6 +453,7 @@ fn plan(args: &Args, index: u64, of: u64) -> anyhow::Result<Plan> {
         tick_interval: args.tick_interval,
         transport: args.transport,
         proxy_protocol: args.proxy_protocol,
+        tls,
     })
 }
 
@@ -448,6 +469,7 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
     } else {
         report::stats_target(args, &plan.targets[0])?
     };
+    let stats_tls = report::stats_tls(args, stats_url.as_ref(), plan.tls.as_ref())?;
 
     // Opener: R per second, in 10 ms batches, at most `max_opening` of
     // them unsettled at once. Behind schedule after a wait, it catches up
@@ -465,11 +487,7 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
                     counters.held_back(period);
                 }
                 while opened < due && opened.saturating_sub(counters.settled()) < plan.max_opening {
-                    let (i, plan, counters) = (opened, Rc::clone(&plan), Rc::clone(&counters));
-                    match plan.lifetime {
-                        Some(life) => tokio::task::spawn_local(conn::churn(i, plan, counters, life)),
-                        None => tokio::task::spawn_local(conn::hold(i, plan, counters)),
-                    };
+                    conn::spawn(opened, Rc::clone(&plan), Rc::clone(&counters));
                     opened += 1;
                 }
             }
@@ -480,7 +498,7 @@ async fn run_local(args: &Args, plan: Plan) -> anyhow::Result<Summary> {
         .is_some()
         .then(|| tokio::task::spawn_local(sender::run(Rc::clone(&plan), Rc::clone(&counters), deadline)));
 
-    let mut reporter = report::Reporter::new(args, stats_url);
+    let mut reporter = report::Reporter::new(args, stats_url, stats_tls);
     let mut next = started + args.interval;
     loop {
         // On a terminal the progress line moves between reports too.

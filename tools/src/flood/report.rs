@@ -4,12 +4,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{self, IsTerminal, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{self, IsTerminal, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use rustls::ClientConfig;
 use serde_json::{Value, json};
 
 use super::Args;
@@ -38,6 +39,10 @@ pub enum ErrorKind {
     Status(u16),
     /// Not a readable HTTP stream.
     Protocol,
+    /// The TLS handshake (or a later record) failed: a certificate the
+    /// client does not trust or that does not name the host, no common
+    /// version or cipher suite, an alert from the server.
+    Tls,
     /// Anything else.
     Other,
 }
@@ -45,6 +50,9 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Classifies an I/O error.
     pub fn of(e: &io::Error) -> Self {
+        if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+            return ErrorKind::Tls;
+        }
         match e.raw_os_error() {
             Some(libc::ECONNREFUSED) => return ErrorKind::Refused,
             Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL) => return ErrorKind::AddrInUse,
@@ -73,6 +81,7 @@ impl ErrorKind {
             ErrorKind::Eof => "eof".into(),
             ErrorKind::Status(code) => format!("http_{code}"),
             ErrorKind::Protocol => "protocol".into(),
+            ErrorKind::Tls => "tls".into(),
             ErrorKind::Other => "other".into(),
         }
     }
@@ -549,6 +558,8 @@ pub(crate) struct Reporter {
     /// Child mode: JSON lines on stdout, nothing else.
     child: bool,
     stats_url: Option<Target>,
+    /// The TLS configuration for an `https://` statistics URL.
+    stats_tls: Option<Arc<ClientConfig>>,
     bar: Option<ProgressBar>,
     last: Snapshot,
     last_at: Instant,
@@ -558,8 +569,9 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    /// A reporter for `args`; `stats_url` is the server's `/stats`, if any.
-    pub(crate) fn new(args: &Args, stats_url: Option<Target>) -> Self {
+    /// A reporter for `args`; `stats_url` is the server's `/stats`, if any
+    /// (read with `stats_tls` when it is `https://`).
+    pub(crate) fn new(args: &Args, stats_url: Option<Target>, stats_tls: Option<Arc<ClientConfig>>) -> Self {
         let child = args.child.is_some();
         let bar = (!child && io::stdout().is_terminal()).then(|| {
             let bar = ProgressBar::new(args.count);
@@ -575,6 +587,7 @@ impl Reporter {
         Reporter {
             child,
             stats_url,
+            stats_tls,
             bar,
             last: Snapshot::default(),
             last_at: Instant::now(),
@@ -703,7 +716,8 @@ impl Reporter {
             return;
         };
         let kind = StatsKind::of(&t);
-        let Ok(Some(v)) = tokio::task::spawn_blocking(move || fetch_json(t.addr, &t.path)).await else {
+        let tls = self.stats_tls.clone();
+        let Ok(Some(v)) = tokio::task::spawn_blocking(move || fetch_json(&t, tls.as_ref())).await else {
             return;
         };
         self.server.update(kind, &v);
@@ -753,24 +767,38 @@ pub(crate) fn stats_target(args: &Args, first: &Target) -> anyhow::Result<Option
     match args.stats_url.as_deref() {
         Some("none") => Ok(None),
         Some(url) => Ok(Some(Target::parse(url, args.allow_remote)?)),
-        None => Ok(Some(Target {
-            addr: first.addr,
-            path: "/stats".into(),
-        })),
+        None => Ok(Some(first.with_path("/stats"))),
     }
 }
 
-/// GET a JSON document with a short timeout; `None` on any failure.
-pub(crate) fn fetch_json(addr: SocketAddr, path: &str) -> Option<Value> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+/// The TLS configuration for `stats_url` when it is `https://`: `have`
+/// (the streams' own) or a new one.
+pub(crate) fn stats_tls(
+    args: &Args,
+    stats_url: Option<&Target>,
+    have: Option<&Arc<ClientConfig>>,
+) -> anyhow::Result<Option<Arc<ClientConfig>>> {
+    match (stats_url, have) {
+        (Some(t), Some(config)) if t.tls => Ok(Some(Arc::clone(config))),
+        (Some(t), None) if t.tls => crate::tls::client_config_if(true, args.tls_ca.as_deref()),
+        _ => Ok(None),
+    }
+}
+
+/// GET a JSON document with a short timeout (over TLS with `tls` when
+/// `target` is `https://`); `None` on any failure.
+pub(crate) fn fetch_json(target: &Target, tls: Option<&Arc<ClientConfig>>) -> Option<Value> {
+    let (addr, path) = (target.addr, &target.path);
+    let tls = if target.tls { Some(tls?) } else { None };
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    let buf = crate::tls::blocking_exchange(
+        addr,
+        &target.host,
+        tls,
+        request.as_bytes(),
+        Duration::from_secs(2),
     )
     .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
     let response = crate::http::parse_response(&buf).ok()??;
     serde_json::from_slice(response.body(&buf)).ok()
 }

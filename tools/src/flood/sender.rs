@@ -1,23 +1,26 @@
 //! Message mode: POSTs `--msg-rate` messages per second to random streams this
 //! process holds. Each body is `@<send time in µs>`; the receiving stream
-//! reads the stamp back and records the latency.
+//! reads the stamp back and records the latency. An `https://` send URL is
+//! posted to over TLS, with the streams' configuration.
 
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::Plan;
 use super::conn::now_micros;
 use super::report::Counters;
 use crate::http;
-use crate::target::id_of;
+use crate::target::{Target, id_of};
+use crate::tls::{self, Io};
 
 /// Keep-alive connections messages are spread over.
 const SENDERS: usize = 4;
@@ -43,7 +46,8 @@ pub(super) async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instan
     let senders: Vec<_> = (0..SENDERS)
         .map(|_| {
             let (tx, rx) = mpsc::unbounded_channel::<String>();
-            let handle = tokio::task::spawn_local(send_loop(send.addr, rx, Rc::clone(&counters)));
+            let tls = if send.tls { plan.tls.clone() } else { None };
+            let handle = tokio::task::spawn_local(send_loop(send.clone(), tls, rx, Rc::clone(&counters)));
             (tx, handle)
         })
         .collect();
@@ -80,15 +84,22 @@ fn delivered_count(body: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-/// One keep-alive connection sending what it is given, reconnecting once on failure.
-async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, counters: Rc<Counters>) {
-    let mut conn: Option<TcpStream> = None;
+/// One keep-alive connection sending what it is given, reconnecting once on
+/// failure; over TLS with `tls` (the target is `https://`).
+async fn send_loop(
+    target: Target,
+    tls: Option<Arc<ClientConfig>>,
+    mut rx: mpsc::UnboundedReceiver<String>,
+    counters: Rc<Counters>,
+) {
+    let addr = target.addr;
+    let mut conn: Option<Box<dyn Io>> = None;
     let mut buf = Vec::new();
     while let Some(path) = rx.recv().await {
         let (mut ok, mut partial, mut stamp) = (false, 0, 0);
         for _ in 0..2 {
             if conn.is_none() {
-                conn = TcpStream::connect(addr).await.ok();
+                conn = tls::connect(addr, &target.host, tls.as_ref()).await.ok();
                 buf.clear();
             }
             let Some(c) = conn.as_mut() else { break };
@@ -116,7 +127,7 @@ async fn send_loop(addr: SocketAddr, mut rx: mpsc::UnboundedReceiver<String>, co
 /// whose cluster bus is down answers 503 with the streams it delivered to
 /// itself: those messages arrive, and are expected.
 async fn post(
-    c: &mut TcpStream,
+    c: &mut Box<dyn Io>,
     buf: &mut Vec<u8>,
     addr: SocketAddr,
     path: &str,
@@ -128,6 +139,7 @@ async fn post(
         body.len()
     );
     c.write_all(req.as_bytes()).await?;
+    c.flush().await?;
     loop {
         match http::parse_response(buf) {
             Ok(Some(r)) => {

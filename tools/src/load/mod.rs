@@ -91,6 +91,9 @@ pub struct Shape {
 /// Runs the test described by `args`, prints the report, returns it.
 pub fn run(args: Args) -> anyhow::Result<Report> {
     let target = Target::parse(&args.url, args.allow_remote)?;
+    if target.tls {
+        bail!("loadtest speaks plain HTTP only: give an http:// URL");
+    }
     if args.pipeline == 0 || args.threads == 0 {
         bail!("--pipeline and --threads must be at least 1");
     }
