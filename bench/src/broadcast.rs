@@ -177,6 +177,7 @@ fn measure(
         } else {
             Transport::Chunked
         },
+        tls_ca: None,
     };
     let label = format!(
         "broadcast-{}-{}",

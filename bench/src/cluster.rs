@@ -321,6 +321,7 @@ fn measure(
         lifetime: None,
         stats_url: Some(server.url("/cluster")),
         transport: load.transport,
+        tls_ca: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("cluster-{label}"))?;
     rec.tool(&flood.command);

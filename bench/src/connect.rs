@@ -134,6 +134,7 @@ fn measure(
         lifetime: None,
         stats_url: None,
         transport,
+        tls_ca: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("connect-{}", kind.label()))?;
     rec.tool(&flood.command);

@@ -1,6 +1,8 @@
 //! floodtest as the streams' client, run the same way against every server:
 //! no server statistics (`--stats-url none`), connections spread over four
-//! source addresses, the summary written as JSON and read back.
+//! source addresses, the summary written as JSON and read back. [`Wire`]:
+//! how `bench idle` and `bench latency` carry their streams, floodtest's
+//! transport over plain TCP or inside TLS.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,67 @@ pub(crate) const SOURCE_IPS: &str = "127.0.0.2-127.0.0.5";
 
 /// How long floodtest may run past its `--duration` before it is stopped.
 const GRACE: Duration = Duration::from_secs(30);
+
+/// How a benchmark's streams are carried (`bench idle` and `bench latency`
+/// `--transports`): floodtest's `--transport`, over plain TCP or inside TLS
+/// (an `https://` URL and `--tls-ca`). One list of values rather than a
+/// separate TLS flag, so a run measures exactly the pairs asked for
+/// (`chunked,tls,tls-ws`) and each result row keeps one `transport` key.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Wire {
+    /// A plain GET; events are chunks.
+    #[default]
+    Chunked,
+    /// Server-sent events.
+    Sse,
+    /// WebSocket text frames.
+    Ws,
+    /// `chunked` inside TLS (https://).
+    #[value(alias = "tls-chunked")]
+    Tls,
+    /// `sse` inside TLS.
+    TlsSse,
+    /// `ws` inside TLS (wss://).
+    TlsWs,
+}
+
+impl Wire {
+    /// Its `--transports` name, as tables show it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Wire::Chunked => "chunked",
+            Wire::Sse => "sse",
+            Wire::Ws => "ws",
+            Wire::Tls => "tls",
+            Wire::TlsSse => "tls-sse",
+            Wire::TlsWs => "tls-ws",
+        }
+    }
+
+    /// floodtest's `--transport`.
+    pub(crate) fn transport(self) -> Transport {
+        match self {
+            Wire::Chunked | Wire::Tls => Transport::Chunked,
+            Wire::Sse | Wire::TlsSse => Transport::Sse,
+            Wire::Ws | Wire::TlsWs => Transport::Ws,
+        }
+    }
+
+    /// Inside TLS.
+    pub(crate) fn tls(self) -> bool {
+        matches!(self, Wire::Tls | Wire::TlsSse | Wire::TlsWs)
+    }
+
+    /// The same transport over plain TCP.
+    pub(crate) fn plain(self) -> Wire {
+        match self.transport() {
+            Transport::Chunked => Wire::Chunked,
+            Transport::Sse => Wire::Sse,
+            Transport::Ws => Wire::Ws,
+        }
+    }
+}
 
 /// One floodtest run.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +105,8 @@ pub(crate) struct FloodSpec {
     pub stats_url: Option<String>,
     /// floodtest's `--transport`.
     pub transport: Transport,
+    /// floodtest's `--tls-ca`: the authority of an `https://` URL's server.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl FloodSpec {
@@ -73,6 +138,9 @@ impl FloodSpec {
         }
         if let Some(l) = self.lifetime {
             a.extend(["--lifetime".into(), format!("{}ms", l.as_millis())]);
+        }
+        if let Some(ca) = &self.tls_ca {
+            a.extend(["--tls-ca".into(), ca.display().to_string()]);
         }
         a.extend(["--json".into(), json.display().to_string()]);
         a
@@ -237,8 +305,10 @@ mod tests {
             lifetime: None,
             stats_url: None,
             transport: Transport::Chunked,
+            tls_ca: None,
         };
         let a = spec.args(Path::new("/tmp/f.json")).join(" ");
+        assert!(!a.contains("--tls-ca"));
         assert!(!a.contains("--lifetime"));
         assert!(a.contains("--stats-url none"));
         assert!(a.contains("--source-ips 127.0.0.2-127.0.0.5"));
@@ -272,6 +342,36 @@ mod tests {
                 .join(" ")
                 .contains("--stats-url http://127.0.0.1:9000/cluster")
         );
+        let tls = FloodSpec {
+            url: "https://127.0.0.1:9443/test/c{n}".into(),
+            tls_ca: Some("/tmp/run/bench-ca.pem".into()),
+            transport: Wire::TlsWs.transport(),
+            ..fleet
+        };
+        let a = tls.args(Path::new("x")).join(" ");
+        assert!(a.contains("--url https://127.0.0.1:9443/test/c{n}"), "{a}");
+        assert!(a.contains("--transport ws"), "{a}");
+        assert!(a.contains("--tls-ca /tmp/run/bench-ca.pem"), "{a}");
+    }
+
+    #[test]
+    fn wires_are_a_transport_over_tcp_or_tls() {
+        use clap::ValueEnum as _;
+        let names: Vec<&str> = Wire::value_variants().iter().map(|w| w.name()).collect();
+        assert_eq!(names, ["chunked", "sse", "ws", "tls", "tls-sse", "tls-ws"]);
+        for w in Wire::value_variants() {
+            // The command line, the tables and the result files agree.
+            assert_eq!(Wire::from_str(w.name(), false), Ok(*w));
+            assert_eq!(serde_json::to_string(w).unwrap(), format!("\"{}\"", w.name()));
+            assert_eq!(w.plain().transport(), w.transport());
+            assert!(!w.plain().tls());
+            assert_eq!(w.plain().name(), w.transport().name());
+        }
+        assert_eq!(Wire::from_str("tls-chunked", false), Ok(Wire::Tls));
+        assert_eq!((Wire::TlsWs.tls(), Wire::TlsWs.plain()), (true, Wire::Ws));
+        // Results written before TLS existed still read.
+        let old: Vec<Wire> = serde_json::from_str(r#"["chunked","sse","ws"]"#).unwrap();
+        assert_eq!(old, [Wire::Chunked, Wire::Sse, Wire::Ws]);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! before; floodtest opens N streams; once the server holds N established
 //! connections and a settle time has passed, RSS and slab again; then a CPU
 //! window of one tick period, with switchboard's chunk count across it.
+//! The TLS transports (`tls`, `tls-sse`, `tls-ws`) run the same with the
+//! streams inside TLS, to a server given a certificate made for the run.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,11 +12,12 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use super::flood::{Flood, FloodSpec, Transport};
+use super::flood::{Flood, FloodSpec, Wire};
 use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir, pause};
 use super::servers::{Matrix, Server, ServerKind};
 use super::table::{Table, fixed, opt, ratio, thousands, times, whole};
+use super::tls::{self, TlsFiles};
 use super::{Common, Ramp, client, max_streams, procfs};
 use switchboard_tools::cli::parse_duration;
 
@@ -47,7 +50,12 @@ nothing to idle streams, so it has no µs/chunk. A TIME_WAIT socket (left by ear
 connection) frees its slab memory when it expires; before the baseline the harness reads every TIME_WAIT \
 timer in `/proc/net/tcp` and, if more than 1% of N would expire before the second reading, waits for \
 them first. **sockets/process** counts socket descriptors per server process \
-(nginx: master first, then each worker) — how connections spread over workers.";
+(nginx: master first, then each worker) — how connections spread over workers. \
+The TLS transports (`tls` = chunked, `tls-sse`, `tls-ws` inside TLS) open the same streams as https:// \
+to a second port of the same server that serves TLS 1.2/1.3 with a P-256 certificate made for the run \
+(switchboard: `server.tls_ports`; nginx: `listen ... ssl`), its first port staying plain for the \
+harness's own requests; floodtest (rustls, ring, its default versions and suites) does a full \
+handshake per stream, no session resumption.";
 
 /// `bench idle` options.
 #[derive(clap::Args, Debug)]
@@ -85,6 +93,11 @@ pub(crate) struct IdleData {
     pub rows: Vec<IdleRow>,
     /// Units of the CPU times read from `/proc`.
     pub clock_ticks_per_sec: u64,
+    /// Servers and transports asked for that were not measured: a peer's
+    /// transports it is not set up for (Nchan: SSE and WebSocket, plain or
+    /// TLS).
+    #[serde(default)]
+    pub not_supported: Vec<(ServerKind, Wire)>,
 }
 
 /// One server at one stream count.
@@ -94,7 +107,7 @@ pub(crate) struct IdleRow {
     pub server: ServerKind,
     /// How the streams were opened.
     #[serde(default)]
-    pub transport: Transport,
+    pub transport: Wire,
     /// Streams asked for.
     pub streams: u64,
     /// Established connections on the server's address at the memory reading.
@@ -151,8 +164,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let servers = args.matrix.servers.chosen();
     let transports = c.pick(
         args.matrix.transports.clone(),
-        vec![Transport::Chunked],
-        vec![Transport::Chunked, Transport::Sse, Transport::Ws],
+        vec![Wire::Chunked],
+        vec![Wire::Chunked, Wire::Sse, Wire::Ws],
     );
     let window = c.pick(args.window, Duration::from_secs(10), Duration::from_secs(1));
     let settle = c.pick(args.settle, Duration::from_secs(2), Duration::from_millis(500));
@@ -164,12 +177,26 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     super::check_positive("--rate", args.ramp.rate)?;
     let dir = TempDir::new("idle")?;
     let mut rec = Recorder::new("idle", c.smoke);
+    let runs = ServerKind::runs(&servers, &transports);
+    let tls_files = if runs.iter().any(|(_, w)| w.tls()) {
+        Some(tls::make_certificates(dir.path())?)
+    } else {
+        None
+    };
     let mut data = IdleData {
         rows: Vec::new(),
         clock_ticks_per_sec: procfs::clock_ticks_per_sec(),
+        not_supported: ServerKind::unsupported(&servers, &transports),
     };
+    for (kind, wire) in &data.not_supported {
+        println!(
+            "idle: {} over {}: not supported, skipped",
+            kind.label(),
+            wire.name()
+        );
+    }
     let mut failed = 0;
-    for (kind, transport) in ServerKind::runs(&servers, &transports) {
+    for (kind, transport) in runs {
         for &n in &counts {
             println!(
                 "idle: {} with {} streams ({})",
@@ -184,6 +211,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 window,
                 ticks_per_sec: data.clock_ticks_per_sec,
                 transport,
+                tls: tls_files.as_ref().filter(|_| transport.tls()),
             };
             match measure(kind, n, &phases, dir.path(), &mut rec) {
                 Ok(row) => {
@@ -213,7 +241,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// How one measurement runs.
-struct Phases {
+struct Phases<'a> {
     /// Streams opened per second.
     rate: f64,
     /// Longest wait for TIME_WAIT sockets to expire before a baseline.
@@ -225,12 +253,20 @@ struct Phases {
     /// Unit of `/proc` CPU times.
     ticks_per_sec: u64,
     /// How the streams are opened.
-    transport: Transport,
+    transport: Wire,
+    /// The run's certificates, for a TLS transport.
+    tls: Option<&'a TlsFiles>,
 }
 
-fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder) -> anyhow::Result<IdleRow> {
+fn measure(
+    kind: ServerKind,
+    n: u64,
+    p: &Phases<'_>,
+    dir: &Path,
+    rec: &mut Recorder,
+) -> anyhow::Result<IdleRow> {
     let (rate, settle, window) = (p.rate, p.settle, p.window);
-    let server = Server::start(kind)?;
+    let server = Server::start_tls(kind, p.tls)?;
     rec.tool(&server.command);
     pause(settle)?;
     // From the baseline to the memory reading: open, settle, and a margin.
@@ -244,7 +280,7 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
     let baseline_at = Instant::now();
 
     let spec = FloodSpec {
-        url: server.url("/test/i{n}"),
+        url: server.stream_url("/test/i{n}"),
         count: n,
         rate,
         // Long enough for every phase; the harness stops it when done.
@@ -253,7 +289,8 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
         send_url: None,
         lifetime: None,
         stats_url: None,
-        transport: p.transport,
+        transport: p.transport.transport(),
+        tls_ca: p.tls.map(|f| f.ca.clone()),
     };
     let label = format!("idle-{}-{}-{n}", kind.label(), p.transport.name());
     let mut flood = Flood::start(&spec, dir, &label)?;
@@ -270,7 +307,7 @@ fn measure(kind: ServerKind, n: u64, p: &Phases, dir: &Path, rec: &mut Recorder)
     pause(settle)?;
     // nginx's workers may have changed since the baseline only if one died.
     let pids = server.pids();
-    let (established, _) = procfs::established(server.addr_v4())?;
+    let (established, _) = procfs::established(server.stream_addr_v4())?;
     let rss = procfs::rss_bytes(&pids)?;
     let slab = procfs::slab_bytes()?;
     let between = baseline_at.elapsed();
@@ -349,7 +386,7 @@ pub(crate) fn time_wait_delay(left: &[Duration], span: Duration, tolerated: u64)
 
 /// Waits (up to the `drain` limit) until no more than
 /// [`tolerated_time_wait`] TIME_WAIT sockets would expire within `span`.
-fn wait_out_time_wait(n: u64, span: Duration, p: &Phases) -> anyhow::Result<()> {
+fn wait_out_time_wait(n: u64, span: Duration, p: &Phases<'_>) -> anyhow::Result<()> {
     let started = Instant::now();
     while let Some(left) = p.drain.checked_sub(started.elapsed()) {
         let timers = procfs::time_wait_left(p.ticks_per_sec)?;
@@ -418,6 +455,11 @@ pub(crate) fn render(o: &Outcome<IdleData>) -> String {
             fixed(r.tcp_read_ms, 1),
         ]);
     }
+    for (kind, wire) in &o.data.not_supported {
+        let mut cells = vec![kind.label().into(), wire.name().into(), "not supported".into()];
+        cells.resize(13, String::new());
+        t.row(cells);
+    }
     let mut out = t.render();
     let mut cmp = Table::new(&[
         ">streams",
@@ -436,7 +478,7 @@ pub(crate) fn render(o: &Outcome<IdleData>) -> String {
     counts.sort_unstable();
     counts.dedup();
     for n in counts {
-        let chunked = Transport::Chunked;
+        let chunked = Wire::Chunked;
         if let (Some(s), Some(x)) = (
             find(ServerKind::Switchboard, chunked, n),
             find(ServerKind::Nchan, chunked, n),
@@ -462,7 +504,7 @@ pub(crate) fn render(o: &Outcome<IdleData>) -> String {
     counts.dedup();
     for n in counts {
         let sb = |t| find(ServerKind::Switchboard, t, n);
-        let (c, e, w) = (sb(Transport::Chunked), sb(Transport::Sse), sb(Transport::Ws));
+        let (c, e, w) = (sb(Wire::Chunked), sb(Wire::Sse), sb(Wire::Ws));
         if e.is_none() && w.is_none() {
             continue;
         }
@@ -480,6 +522,39 @@ pub(crate) fn render(o: &Outcome<IdleData>) -> String {
         out += "\n";
         out += &by_transport.render();
     }
+    // Each server's TLS streams against its plain streams of the same
+    // transport and count, measured in the same run.
+    let mut by_tls = Table::new(&[
+        "server",
+        "transport",
+        ">streams",
+        ">plain B/stream",
+        ">TLS B/stream",
+        ">TLS − plain B/stream",
+        ">TLS ÷ plain",
+    ]);
+    for r in o.data.rows.iter().filter(|r| r.transport.tls()) {
+        let plain = find(r.server, r.transport.plain(), r.streams);
+        let tls = r.rss_per_stream;
+        by_tls.row(vec![
+            r.server.label().into(),
+            format!("{} vs {}", r.transport.name(), r.transport.plain().name()),
+            thousands(r.streams),
+            opt(plain, whole),
+            opt(tls, whole),
+            opt(tls.zip(plain).map(|(t, p)| t - p), whole),
+            times(tls.zip(plain).and_then(|(t, p)| ratio(t, p))),
+        ]);
+    }
+    if !by_tls.is_empty() {
+        for (kind, wire) in o.data.not_supported.iter().filter(|(_, w)| w.tls()) {
+            let mut cells = vec![kind.label().into(), wire.name().into(), "not supported".into()];
+            cells.resize(7, String::new());
+            by_tls.row(cells);
+        }
+        out += "\n";
+        out += &by_tls.render();
+    }
     out
 }
 
@@ -490,7 +565,7 @@ pub(crate) mod tests {
     pub(crate) fn row(server: ServerKind, streams: u64, per_stream: f64) -> IdleRow {
         IdleRow {
             server,
-            transport: Transport::Chunked,
+            transport: Wire::Chunked,
             streams,
             established: streams,
             ramp_s: 2.0,
@@ -541,11 +616,12 @@ pub(crate) mod tests {
                 row(ServerKind::Nchan, 19_000, 11_300.0),
                 row(ServerKind::Switchboard, 1000, 1700.0),
                 IdleRow {
-                    transport: Transport::Ws,
+                    transport: Wire::Ws,
                     ..row(ServerKind::Switchboard, 19_000, 1843.7)
                 },
             ],
             clock_ticks_per_sec: 100,
+            not_supported: Vec::new(),
         });
         let text = render(&o);
         let by_transport = crate::table::cells(&text)
@@ -585,5 +661,60 @@ pub(crate) mod tests {
         // and the WebSocket row its ratio to chunked.
         assert!(text.contains("7.35×"));
         assert_eq!(text.matches('×').count(), 2);
+        assert!(!text.contains("TLS"), "no TLS table without TLS rows");
+    }
+
+    #[test]
+    fn tls_streams_are_set_against_plain_ones() {
+        let tls = |server, wire, per_stream| IdleRow {
+            transport: wire,
+            ..row(server, 19_000, per_stream)
+        };
+        let o = Recorder::new("idle", false).finish(IdleData {
+            rows: vec![
+                row(ServerKind::Switchboard, 19_000, 1500.0),
+                tls(ServerKind::Switchboard, Wire::Tls, 2100.0),
+                tls(ServerKind::Switchboard, Wire::TlsWs, 2400.0),
+                row(ServerKind::Nchan, 19_000, 11_000.0),
+                tls(ServerKind::Nchan, Wire::Tls, 16_500.0),
+            ],
+            clock_ticks_per_sec: 100,
+            not_supported: vec![(ServerKind::Nchan, Wire::TlsWs)],
+        });
+        let text = render(&o);
+        let rows = crate::table::cells(&text);
+        let tls_row = |server: &str, wire: &str| {
+            rows.iter()
+                .find(|r| r.len() == 7 && r[0] == server && r[1].starts_with(wire))
+                .unwrap_or_else(|| panic!("{server} {wire}: {text}"))
+                .clone()
+        };
+        assert_eq!(
+            tls_row("switchboard", "tls vs"),
+            [
+                "switchboard",
+                "tls vs chunked",
+                "19,000",
+                "1,500",
+                "2,100",
+                "600",
+                "1.40×"
+            ]
+        );
+        // No plain WebSocket row to compare with.
+        assert_eq!(
+            tls_row("switchboard", "tls-ws")[3..],
+            ["n/a", "2,400", "n/a", "n/a"]
+        );
+        assert_eq!(tls_row("Nchan", "tls vs")[4..], ["16,500", "5,500", "1.50×"]);
+        assert_eq!(tls_row("Nchan", "tls-ws")[2], "not supported");
+        // And in the main table.
+        assert!(
+            rows.iter()
+                .any(|r| r.len() == 13 && r[..3] == ["Nchan", "tls-ws", "not supported"])
+        );
+        // Result files from before TLS read with nothing unsupported.
+        let old: IdleData = serde_json::from_str(r#"{"rows":[],"clock_ticks_per_sec":100}"#).unwrap();
+        assert!(old.not_supported.is_empty());
     }
 }

@@ -9,11 +9,12 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
+use super::flood::{Flood, FloodSpec, FloodSummary, Wire, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::TempDir;
 use super::servers::{Matrix, Server, ServerKind};
 use super::table::{Table, fixed, opt, thousands, vs_nchan};
+use super::tls::{self, TlsFiles};
 use super::{Common, Ramp, max_streams};
 use switchboard_tools::cli::parse_duration;
 
@@ -31,7 +32,8 @@ messages to random streams it holds at the given rate over 4 keep-alive connecti
 `/send/{id}`; Nchan: its publisher, `--send-url .../send/{id}`). Each message body is `@<send time, µs since \
 the epoch>`; the stream that receives it records arrival − send time (HDR histogram). **p50/p99/max** are \
 over every message that arrived; **lost** = accepted by the server − arrived. switchboard also ticks every \
-stream every 10 s during the run, as in production.";
+stream every 10 s during the run, as in production. The TLS transports (`tls`, `tls-sse`, `tls-ws`) \
+hold the streams and POST the messages over https:// to the server's TLS port (as in `bench idle`).";
 
 /// `bench latency` options.
 #[derive(clap::Args, Debug)]
@@ -70,7 +72,7 @@ pub(crate) struct LatencyRow {
     pub server: ServerKind,
     /// How the streams were opened.
     #[serde(default)]
-    pub transport: Transport,
+    pub transport: Wire,
     /// Streams asked for.
     pub streams: u64,
     /// Messages per second asked for.
@@ -98,8 +100,21 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = TempDir::new("latency")?;
     let mut rec = Recorder::new("latency", c.smoke);
     let mut rows = Vec::new();
-    let transports = args.matrix.transports.clone().unwrap_or(vec![Transport::Chunked]);
-    for (kind, transport) in ServerKind::runs(&servers, &transports) {
+    let transports = args.matrix.transports.clone().unwrap_or(vec![Wire::Chunked]);
+    let runs = ServerKind::runs(&servers, &transports);
+    let tls_files = if runs.iter().any(|(_, w)| w.tls()) {
+        Some(tls::make_certificates(dir.path())?)
+    } else {
+        None
+    };
+    for (kind, wire) in ServerKind::unsupported(&servers, &transports) {
+        rec.note(format!(
+            "{} over {}: not supported, not measured",
+            kind.label(),
+            wire.name()
+        ));
+    }
+    for (kind, transport) in runs {
         println!(
             "latency: {} with {} streams ({}), {msg_rate} messages/s for {send_for:?}",
             kind.label(),
@@ -113,7 +128,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             send_for,
             transport,
         };
-        let row = measure(kind, &load, dir.path(), &mut rec)?;
+        let certs = tls_files.as_ref().filter(|_| transport.tls());
+        let row = measure(kind, &load, certs, dir.path(), &mut rec)?;
         println!(
             "  sent {} received {} p99 {} ms",
             row.flood.messages.sent,
@@ -133,10 +149,16 @@ struct Load {
     /// Streams opened per second.
     rate: f64,
     send_for: Duration,
-    transport: Transport,
+    transport: Wire,
 }
 
-fn measure(kind: ServerKind, load: &Load, dir: &Path, rec: &mut Recorder) -> anyhow::Result<LatencyRow> {
+fn measure(
+    kind: ServerKind,
+    load: &Load,
+    tls: Option<&TlsFiles>,
+    dir: &Path,
+    rec: &mut Recorder,
+) -> anyhow::Result<LatencyRow> {
     let Load {
         streams,
         msg_rate,
@@ -144,19 +166,20 @@ fn measure(kind: ServerKind, load: &Load, dir: &Path, rec: &mut Recorder) -> any
         send_for,
         transport,
     } = *load;
-    let server = Server::start(kind)?;
+    let server = Server::start_tls(kind, tls)?;
     rec.tool(&server.command);
     let ramp = Duration::from_secs_f64(streams as f64 / rate) + CONNECT_SLACK;
     let spec = FloodSpec {
-        url: server.url("/test/l{n}"),
+        url: server.stream_url("/test/l{n}"),
         count: streams,
         rate,
         duration: ramp + send_for + DRAIN,
         msg_rate,
-        send_url: Some(server.url("/send/{id}")),
+        send_url: Some(server.stream_url("/send/{id}")),
         lifetime: None,
         stats_url: None,
-        transport,
+        transport: transport.transport(),
+        tls_ca: tls.map(|f| f.ca.clone()),
     };
     let label = format!("latency-{}-{}", kind.label(), transport.name());
     let mut flood = Flood::start(&spec, dir, &label)?;
@@ -227,7 +250,7 @@ pub(crate) fn render(o: &Outcome<LatencyData>) -> String {
         o.data
             .rows
             .iter()
-            .find(|r| r.server == k && r.transport == Transport::Chunked)
+            .find(|r| r.server == k && r.transport == Wire::Chunked)
             .and_then(|r| r.flood.latency_ms.p99)
     });
     out
@@ -241,7 +264,7 @@ pub(crate) mod tests {
     pub(crate) fn row(server: ServerKind, p99: f64) -> LatencyRow {
         LatencyRow {
             server,
-            transport: Transport::Chunked,
+            transport: Wire::Chunked,
             streams: 10_000,
             msg_rate: 1000.0,
             all_open_s: Some(2.1),

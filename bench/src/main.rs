@@ -14,6 +14,7 @@
 //! - `flood`, `wrk`: running the load tools and reading what they report.
 //! - `procfs`: RSS, CPU time, slab memory, established sockets from `/proc`.
 //! - `process`: child processes, temporary directories, interruption.
+//! - `tls`: the test authority and server certificate of a run's TLS streams.
 //! - `client`: a tiny blocking HTTP client for readiness, `/stats`, POSTs.
 //! - `outcome`: the JSON result file every benchmark writes.
 //! - `table`: markdown tables and number formatting.
@@ -39,6 +40,7 @@ mod report;
 mod servers;
 mod soak;
 mod table;
+mod tls;
 mod wrk;
 
 use std::path::PathBuf;

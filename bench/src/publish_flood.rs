@@ -186,6 +186,7 @@ fn measure(
         lifetime: None,
         stats_url: None,
         transport: Transport::Chunked,
+        tls_ca: None,
     };
     let mut flood = Flood::start(&spec, dir, &format!("flood-{}", rows_label(label)))?;
     rec.tool(&flood.command);

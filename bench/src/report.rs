@@ -12,7 +12,7 @@ use super::chart::{Chart, Series, svg};
 use super::cluster::{self, ClusterData};
 use super::connect::{self, ConnectData};
 use super::dispatcher::{self, DispatcherData, cpu_by_connections, ratios_by_connections};
-use super::flood::Transport;
+use super::flood::Wire;
 use super::idle::{self, IdleData};
 use super::latency::{self, LatencyData};
 use super::machine::{self, Machine};
@@ -186,10 +186,18 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 /// Bytes per idle stream against stream count, one line per server.
 pub(crate) fn bytes_chart(idle: &IdleData) -> Chart {
     let series = [
-        (ServerKind::Switchboard, Transport::Chunked, "switchboard"),
-        (ServerKind::Switchboard, Transport::Sse, "switchboard, SSE"),
-        (ServerKind::Switchboard, Transport::Ws, "switchboard, WebSocket"),
-        (ServerKind::Nchan, Transport::Chunked, "Nchan"),
+        (ServerKind::Switchboard, Wire::Chunked, "switchboard"),
+        (ServerKind::Switchboard, Wire::Sse, "switchboard, SSE"),
+        (ServerKind::Switchboard, Wire::Ws, "switchboard, WebSocket"),
+        (ServerKind::Switchboard, Wire::Tls, "switchboard, TLS"),
+        (ServerKind::Switchboard, Wire::TlsSse, "switchboard, SSE over TLS"),
+        (
+            ServerKind::Switchboard,
+            Wire::TlsWs,
+            "switchboard, WebSocket over TLS",
+        ),
+        (ServerKind::Nchan, Wire::Chunked, "Nchan"),
+        (ServerKind::Nchan, Wire::Tls, "Nchan, TLS"),
     ]
     .into_iter()
     .map(|(k, t, name)| Series {
@@ -238,7 +246,7 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
     };
     let mut out = Vec::new();
 
-    let idle_sb = |t: Transport| {
+    let idle_sb = |t: Wire| {
         r.idle.as_ref().and_then(|o| {
             o.data
                 .rows
@@ -248,11 +256,11 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
                 .map(|x| (o.smoke, x))
         })
     };
-    let full = thousands(idle_sb(Transport::Chunked).map_or(19_000, |(_, x)| x.streams));
+    let full = thousands(idle_sb(Wire::Chunked).map_or(19_000, |(_, x)| x.streams));
     for (t, what, goal) in [
-        (Transport::Chunked, "stream", GOAL_RSS_PER_STREAM),
-        (Transport::Sse, "SSE stream", GOAL_RSS_PER_SSE_STREAM),
-        (Transport::Ws, "WebSocket", GOAL_RSS_PER_WEBSOCKET),
+        (Wire::Chunked, "stream", GOAL_RSS_PER_STREAM),
+        (Wire::Sse, "SSE stream", GOAL_RSS_PER_SSE_STREAM),
+        (Wire::Ws, "WebSocket", GOAL_RSS_PER_WEBSOCKET),
     ] {
         let row = idle_sb(t);
         let full = thousands(row.map_or(19_000, |(_, x)| x.streams));
@@ -297,7 +305,7 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
     let lat = r.latency.as_ref().and_then(|o| {
         let row = o.data.rows.iter().find(|x| {
             x.server == ServerKind::Switchboard
-                && x.transport == Transport::Chunked
+                && x.transport == Wire::Chunked
                 && x.streams == n
                 && x.msg_rate == rate
         })?;
@@ -403,7 +411,7 @@ pub(crate) fn targets(r: &Results) -> Vec<Judged> {
         met,
     });
 
-    let (measured, met) = match idle_sb(Transport::Chunked).and_then(|(s, x)| Some((s, x.us_per_chunk?))) {
+    let (measured, met) = match idle_sb(Wire::Chunked).and_then(|(s, x)| Some((s, x.us_per_chunk?))) {
         Some((smoke, us)) => judge(smoke, format!("{} µs", fixed(us, 2)), us <= GOAL_US_PER_CHUNK),
         None => (not_run(&format!("idle run at {full} streams")), None),
     };
@@ -633,7 +641,7 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
     s += &format!(
         "nginx runs as `nginx -p DIR/ -c DIR/nginx.conf -e DIR/error.log` (DIR a fresh temporary directory, \
          PORT a free port), stopped with SIGTERM to the master:\n\n```nginx\n{}```\n\n",
-        nginx_conf("DIR", "PORT")
+        nginx_conf("DIR", "PORT", None)
     );
     s += &format!(
         "switchboard runs as `SWITCHBOARD__SERVER__HOST=127.0.0.1 SWITCHBOARD__SERVER__PORT=PORT \
@@ -737,6 +745,7 @@ mod tests {
                     idle::tests::row(ServerKind::Switchboard, 1000, 1800.0),
                 ],
                 clock_ticks_per_sec: 100,
+                not_supported: Vec::new(),
             })),
             dispatcher: Some(Recorder::new("dispatcher", false).finish(DispatcherData {
                 pairs: vec![

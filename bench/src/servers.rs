@@ -3,6 +3,13 @@
 //! this one) and nginx with the Nchan module (Debian's packages), both with
 //! [`WORKERS`] workers. Readiness is an HTTP 200; stopping is SIGTERM to the
 //! PID we started, then waiting for it.
+//!
+//! Started for TLS streams ([`Server::start_tls`]), a server keeps its port
+//! plain, for the harness's own requests (readiness, `/stats`), and serves
+//! the streams with TLS on a second port: switchboard with
+//! `server.tls_cert_file`/`tls_key_file` and `server.tls_ports`, nginx with
+//! `listen ... ssl`. The streams' memory is what it would be on a server
+//! whose every port is TLS; the harness needs no TLS client of its own.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -12,8 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
-use super::flood::Transport;
+use super::flood::Wire;
 use super::process::{self, Spawned, TempDir, display_path, shell_line};
+use super::tls::TlsFiles;
 use super::{client, procfs};
 
 /// Worker threads (switchboard) and worker processes (nginx): one per core
@@ -68,8 +76,10 @@ pub struct Matrix {
     #[command(flatten)]
     pub servers: Servers,
     /// How switchboard's streams are opened, comma-separated: floodtest's
-    /// `--transport` (chunked, sse, ws); the peers are measured on chunked
-    /// only [default: chunked; `bench idle --smoke`: chunked,sse,ws].
+    /// `--transport` (chunked, sse, ws), or the same inside TLS (tls,
+    /// tls-sse, tls-ws: https:// streams to a TLS port, with a test
+    /// authority made for the run); the peers are measured on chunked and
+    /// tls only [default: chunked; `bench idle --smoke`: chunked,sse,ws].
     #[arg(
         long,
         alias = "transport",
@@ -77,22 +87,47 @@ pub struct Matrix {
         value_enum,
         value_name = "TRANSPORT,..."
     )]
-    pub transports: Option<Vec<Transport>>,
+    pub transports: Option<Vec<Wire>>,
 }
 
 impl ServerKind {
     /// What a benchmark over `servers` and `transports` measures, in order:
-    /// switchboard over each transport, a peer on chunked streams only.
-    pub(crate) fn runs(servers: &[ServerKind], transports: &[Transport]) -> Vec<(ServerKind, Transport)> {
+    /// switchboard over each transport, a peer over those it
+    /// [`supports`](Self::supports).
+    pub(crate) fn runs(servers: &[ServerKind], transports: &[Wire]) -> Vec<(ServerKind, Wire)> {
         servers
             .iter()
             .flat_map(|&kind| {
                 transports
                     .iter()
-                    .filter(move |&&t| kind == ServerKind::Switchboard || t == Transport::Chunked)
+                    .filter(move |&&t| kind.supports(t))
                     .map(move |&t| (kind, t))
             })
             .collect()
+    }
+
+    /// The pairs of `servers` and `transports` that [`runs`](Self::runs)
+    /// leaves out: a peer's transports it is not measured on.
+    pub(crate) fn unsupported(servers: &[ServerKind], transports: &[Wire]) -> Vec<(ServerKind, Wire)> {
+        servers
+            .iter()
+            .flat_map(|&kind| {
+                transports
+                    .iter()
+                    .filter(move |&&t| !kind.supports(t))
+                    .map(move |&t| (kind, t))
+            })
+            .collect()
+    }
+
+    /// Whether its streams are measured over `wire`: switchboard's over
+    /// every one; Nchan's as `http-raw-stream` subscribers, plain or with
+    /// `listen ... ssl` (its SSE and WebSocket subscribers are not set up).
+    pub(crate) fn supports(self, wire: Wire) -> bool {
+        match self {
+            ServerKind::Switchboard => true,
+            ServerKind::Nchan => matches!(wire, Wire::Chunked | Wire::Tls),
+        }
     }
 
     /// Name in tables.
@@ -132,6 +167,9 @@ pub(crate) struct Server {
     pub kind: ServerKind,
     /// Its loopback port.
     pub port: u16,
+    /// Its TLS port, when started with [`Server::start_tls`]: where the
+    /// streams go ([`Server::stream_url`]).
+    pub tls_port: Option<u16>,
     /// switchboard's parent of several server processes (`--processes`):
     /// the servers are its children.
     fleet: bool,
@@ -148,25 +186,45 @@ pub(crate) struct Server {
 impl Server {
     /// Starts a fresh server and waits until it answers.
     pub(crate) fn start(kind: ServerKind) -> anyhow::Result<Self> {
-        Self::start_with(kind, &Launch::default())
+        Self::start_with(kind, &Launch::default(), None)
+    }
+
+    /// Starts a fresh server that also serves TLS with `files` on a second
+    /// port ([`Server::tls_port`]), and waits until it answers; without
+    /// `files`, [`Server::start`].
+    pub(crate) fn start_tls(kind: ServerKind, files: Option<&TlsFiles>) -> anyhow::Result<Self> {
+        Self::start_with(kind, &Launch::default(), files)
     }
 
     /// Starts a fresh switchboard as `launch` says and waits until it
     /// answers (with several processes: until one of them does).
     pub(crate) fn start_switchboard(launch: &Launch) -> anyhow::Result<Self> {
-        Self::start_with(ServerKind::Switchboard, launch)
+        Self::start_with(ServerKind::Switchboard, launch, None)
     }
 
-    fn start_with(kind: ServerKind, launch: &Launch) -> anyhow::Result<Self> {
+    fn start_with(kind: ServerKind, launch: &Launch, tls: Option<&TlsFiles>) -> anyhow::Result<Self> {
         let dir = TempDir::new(kind.label())?;
         let port = process::free_port()?;
+        let tls = match tls {
+            Some(files) => Some(TlsListen {
+                port: loop {
+                    let p = process::free_port()?;
+                    if p != port {
+                        break p;
+                    }
+                },
+                files,
+            }),
+            None => None,
+        };
         let (proc, log, command) = match kind {
-            ServerKind::Switchboard => start_switchboard(dir.path(), port, launch)?,
-            ServerKind::Nchan => start_nginx(dir.path(), port)?,
+            ServerKind::Switchboard => start_switchboard(dir.path(), port, launch, tls.as_ref())?,
+            ServerKind::Nchan => start_nginx(dir.path(), port, tls.as_ref())?,
         };
         let mut server = Server {
             kind,
             port,
+            tls_port: tls.map(|t| t.port),
             fleet: kind == ServerKind::Switchboard && launch.processes.is_some_and(|n| n > 1),
             proc,
             _dir: dir,
@@ -190,6 +248,21 @@ impl Server {
     /// `http://127.0.0.1:PORT` + `path`.
     pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr())
+    }
+
+    /// Where the streams go: `https://127.0.0.1:TLS_PORT` + `path` when
+    /// started with TLS, else [`Server::url`].
+    pub(crate) fn stream_url(&self, path: &str) -> String {
+        match self.tls_port {
+            Some(p) => format!("https://{}{path}", SocketAddrV4::new(Ipv4Addr::LOCALHOST, p)),
+            None => self.url(path),
+        }
+    }
+
+    /// The streams' server address (the TLS port's, when started with
+    /// TLS), as `/proc/net/tcp` is searched for it.
+    pub(crate) fn stream_addr_v4(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.tls_port.unwrap_or(self.port))
     }
 
     /// Every process of the server: switchboard's one (or its parent and
@@ -242,8 +315,9 @@ impl Server {
         )
     }
 
-    /// Polls `/proc/net/tcp` until `n` connections to this server are
-    /// established, `limit` passes, or `gave_up()` says the client is gone.
+    /// Polls `/proc/net/tcp` until `n` connections to this server's stream
+    /// port are established, `limit` passes, or `gave_up()` says the client
+    /// is gone.
     /// Polls no more often than a few reads' worth of time (a read walks
     /// every socket on the machine).
     pub(crate) fn wait_established(
@@ -255,7 +329,7 @@ impl Server {
         let started = Instant::now();
         let mut max_read = Duration::ZERO;
         loop {
-            let (count, read) = procfs::established(self.addr_v4())?;
+            let (count, read) = procfs::established(self.stream_addr_v4())?;
             max_read = max_read.max(read);
             let reached = |complete| Reached {
                 count,
@@ -323,13 +397,30 @@ pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn start_switchboard(dir: &Path, port: u16, launch: &Launch) -> anyhow::Result<(Spawned, PathBuf, String)> {
+/// A server's TLS port and the files it serves it with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TlsListen<'a> {
+    /// The port, beside the plain one.
+    pub port: u16,
+    /// Certificate and key.
+    pub files: &'a TlsFiles,
+}
+
+fn start_switchboard(
+    dir: &Path,
+    port: u16,
+    launch: &Launch,
+    tls: Option<&TlsListen<'_>>,
+) -> anyhow::Result<(Spawned, PathBuf, String)> {
     let exe = match &launch.binary {
         Some(path) => path.clone(),
         None => sibling("switchboard")?,
     };
     let log = dir.join("switchboard.log");
-    let (env, args) = switchboard_env_args(port, launch);
+    let (mut env, args) = switchboard_env_args(port, launch);
+    if let Some(t) = tls {
+        env.extend(switchboard_tls_env(t));
+    }
     let mut cmd = Command::new(&exe);
     // Only these settings: none leaks in from the harness's environment.
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SWITCHBOARD__")) {
@@ -362,13 +453,34 @@ pub(crate) fn switchboard_env_args(port: u16, launch: &Launch) -> (Vec<(&'static
     (env, args)
 }
 
-fn start_nginx(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, String)> {
+/// switchboard's TLS settings: `t.port` as an extra port that alone serves
+/// TLS, with `t.files`.
+pub(crate) fn switchboard_tls_env(t: &TlsListen<'_>) -> Vec<(&'static str, String)> {
+    vec![
+        ("SWITCHBOARD__SERVER__EXTRA_PORTS", t.port.to_string()),
+        ("SWITCHBOARD__SERVER__TLS_PORTS", t.port.to_string()),
+        (
+            "SWITCHBOARD__SERVER__TLS_CERT_FILE",
+            t.files.cert.display().to_string(),
+        ),
+        (
+            "SWITCHBOARD__SERVER__TLS_KEY_FILE",
+            t.files.key.display().to_string(),
+        ),
+    ]
+}
+
+fn start_nginx(
+    dir: &Path,
+    port: u16,
+    tls: Option<&TlsListen<'_>>,
+) -> anyhow::Result<(Spawned, PathBuf, String)> {
     let nginx = find_program("nginx").context("nginx not found; run scripts/bench/peers.sh")?;
     if !Path::new(NCHAN_MODULE).is_file() {
         bail!("{NCHAN_MODULE} not found; run scripts/bench/peers.sh");
     }
     let d = dir.display().to_string();
-    std::fs::write(dir.join("nginx.conf"), nginx_conf(&d, &port.to_string()))?;
+    std::fs::write(dir.join("nginx.conf"), nginx_conf(&d, &port.to_string(), tls))?;
     let log = dir.join("error.log");
     let args: Vec<String> = vec![
         "-p".into(),
@@ -387,8 +499,23 @@ fn start_nginx(dir: &Path, port: u16) -> anyhow::Result<(Spawned, PathBuf, Strin
 
 /// The nginx configuration: Nchan raw-stream subscribers on `/test/{id}`, its
 /// publisher on `/send/{id}`, a constant `/dispatcher`; `daemon off` so the
-/// PID we start is the master; everything it writes under `dir`.
-pub(crate) fn nginx_conf(dir: &str, port: &str) -> String {
+/// PID we start is the master; everything it writes under `dir`. With
+/// `tls`, the same server also listens with `ssl` on the TLS port (TLS 1.2
+/// and 1.3, as switchboard serves; nginx's other SSL defaults).
+pub(crate) fn nginx_conf(dir: &str, port: &str, tls: Option<&TlsListen<'_>>) -> String {
+    let ssl = match tls {
+        Some(t) => format!(
+            "    listen 127.0.0.1:{} ssl backlog=4096;
+    ssl_certificate {};
+    ssl_certificate_key {};
+    ssl_protocols TLSv1.2 TLSv1.3;
+",
+            t.port,
+            t.files.cert.display(),
+            t.files.key.display()
+        ),
+        None => String::new(),
+    };
     format!(
         "load_module {NCHAN_MODULE};
 worker_processes {WORKERS};
@@ -404,7 +531,7 @@ http {{
   keepalive_requests 1000000;
   server {{
     listen 127.0.0.1:{port} backlog=4096;
-    location = /dispatcher {{ default_type text/plain; return 200 \"1\"; }}
+{ssl}    location = /dispatcher {{ default_type text/plain; return 200 \"1\"; }}
     location ~ ^/test/(.+)$ {{ nchan_subscriber http-raw-stream; nchan_channel_id $1; }}
     location ~ ^/send/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}
   }}
@@ -429,7 +556,7 @@ mod tests {
 
     #[test]
     fn nginx_conf_is_the_verified_one() {
-        let c = nginx_conf("/tmp/x", "8123");
+        let c = nginx_conf("/tmp/x", "8123", None);
         assert!(c.starts_with("load_module /usr/lib/nginx/modules/ngx_nchan_module.so;\n"));
         assert!(c.contains("worker_processes 2;"));
         assert!(c.contains("daemon off;"));
@@ -440,6 +567,45 @@ mod tests {
         );
         assert!(c.contains("return 200 \"1\";"));
         assert_eq!(c.matches('{').count(), c.matches('}').count());
+        assert!(!c.contains("ssl"));
+        let files = TlsFiles {
+            ca: "/tmp/r/ca.pem".into(),
+            cert: "/tmp/r/server.crt".into(),
+            key: "/tmp/r/server.key".into(),
+        };
+        let t = TlsListen {
+            port: 8443,
+            files: &files,
+        };
+        let c = nginx_conf("/tmp/x", "8123", Some(&t));
+        assert!(
+            c.contains("listen 127.0.0.1:8123 backlog=4096;\n    listen 127.0.0.1:8443 ssl backlog=4096;")
+        );
+        assert!(c.contains("ssl_certificate /tmp/r/server.crt;"));
+        assert!(c.contains("ssl_certificate_key /tmp/r/server.key;"));
+        assert!(c.contains("ssl_protocols TLSv1.2 TLSv1.3;"));
+        assert_eq!(c.matches('{').count(), c.matches('}').count());
+        let env = switchboard_tls_env(&t);
+        assert!(env.contains(&("SWITCHBOARD__SERVER__TLS_PORTS", "8443".into())));
+        assert!(env.contains(&("SWITCHBOARD__SERVER__EXTRA_PORTS", "8443".into())));
+        assert!(env.contains(&("SWITCHBOARD__SERVER__TLS_CERT_FILE", "/tmp/r/server.crt".into())));
+        assert!(env.contains(&("SWITCHBOARD__SERVER__TLS_KEY_FILE", "/tmp/r/server.key".into())));
+    }
+
+    #[test]
+    fn peers_run_the_transports_they_support() {
+        let all = [Wire::Chunked, Wire::Ws, Wire::Tls, Wire::TlsWs];
+        let both = [ServerKind::Switchboard, ServerKind::Nchan];
+        let runs = ServerKind::runs(&both, &all);
+        assert_eq!(runs.len(), 6);
+        assert_eq!(
+            runs[4..],
+            [(ServerKind::Nchan, Wire::Chunked), (ServerKind::Nchan, Wire::Tls)]
+        );
+        assert_eq!(
+            ServerKind::unsupported(&both, &all),
+            [(ServerKind::Nchan, Wire::Ws), (ServerKind::Nchan, Wire::TlsWs)]
+        );
     }
 
     #[test]

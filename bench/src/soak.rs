@@ -237,6 +237,7 @@ fn measure(
         lifetime: Some(lifetime),
         stats_url: None,
         transport: args.transport,
+        tls_ca: None,
     };
     let mut flood = Flood::start(&spec, dir, "soak")?;
     rec.tool(&flood.command);
