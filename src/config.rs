@@ -746,10 +746,9 @@ impl Settings {
             (true, false) => return invalid("server.tls_cert_file", "needed with server.tls_key_file"),
             (false, false) => {}
         }
-        // Port 0 picks a free port, which tls_ports cannot name.
-        if s.port != 0
-            && let Some(p) = tls_ports.iter().find(|p| !ports.contains(p))
-        {
+        // With server.port 0 (a free port picked at start) only extra
+        // ports can be named.
+        if let Some(p) = tls_ports.iter().find(|p| !ports.contains(p)) {
             return invalid(
                 "server.tls_ports",
                 &format!("port {p} is neither server.port nor in server.extra_ports"),

@@ -209,12 +209,12 @@ impl Server {
             tls,
             shutdown: cancel,
         });
-        if let Some(tls) = &state.tls {
-            // Installed before the server says it listens, so a SIGHUP sent
-            // from then on is never the default action (exit).
-            let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            actix_rt::spawn(reload_on_hangup(hangup, Arc::clone(tls), Arc::clone(&state)));
-        }
+        // Installed before the server says it listens, so a SIGHUP sent
+        // from then on is never the default action (exit), TLS or not: a
+        // fleet parent passes it on to every process, and systemd's
+        // ExecReload or logrotate may send it.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        actix_rt::spawn(reload_on_hangup(hangup, state.tls.clone(), Arc::clone(&state)));
 
         let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(workers);
@@ -303,10 +303,11 @@ async fn report_slow_disconnects(state: Arc<ServerState>) {
 
 /// Reads the TLS certificate and key again on every SIGHUP, until shutdown.
 /// A file that does not load leaves the certificate in use (logged and
-/// counted); open connections keep what they negotiated.
+/// counted); open connections keep what they negotiated. Without TLS a
+/// SIGHUP is logged and changes nothing.
 async fn reload_on_hangup(
     mut hangup: tokio::signal::unix::Signal,
-    tls: Arc<crate::tls::Acceptor>,
+    tls: Option<Arc<crate::tls::Acceptor>>,
     state: Arc<ServerState>,
 ) {
     loop {
@@ -314,6 +315,14 @@ async fn reload_on_hangup(
             () = state.shutdown.cancelled() => return,
             got = hangup.recv() => if got.is_none() { return },
         }
+        let Some(tls) = &tls else {
+            tracing::info!(
+                event = "signal",
+                signal = "SIGHUP",
+                "SIGHUP: no TLS certificate to reload; nothing changes"
+            );
+            continue;
+        };
         match tls.reload() {
             Ok(()) => {
                 state.stats.tls_reloads.fetch_add(1, Relaxed);
@@ -739,6 +748,11 @@ async fn serve_tls<S>(
             None => match session.read_plain(&io, deadline).await {
                 Ok(()) => {}
                 Err(HeadError::Timeout) => break Class::Timeout,
+                Err(HeadError::Tls(why)) => {
+                    state.stats.tls_handshake_failures.fetch_add(1, Relaxed);
+                    tracing::debug!(event = "tls_refused", cause = why, "TLS records refused");
+                    break Class::Gone;
+                }
                 Err(_) => break Class::Gone,
             },
         }

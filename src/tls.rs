@@ -268,7 +268,15 @@ impl Session {
     fn step(&mut self, out: &mut Vec<u8>, send: Option<(&[u8], bool)>) -> Result<Stop, rustls::Error> {
         loop {
             let UnbufferedStatus { mut discard, state } = self.conn.process_tls_records(&mut self.incoming);
-            let stop = match state? {
+            let state = match state {
+                Ok(state) => state,
+                Err(e) => {
+                    self.incoming = Vec::new();
+                    self.alerts(out);
+                    return Err(e);
+                }
+            };
+            let stop = match state {
                 ConnectionState::ReadTraffic(mut records) => {
                     while let Some(record) = records.next_record() {
                         let record = record?;
@@ -321,6 +329,20 @@ impl Session {
         }
     }
 
+    /// After an error: the alert rustls queued for it (a failed handshake's
+    /// reason, `bad_record_mac`), so the client learns why.
+    fn alerts(&mut self, out: &mut Vec<u8>) {
+        for _ in 0..4 {
+            let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
+            let Ok(ConnectionState::EncodeTlsData(mut data)) = state else {
+                return;
+            };
+            if append(out, 64, |buf| Ok(data.encode(buf)?)).is_err() {
+                return;
+            }
+        }
+    }
+
     /// Takes `bytes` read from the socket; TLS's own output goes to `out`.
     pub(crate) fn received(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), rustls::Error> {
         self.incoming.extend_from_slice(bytes);
@@ -355,22 +377,24 @@ impl Session {
 
     /// Reads once from `io` (waiting until `deadline`) and processes it.
     async fn read_once(&mut self, io: &TcpStream, deadline: Instant) -> Result<(), HeadError> {
-        let mut buf = [0u8; READ_CHUNK];
-        let n = loop {
+        let mut out = Vec::new();
+        let stepped = loop {
             match timeout_at(deadline, io.readable()).await {
                 Err(_) => return Err(HeadError::Timeout),
                 Ok(Err(_)) => return Err(HeadError::Gone),
                 Ok(Ok(())) => {}
             }
+            // The buffer lives in this block, never across an await: in the
+            // future it would cost every TLS connection actix-web serves
+            // 8 KiB for its whole life.
+            let mut buf = [0u8; READ_CHUNK];
             match io.try_read(&mut buf) {
                 Ok(0) => return Err(HeadError::Gone),
-                Ok(n) => break n,
+                Ok(n) => break self.received(&buf[..n], &mut out),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => return Err(HeadError::Gone),
             }
         };
-        let mut out = Vec::new();
-        let stepped = self.received(&buf[..n], &mut out);
         if !out.is_empty() {
             // An alert for a bad record goes out too.
             let _ = timeout_at(deadline, crate::socket::write_all(io, &out)).await;
@@ -648,6 +672,13 @@ impl Records {
 
     /// Decrypts every whole record in what has arrived.
     fn received(&mut self, bytes: &[u8]) -> Result<(), rustls::Error> {
+        if self.incoming.is_empty() && bytes.len() >= 5 {
+            // A record arriving in pieces: room for exactly it, not a
+            // doubling vector's up to twice as much.
+            let len = usize::from(u16::from_be_bytes([bytes[3], bytes[4]]));
+            self.incoming
+                .reserve_exact((5 + len.min(MAX_CIPHERTEXT)).max(bytes.len()));
+        }
         self.incoming.extend_from_slice(bytes);
         let mut expanded = None;
         let mut at = 0;

@@ -2722,3 +2722,32 @@ fn a_fleet_passes_sighup_on_and_every_process_reloads_its_certificate() {
     drop(parent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Without TLS a SIGHUP to a fleet changes nothing: every process logs it
+/// and keeps serving (before, the children died of it and every stream
+/// with them), and a stream held across it still gets its messages.
+#[test]
+fn a_fleet_without_tls_survives_sighup_with_its_streams() {
+    let redis = RedisServer::start();
+    let (mut parent, addr) = processes(&redis, &prefix("hupplain"), 2);
+    let mut held = StreamClient::open(addr, "kept");
+    held.line();
+    parent.signal("HUP");
+    wait_until(
+        Duration::from_secs(10),
+        "both processes logged the SIGHUP",
+        || {
+            parent
+                .log_fields("SIGHUP: no TLS certificate to reload; nothing changes")
+                .len()
+                == 2
+        },
+    );
+    assert!(parent.events("process_exit").is_empty(), "{}", parent.log_text());
+    assert!(parent.child_alive());
+    let sent = request(addr, "POST", "/send/kept", &[], b"after hup")
+        .unwrap()
+        .json();
+    assert_eq!(sent["delivered"], 1, "{sent}");
+    assert!(held.message().ends_with("'after hup'"));
+}

@@ -538,6 +538,17 @@ fn bad_tls_settings_are_refused_naming_the_key() {
             "{cert:?} {key:?} {ports:?}: {e}"
         );
     }
+    // With server.port 0 (a free port) only extra ports can be TLS ports.
+    let mut s = switchboard::Settings::defaults();
+    s.server.port = 0;
+    s.server.extra_ports = "8443".into();
+    s.server.tls_cert_file = a.cert.display().to_string();
+    s.server.tls_key_file = a.key.display().to_string();
+    s.server.tls_ports = "8443".into();
+    assert!(s.validate().is_ok());
+    s.server.tls_ports = "8444".into();
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("server.tls_ports") && e.contains("8444"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -660,5 +671,35 @@ fn tls12_and_tls13_streams_end_with_close_notify_and_a_key_update_ends_one() {
         let rest = String::from_utf8_lossy(&rest).into_owned();
         assert!(rest.ends_with("0\r\n\r\n"), "the final chunk: {rest:?}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A handshake the server refuses tells the client why (the alert rustls
+/// queued), instead of a bare close: a client offering only HTTP/2 gets
+/// `no_application_protocol`.
+#[test]
+fn a_refused_handshake_sends_its_alert() {
+    let dir = temp_dir("alert");
+    let certs = make_certificates(&dir, "alert");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let tls = srv.addrs[1];
+    let mut config = (*client_config(&certs.ca)).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(tls).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(config), ServerName::IpAddress(tls.ip().into())).unwrap();
+    let mut client = rustls::StreamOwned::new(conn, tcp);
+    let mut e = None;
+    for _ in 0..4 {
+        if let Err(err) = client.conn.complete_io(&mut client.sock) {
+            e = Some(err);
+            break;
+        }
+    }
+    let e = format!("{e:?}");
+    assert!(e.contains("NoApplicationProtocol"), "{e}");
+    let s = srv.wait_stats(Duration::from_secs(5), |s| s["tls"]["handshake_failures"] == 1);
+    assert_eq!(s["tls"]["handshake_failures"], 1, "{s}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -683,7 +683,14 @@ impl ActorFuture<Stream> for Watch {
     ) -> Poll<()> {
         for _ in 0..WATCH_READS {
             let mut scratch = [0u8; 64];
-            match act.sink.poll_read(cx, &mut scratch, &act.core.shared.stats) {
+            let read = act.sink.poll_read(cx, &mut scratch, &act.core.shared.stats);
+            // A TLS stream's read may have had TLS answer (a warning alert)
+            // behind pending bytes: drive them out.
+            if act.sink.is_pending() && !act.flushing {
+                act.flushing = true;
+                ctx.spawn(Flush);
+            }
+            match read {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
                     ctx.stop();

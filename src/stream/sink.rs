@@ -218,6 +218,15 @@ impl Sink {
                     Framing::Close => &[line],
                     Framing::Chunked => &[chunk_head(line.len(), &mut head), line, b"\r\n"],
                 };
+                // Refused before it is sealed: a sealed record thrown away
+                // would leave a gap in the record numbers, and the final
+                // chunk after it would reach the client as a bad record.
+                let waiting = tls.pending.as_ref().map_or(0, |p| p.bytes.len());
+                let plain: usize = parts.iter().map(|p| p.len()).sum();
+                let sealed_at_most = plain + 64 * (plain / 16_384 + 1);
+                if waiting > 0 && waiting + sealed_at_most > max_pending {
+                    return Err(SinkError::Full);
+                }
                 let sealed = seal(&mut tls.session, parts, false)?;
                 write_all(io, &mut tls.pending, &[&sealed], event, max_pending, stats)
             }
@@ -249,6 +258,16 @@ impl Sink {
         }
         *pending = None;
         Poll::Ready(Ok(()))
+    }
+
+    /// Whether bytes wait for the socket (a flush must be driven).
+    pub(crate) fn is_pending(&self) -> bool {
+        let pending = match self {
+            Sink::Socket { pending, .. } => pending,
+            Sink::Tls(tls) => &tls.pending,
+            Sink::Body(_) => return false,
+        };
+        pending.as_ref().is_some_and(|p| !p.bytes.is_empty())
     }
 
     /// Messages handed to this sink that have not reached the kernel (they
@@ -306,8 +325,8 @@ impl Sink {
                         if tls.session.received(&scratch[..n], &mut out).is_err() {
                             return Poll::Ready(None);
                         }
-                        // TLS's own answer (a key update) goes in order
-                        // with the events.
+                        // TLS's own answer (a TLS 1.2 session's warning
+                        // alert) goes in order with the events.
                         if !out.is_empty()
                             && write_all(io, &mut tls.pending, &[&out], Counted::Other, usize::MAX, stats)
                                 .is_err()

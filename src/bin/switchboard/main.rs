@@ -120,6 +120,10 @@ fn main() -> anyhow::Result<ExitCode> {
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let installed = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    // SIGHUP too, now: its handler stays for the process's life, so a
+    // SIGHUP a fleet parent passes on while this process is still starting
+    // does not end it (the server reloads TLS on it once running).
+    let _hangup = signal(SignalKind::hangup());
     async move {
         let (Ok(mut int), Ok(mut term)) = installed else {
             tracing::error!(
