@@ -806,9 +806,11 @@ async fn serve_tls_stream(
             classify::Checked::Refused(e) => return refuse_tls_head(state, io, session, e).await,
         }
     };
+    let needed = state.streams.limits.enabled() || !state.trusted_proxies.is_empty();
     let peer = match proxied {
         Some(client) => client.ip(),
-        None => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
+        None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
+        None => IpAddr::from([0, 0, 0, 0]),
     };
     let admitted = {
         let (head, early) = session.plain.split_at(end);

@@ -1,18 +1,18 @@
 //! https:// and wss:// served natively (`server.tls_cert_file`,
 //! `server.tls_key_file`, `server.tls_ports`).
 //!
-//! Every TLS connection is a rustls [`UnbufferedServerConnection`]: the
-//! buffered `ServerConnection` keeps a deframer buffer of at least 4 KiB for
-//! its whole life once it has read anything (rustls 0.23's
-//! `DeframerVecBuffer::prepare_read`), which would cost every idle stream
-//! more than all the rest of it. With the unbuffered API the connection
-//! keeps only its state and keys; the ciphertext it has not yet decrypted
-//! and the plaintext not yet taken live in this module's [`Session`], in
-//! vectors that are empty, and unallocated, whenever the stream is idle.
+//! Every TLS connection starts as a rustls [`UnbufferedServerConnection`]:
+//! the buffered `ServerConnection` keeps a deframer buffer of at least 4 KiB
+//! for its whole life once it has read anything (rustls 0.23's
+//! `DeframerVecBuffer::prepare_read`). The ciphertext not yet decrypted and
+//! the plaintext not yet taken live in this module's [`Session`], in vectors
+//! that are empty, and unallocated, whenever nothing is in flight.
 //!
 //! A [`Session`] is driven from the socket by the async functions here
-//! (the handshake, the request head) and then either by a lean stream's
-//! sink (`crate::stream::sink`) or, for actix-web, by [`TlsIo`]. The
+//! (the handshake, the request head), then by actix-web through [`TlsIo`],
+//! or, for a lean stream, handed to its sink (`crate::stream::sink`) as a
+//! [`Protection`]: a TLS 1.3 stream keeps only its traffic secrets
+//! ([`Records`]), a TLS 1.2 stream the session. The
 //! certificate is resolved per handshake from [`Certificates`], which SIGHUP
 //! reloads: open connections keep their keys, new ones get the new
 //! certificate.
@@ -366,13 +366,7 @@ impl Session {
 
     /// Moves up to `buf.len()` bytes of decrypted data into `buf`.
     pub(crate) fn take_plain(&mut self, buf: &mut [u8]) -> usize {
-        let n = buf.len().min(self.plain.len());
-        buf[..n].copy_from_slice(&self.plain[..n]);
-        self.plain.drain(..n);
-        if self.plain.is_empty() {
-            self.plain = Vec::new();
-        }
-        n
+        take(&mut self.plain, buf)
     }
 
     /// Reads once from `io` (waiting until `deadline`) and processes it.
@@ -456,13 +450,14 @@ const MAX_CIPHERTEXT: usize = MAX_FRAGMENT + 256;
 /// object.
 ///
 /// Hand-written on purpose: keeping rustls' connection costs an idle
-/// stream 3,298 bytes (1,088 inline, 2,210 on the heap: state machine, key
-/// schedule, buffers; `examples/tls-session-memory.rs`), nearly three times
-/// the rest of the stream; this keeps the two keys. What is written here
-/// is the 5-byte record framing and what a record after the handshake
-/// means: data is data, an alert ends the stream, anything else (a client's
-/// KeyUpdate, which browsers do not send) ends it too, and the client
-/// reconnects with a full handshake. Past the suite's confidentiality limit
+/// stream 3,298 bytes (1,088 inline, 2,210 on the heap, mostly the two
+/// expanded keys; `examples/tls-session-memory.rs`), nearly three times
+/// the rest of the stream; this keeps the two secrets ([`Key`]), and the
+/// stream measured 328-1,029 bytes over a plain one (BENCHMARKS.md).
+/// What is written here is the 5-byte record framing and what a record
+/// after the handshake means: data is data, an alert ends the stream,
+/// anything else (a client's KeyUpdate, which browsers do not send) ends
+/// it too, and the client reconnects with a full handshake. Past the suite's confidentiality limit
 /// (2^23 records for AES-GCM) the stream ends likewise, since rekeying would
 /// need the key schedule this drops.
 pub(crate) struct Records {
@@ -484,8 +479,9 @@ pub(crate) struct Records {
 /// One direction's key. A 32-byte key (AES-256-GCM, ChaCha20-Poly1305) is
 /// kept as the secret and expanded for each batch of records: ring's
 /// expanded AES-GCM key is 1,088 bytes, and an idle stream keeps two
-/// (`examples/tls-session-memory.rs`); expanding costs a write about a
-/// microsecond. A 16-byte key (AES-128-GCM) is kept expanded, because
+/// (`examples/tls-session-memory.rs`); expanding costs each write some
+/// CPU (a tick chunk 1.1-1.4× plain's, BENCHMARKS.md). A 16-byte key
+/// (AES-128-GCM) is kept expanded, because
 /// rustls' public API cannot build one back from its bytes; the server
 /// prefers the other suites (`Acceptor::new`).
 enum Key<T: ?Sized> {
@@ -581,18 +577,11 @@ impl Protection {
 
     /// Moves up to `buf.len()` bytes of decrypted data into `buf`.
     pub(crate) fn take_plain(&mut self, buf: &mut [u8]) -> usize {
-        let plain = match self {
-            Protection::Records(r) => &mut r.plain,
-            Protection::Session(s) => return s.take_plain(buf),
-            Protection::Gone => return 0,
-        };
-        let n = buf.len().min(plain.len());
-        buf[..n].copy_from_slice(&plain[..n]);
-        plain.drain(..n);
-        if plain.is_empty() {
-            *plain = Vec::new();
+        match self {
+            Protection::Records(r) => take(&mut r.plain, buf),
+            Protection::Session(s) => s.take_plain(buf),
+            Protection::Gone => 0,
         }
-        n
     }
 
     /// Takes `bytes` read from the socket; what TLS must answer goes to
@@ -734,6 +723,18 @@ impl Records {
         }
         result
     }
+}
+
+/// Moves up to `buf.len()` bytes from the front of `plain` into `buf`,
+/// freeing `plain` once it is empty.
+fn take(plain: &mut Vec<u8>, buf: &mut [u8]) -> usize {
+    let n = buf.len().min(plain.len());
+    buf[..n].copy_from_slice(&plain[..n]);
+    plain.drain(..n);
+    if plain.is_empty() {
+        *plain = Vec::new();
+    }
+    n
 }
 
 /// A short reason for a TLS error, for logs and counts.

@@ -292,19 +292,7 @@ impl Sink {
         stats: &Stats,
     ) -> Poll<Option<usize>> {
         match self {
-            Sink::Socket { io, .. } => loop {
-                match io.poll_read_ready(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Err(_)) => return Poll::Ready(None),
-                    Poll::Ready(Ok(())) => {}
-                }
-                match io.try_read(scratch) {
-                    Ok(0) => return Poll::Ready(None),
-                    Ok(n) => return Poll::Ready(Some(n)),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return Poll::Ready(None),
-                }
-            },
+            Sink::Socket { io, .. } => read_socket(io, cx, scratch),
             Sink::Tls(tls) => loop {
                 let io = &tls.io;
                 if tls.session.has_plain() {
@@ -313,14 +301,10 @@ impl Sink {
                 if tls.session.peer_closed() {
                     return Poll::Ready(None);
                 }
-                match io.poll_read_ready(cx) {
+                match read_socket(io, cx, scratch) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Err(_)) => return Poll::Ready(None),
-                    Poll::Ready(Ok(())) => {}
-                }
-                match io.try_read(scratch) {
-                    Ok(0) => return Poll::Ready(None),
-                    Ok(n) => {
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Ready(Some(n)) => {
                         let mut out = Vec::new();
                         if tls.session.received(&scratch[..n], &mut out).is_err() {
                             return Poll::Ready(None);
@@ -334,8 +318,6 @@ impl Sink {
                             return Poll::Ready(None);
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return Poll::Ready(None),
                 }
             },
             Sink::Body(queue) => {
@@ -421,6 +403,24 @@ impl Drop for Sink {
                     close.close();
                 }
             }
+        }
+    }
+}
+
+/// Reads what the socket has: `Ready(Some(n))` bytes into `scratch`,
+/// `Ready(None)` at EOF or an error, `Pending` until either.
+fn read_socket(io: &TcpStream, cx: &mut Context<'_>, scratch: &mut [u8]) -> Poll<Option<usize>> {
+    loop {
+        match io.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(_)) => return Poll::Ready(None),
+            Poll::Ready(Ok(())) => {}
+        }
+        match io.try_read(scratch) {
+            Ok(0) => return Poll::Ready(None),
+            Ok(n) => return Poll::Ready(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(None),
         }
     }
 }
