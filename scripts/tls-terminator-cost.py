@@ -149,12 +149,18 @@ backend sb
         finally:
             stop(client)
         per = (after - before) / max(held, 1)
+        if held < args.count:
+            FAILED.append(f"{setup}: held {held} of {args.count}")
         print(f"{setup:8} held {held:6}  RSS/stream {per:8.0f} B  ramp {ramp:5.1f} s  "
               f"({', '.join(f'{k} {v / 2**20:.1f} MiB' for k, v in parts.items())})", flush=True)
         return per
     finally:
         for p in reversed(procs):
             stop(p)
+
+
+# Setups that did not hold every stream (the exit status is 1 then).
+FAILED = []
 
 
 def main():
@@ -177,6 +183,8 @@ def main():
                 print("  vs plain: " + ", ".join(f"{s} {v / got['plain']:.2f}x" for s, v in got.items()), flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    if FAILED:
+        sys.exit("not every stream was held: " + "; ".join(FAILED))
 
 
 if __name__ == "__main__":

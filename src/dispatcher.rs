@@ -170,7 +170,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
             // answers, like a client that stops sending.
             let sent = timeout_at(
                 Instant::now() + state.settings.head_timeout(),
-                socket::write_all(&io, &out),
+                crate::wire::write_all(&io, &out),
             )
             .await;
             if !matches!(sent, Ok(Ok(()))) {

@@ -82,6 +82,7 @@ mod supervision;
 pub mod telemetry;
 mod tls;
 pub mod token;
+mod wire;
 
 pub use config::{Settings, SettingsError};
 pub use server::Server;

@@ -1,7 +1,7 @@
 //! Socket helpers for the lean paths, which own their connections instead of
 //! leaving them to actix-web: answering a refused request and closing
-//! without a reset, writing a whole buffer, and handing a connection to
-//! actix-web with the bytes already read put back in front ([`Rewound`]).
+//! without a reset, and handing a connection (plain or TLS) to actix-web
+//! with the bytes already read put back in front ([`Rewound`]).
 
 use std::io;
 use std::pin::Pin;
@@ -29,19 +29,6 @@ pub(crate) async fn refuse(io: TcpStream, error: &ApiError, cors: Cors<'_>) {
     error.write_http1(&mut response, true, cors);
     let _ = io.try_write(&response);
     close_gently(&io).await;
-}
-
-/// Writes all of `out`, waiting for the socket to take it.
-pub(crate) async fn write_all(io: &TcpStream, mut out: &[u8]) -> io::Result<()> {
-    while !out.is_empty() {
-        io.writable().await?;
-        match io.try_write(out) {
-            Ok(k) => out = &out[k..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Ends our side of `io` and drains what the client still sends for a short

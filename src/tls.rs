@@ -391,7 +391,7 @@ impl Session {
         };
         if !out.is_empty() {
             // An alert for a bad record goes out too.
-            let _ = timeout_at(deadline, crate::socket::write_all(io, &out)).await;
+            let _ = timeout_at(deadline, crate::wire::write_all(io, &out)).await;
         }
         stepped.map_err(|e| HeadError::Tls(tls_reason(&e)))
     }
@@ -402,7 +402,7 @@ impl Session {
             let mut out = Vec::new();
             let stop = self.step(&mut out, None);
             if !out.is_empty() {
-                match timeout_at(deadline, crate::socket::write_all(io, &out)).await {
+                match timeout_at(deadline, crate::wire::write_all(io, &out)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return Err(HeadError::Gone),
                     Err(_) => return Err(HeadError::Timeout),
@@ -432,7 +432,7 @@ impl Session {
     pub(crate) async fn write_and_close(&mut self, io: &TcpStream, data: &[u8], deadline: Instant) {
         let mut out = Vec::new();
         if self.encrypt(data, true, &mut out).is_ok() {
-            let _ = timeout_at(deadline, crate::socket::write_all(io, &out)).await;
+            let _ = timeout_at(deadline, crate::wire::write_all(io, &out)).await;
         }
     }
 }
@@ -862,6 +862,161 @@ impl AsyncWrite for TlsIo {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+
+    use super::{Acceptor, Key, Protection};
+
+    /// A test authority and a certificate for 127.0.0.1 (openssl), in `dir`.
+    fn certificates(dir: &std::path::Path) -> (String, String, String) {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("openssl (apt-get install -y openssl)");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca = vec!["req", "-x509", "-days", "2", "-subj", "/CN=unit test authority"];
+        ca.extend(ec);
+        ca.extend([
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+        ]);
+        run(&ca);
+        let mut csr = vec![
+            "req",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "s.key",
+            "-out",
+            "s.csr",
+        ];
+        csr.extend(ec);
+        run(&csr);
+        std::fs::write(
+            dir.join("s.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "s.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "s.crt",
+            "-extfile",
+            "s.ext",
+        ]);
+        let path = |f: &str| dir.join(f).display().to_string();
+        (path("ca.pem"), path("s.crt"), path("s.key"))
+    }
+
+    /// A TLS 1.3 stream, its head read, keeps its two secrets and no
+    /// buffer; what it seals a rustls client reads, what the client sends
+    /// it reads, and a close_notify ends it.
+    #[test]
+    fn a_tls13_stream_keeps_its_secrets_and_no_buffer() {
+        let dir = std::env::temp_dir().join(format!("switchboard-tls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, cert, key) = certificates(&dir);
+        let acceptor = Acceptor::new(&cert, &key).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject as _;
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(&ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let request = b"GET /test/x HTTP/1.1\r\nhost: t\r\n\r\n";
+        client.writer().write_all(request).unwrap();
+        let mut session = acceptor.session().unwrap();
+        for _ in 0..10 {
+            if session.plain.len() >= request.len() {
+                break;
+            }
+            let mut wire = Vec::new();
+            client.write_tls(&mut wire).unwrap();
+            let mut out = Vec::new();
+            session.received(&wire, &mut out).unwrap();
+            client.read_tls(&mut &out[..]).unwrap();
+            client.process_new_packets().unwrap();
+        }
+        assert_eq!(session.plain, request);
+        session.plain.clear();
+        let mut protection = Protection::of(session);
+        let Protection::Records(records) = &protection else {
+            panic!("a TLS 1.3 stream keeps records, not its session");
+        };
+        assert!(matches!(records.tx, Key::Secret(..)) && matches!(records.rx, Key::Secret(..)));
+        assert_eq!((records.incoming.capacity(), records.plain.capacity()), (0, 0));
+        assert!(size_of::<Protection>() <= 200, "{}", size_of::<Protection>());
+
+        let mut sealed = Vec::new();
+        protection.encrypt(b"event one\n", false, &mut sealed).unwrap();
+        protection.encrypt(b"event two\n", false, &mut sealed).unwrap();
+        client.read_tls(&mut &sealed[..]).unwrap();
+        client.process_new_packets().unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 64];
+        while let Ok(n) = client.reader().read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, b"event one\nevent two\n");
+
+        client.writer().write_all(b"ping").unwrap();
+        let mut wire = Vec::new();
+        client.write_tls(&mut wire).unwrap();
+        // In pieces, as a socket may hand it over.
+        let (a, b) = wire.split_at(3);
+        protection.received(a, &mut Vec::new()).unwrap();
+        assert!(!protection.has_plain());
+        protection.received(b, &mut Vec::new()).unwrap();
+        let mut buf = [0u8; 16];
+        let n = protection.take_plain(&mut buf);
+        assert_eq!(&buf[..n], b"ping");
+        let Protection::Records(records) = &protection else {
+            unreachable!()
+        };
+        assert_eq!((records.incoming.capacity(), records.plain.capacity()), (0, 0));
+
+        client.send_close_notify();
+        let mut wire = Vec::new();
+        client.write_tls(&mut wire).unwrap();
+        protection.received(&wire, &mut Vec::new()).unwrap();
+        assert!(protection.peer_closed());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// What an idle TLS stream holds inline besides its socket: rustls'
     /// unbuffered connection (its state machine, record layer and the
     /// empty vectors it keeps) and this module's two empty vectors. Its
