@@ -229,9 +229,15 @@ fn churns_streams_without_losing_messages() {
         s["connections"]["active"] == 0
     });
     assert_eq!(stats["connections"]["active"], 0, "{stats}");
-    assert_eq!(
-        stats["connections"]["opened"].as_u64().unwrap(),
-        j["established"].as_u64().unwrap()
+    // Every stream floodtest counted, the server opened. The server may have
+    // opened a few more: a stream reopening as the run ends is admitted
+    // while floodtest, stopping, never reads its response head (seen once
+    // on a loaded CI machine: 302 against 301).
+    let opened = stats["connections"]["opened"].as_u64().unwrap();
+    let established = j["established"].as_u64().unwrap();
+    assert!(
+        (established..=established + 5).contains(&opened),
+        "server opened {opened}, floodtest established {established}"
     );
 }
 
