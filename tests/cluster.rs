@@ -2745,9 +2745,9 @@ fn a_fleet_without_tls_survives_sighup_with_its_streams() {
     );
     assert!(parent.events("process_exit").is_empty(), "{}", parent.log_text());
     assert!(parent.child_alive());
-    let sent = request(addr, "POST", "/send/kept", &[], b"after hup")
-        .unwrap()
-        .json();
-    assert_eq!(sent["delivered"], 1, "{sent}");
+    // Published through whichever process the kernel picks (`delivered`
+    // counts only that process's own streams): the held stream gets it.
+    let sent = request(addr, "POST", "/send/kept", &[], b"after hup").unwrap();
+    assert_eq!(sent.status, 200, "{}", sent.text());
     assert!(held.message().ends_with("'after hup'"));
 }
