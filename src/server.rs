@@ -674,14 +674,7 @@ async fn serve_stream(
     proxied: Option<SocketAddr>,
 ) {
     let max_head = state.settings.server.max_head_bytes;
-    // The socket's peer only when something needs it (getpeername is a
-    // system call per stream).
-    let needed = state.streams.limits.enabled() || !state.trusted_proxies.is_empty();
-    let peer = match proxied {
-        Some(client) => client.ip(),
-        None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
-        None => IpAddr::from([0, 0, 0, 0]),
-    };
+    let peer = peer_ip(state, &io, proxied);
     let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
         let client = state.client_of_head(peer, proxied.is_some(), head);
         state.admit_stream(&id, head, early, Via::Lean, client)
@@ -728,15 +721,7 @@ async fn serve_tls<S>(
         state.stats.tls_handshakes.fetch_add(1, Relaxed);
     }
     if let Err(e) = shaken {
-        // No HTTP answer: the client cannot read one before the handshake.
-        let counter = match e {
-            HeadError::Timeout => &state.stats.tls_handshake_timeouts,
-            HeadError::Gone => return,
-            _ => &state.stats.tls_handshake_failures,
-        };
-        counter.fetch_add(1, Relaxed);
-        tracing::debug!(event = "tls_refused", cause = ?e, "TLS handshake not completed");
-        return;
+        return count_tls_refusal(&state, e);
     }
     let settings = &state.settings;
     let max_line = settings.server.max_head_bytes.max(classify::PEEK_BYTES);
@@ -748,9 +733,8 @@ async fn serve_tls<S>(
             None => match session.read_plain(&io, deadline).await {
                 Ok(()) => {}
                 Err(HeadError::Timeout) => break Class::Timeout,
-                Err(HeadError::Tls(why)) => {
-                    state.stats.tls_handshake_failures.fetch_add(1, Relaxed);
-                    tracing::debug!(event = "tls_refused", cause = why, "TLS records refused");
+                Err(e @ HeadError::Tls(_)) => {
+                    count_tls_refusal(&state, e);
                     break Class::Gone;
                 }
                 Err(_) => break Class::Gone,
@@ -806,12 +790,7 @@ async fn serve_tls_stream(
             classify::Checked::Refused(e) => return refuse_tls_head(state, io, session, e).await,
         }
     };
-    let needed = state.streams.limits.enabled() || !state.trusted_proxies.is_empty();
-    let peer = match proxied {
-        Some(client) => client.ip(),
-        None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
-        None => IpAddr::from([0, 0, 0, 0]),
-    };
+    let peer = peer_ip(state, &io, proxied);
     let admitted = {
         let (head, early) = session.plain.split_at(end);
         let client = state.client_of_head(peer, proxied.is_some(), head);
@@ -834,16 +813,12 @@ async fn serve_tls_stream(
 
 /// [`ServerState::refuse_head`] on a TLS connection.
 async fn refuse_tls_head(state: &ServerState, io: TcpStream, session: Session, e: HeadError) {
-    if e == HeadError::Gone {
-        return;
+    if let HeadError::Tls(_) = e {
+        return count_tls_refusal(state, e);
     }
-    if let HeadError::Tls(why) = e {
-        state.stats.tls_handshake_failures.fetch_add(1, Relaxed);
-        tracing::debug!(event = "tls_refused", cause = why, "TLS records refused");
-        return;
+    if let Some(error) = state.refused_head(e) {
+        refuse_tls(io, session, &error, crate::error::Cors::default()).await;
     }
-    state.stats.bad_heads.fetch_add(1, Relaxed);
-    refuse_tls(io, session, &state.head_error(e), crate::error::Cors::default()).await;
 }
 
 /// [`socket::refuse`] on a TLS connection: the answer, a close_notify, and
@@ -855,6 +830,32 @@ async fn refuse_tls(io: TcpStream, mut session: Session, error: &ApiError, cors:
         .write_and_close(&io, &response, Instant::now() + CLOSE_AFTER_ANSWER)
         .await;
     socket::close_gently(&io).await;
+}
+
+/// The client's address for a lean stream's limits: a PROXY header's
+/// source, else the socket's peer, asked for only when limits or trusted
+/// proxies need it (getpeername is a system call per stream).
+fn peer_ip(state: &ServerState, io: &TcpStream, proxied: Option<SocketAddr>) -> IpAddr {
+    let needed = state.streams.limits.enabled() || !state.trusted_proxies.is_empty();
+    match proxied {
+        Some(client) => client.ip(),
+        None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
+        None => IpAddr::from([0, 0, 0, 0]),
+    }
+}
+
+/// Counts and logs a TLS connection refused before its head was read,
+/// which gets no HTTP answer (the client could not read one): a handshake
+/// out of time, or a handshake or record that failed. A client that went
+/// away is not counted.
+fn count_tls_refusal(state: &ServerState, e: HeadError) {
+    let counter = match e {
+        HeadError::Timeout => &state.stats.tls_handshake_timeouts,
+        HeadError::Gone => return,
+        _ => &state.stats.tls_handshake_failures,
+    };
+    counter.fetch_add(1, Relaxed);
+    tracing::debug!(event = "tls_refused", cause = ?e, "TLS connection refused before its head");
 }
 
 /// Serves a connection with actix-web until it ends, or until a handler

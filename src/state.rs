@@ -114,11 +114,19 @@ impl ServerState {
     /// `bad_heads`, and closes the connection; a client that is gone gets
     /// nothing.
     pub(crate) async fn refuse_head(&self, io: TcpStream, e: HeadError) {
+        if let Some(error) = self.refused_head(e) {
+            socket::refuse(io, &error, Cors::default()).await;
+        }
+    }
+
+    /// What a refused head is answered with, counted in `bad_heads`;
+    /// `None` for a client that is gone (nobody to answer).
+    pub(crate) fn refused_head(&self, e: HeadError) -> Option<ApiError> {
         if e == HeadError::Gone {
-            return;
+            return None;
         }
         self.stats.bad_heads.fetch_add(1, Relaxed);
-        socket::refuse(io, &self.head_error(e), Cors::default()).await;
+        Some(self.head_error(e))
     }
 
     /// Refuses a connection whose PROXY protocol header is missing or

@@ -28,13 +28,19 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// A rustls client configuration trusting only `ca`.
-fn client_config(ca: &Path) -> Arc<rustls::ClientConfig> {
+/// The authorities in the PEM file `ca`.
+fn roots(ca: &Path) -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();
     use rustls::pki_types::pem::PemObject as _;
     for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(cert.unwrap()).unwrap();
     }
+    roots
+}
+
+/// A rustls client configuration trusting only `ca`.
+fn client_config(ca: &Path) -> Arc<rustls::ClientConfig> {
+    let roots = roots(ca);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Arc::new(
         rustls::ClientConfig::builder_with_provider(provider)
@@ -570,11 +576,7 @@ fn tls_stream_with(
     suite: Option<rustls::CipherSuite>,
     id: &str,
 ) -> BufReader<TlsClient> {
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject as _;
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
+    let roots = roots(ca);
     let mut provider = rustls::crypto::ring::default_provider();
     if let Some(suite) = suite {
         provider.cipher_suites.retain(|s| s.suite() == suite);

@@ -130,17 +130,32 @@ pub(crate) struct TlsSink {
     pending: Option<Box<Pending>>,
 }
 
-/// Encrypts `parts` as one record; TLS's own output, if any, comes first.
-fn seal(session: &mut Protection, parts: &[&[u8]], close: bool) -> Result<Vec<u8>, SinkError> {
-    let mut plain = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-    for part in parts {
-        plain.extend_from_slice(part);
-    }
-    let mut out = Vec::with_capacity(plain.len() + 64);
-    session
-        .encrypt(&plain, close, &mut out)
-        .map_err(|_| SinkError::Closed)?;
-    Ok(out)
+thread_local! {
+    /// A worker's scratch for sealing a TLS stream's event: its plaintext
+    /// and its ciphertext. A broadcast seals once per TLS stream; with
+    /// these it allocates no buffer for it.
+    static SEALING: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Encrypts `parts` as one record (and a close_notify with `close`) and
+/// hands the ciphertext to `then`.
+fn sealed<T>(
+    session: &mut Protection,
+    parts: &[&[u8]],
+    close: bool,
+    then: impl FnOnce(&[u8]) -> T,
+) -> Result<T, SinkError> {
+    SEALING.with_borrow_mut(|(plain, out)| {
+        plain.clear();
+        out.clear();
+        for part in parts {
+            plain.extend_from_slice(part);
+        }
+        session
+            .encrypt(plain, close, out)
+            .map_err(|_| SinkError::Closed)?;
+        Ok(then(out))
+    })
 }
 
 impl Sink {
@@ -176,16 +191,10 @@ impl Sink {
                 write_all(io, pending, &[head], Counted::Other, max_pending, stats)
             }
             Sink::Tls(tls) => {
-                let io = &tls.io;
-                let sealed = seal(&mut tls.session, &[head], false)?;
-                write_all(
-                    io,
-                    &mut tls.pending,
-                    &[&sealed],
-                    Counted::Other,
-                    max_pending,
-                    stats,
-                )
+                let TlsSink { io, session, pending } = &mut **tls;
+                sealed(session, &[head], false, |c| {
+                    write_all(io, pending, &[c], Counted::Other, max_pending, stats)
+                })?
             }
             Sink::Body(_) => Ok(Written::Done),
         }
@@ -212,7 +221,6 @@ impl Sink {
                 write_all(io, pending, &[head, line, b"\r\n"], event, max_pending, stats)
             }
             Sink::Tls(tls) => {
-                let io = &tls.io;
                 let mut head = [0u8; 18];
                 let parts: &[&[u8]] = match framing {
                     Framing::Close => &[line],
@@ -227,8 +235,10 @@ impl Sink {
                 if waiting > 0 && waiting + sealed_at_most > max_pending {
                     return Err(SinkError::Full);
                 }
-                let sealed = seal(&mut tls.session, parts, false)?;
-                write_all(io, &mut tls.pending, &[&sealed], event, max_pending, stats)
+                let TlsSink { io, session, pending } = &mut **tls;
+                sealed(session, parts, false, |c| {
+                    write_all(io, pending, &[c], event, max_pending, stats)
+                })?
             }
             Sink::Body(queue) => queue.borrow_mut().push(line, event, max_pending),
         }
@@ -355,25 +365,22 @@ impl Sink {
                 }
             }
             Sink::Tls(tls) => {
-                let io = &tls.io;
                 let end: &[u8] = match framing {
                     Framing::Chunked => FINAL_CHUNK,
                     Framing::Close => b"",
                 };
-                let Ok(sealed) = seal(&mut tls.session, &[end], true) else {
-                    return;
-                };
-                match &mut tls.pending {
+                let TlsSink { io, session, pending } = &mut **tls;
+                let _ = sealed(session, &[end], true, |c| match pending {
                     Some(p) if !p.bytes.is_empty() => {
-                        p.bytes.extend_from_slice(&sealed);
+                        p.bytes.extend_from_slice(c);
                         if let Ok(n) = io.try_write(&p.bytes) {
                             p.drain(n, stats);
                         }
                     }
                     _ => {
-                        let _ = io.try_write(&sealed);
+                        let _ = io.try_write(c);
                     }
-                }
+                });
             }
             Sink::Body(queue) => {
                 let mut q = queue.borrow_mut();
