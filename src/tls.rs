@@ -179,6 +179,7 @@ impl Acceptor {
             incoming: Vec::new(),
             plain: Vec::new(),
             peer_closed: false,
+            failed: false,
         })
     }
 
@@ -197,6 +198,11 @@ pub(crate) struct Session {
     pub(crate) plain: Vec<u8>,
     /// The client sent close_notify, or its socket reached EOF.
     pub(crate) peer_closed: bool,
+    /// rustls reported an error. Its alert went out with that answer, and
+    /// the connection is never fed again: after an error rustls may still
+    /// track a half-assembled handshake message in the buffer it was given,
+    /// and a call with any other buffer panics inside it (issue 40).
+    failed: bool,
 }
 
 /// Appends what `write` puts in a buffer to `out`, growing it as asked.
@@ -265,43 +271,60 @@ impl Session {
     /// alerts) to `out`; with `send`, `send`'s bytes are encrypted after it
     /// (and a close_notify with `close`). Stops where only the client can
     /// move the connection on.
+    ///
+    /// After an error, every later call answers [`rustls::Error::General`]
+    /// without calling rustls again (see `failed`).
     fn step(&mut self, out: &mut Vec<u8>, send: Option<(&[u8], bool)>) -> Result<Stop, rustls::Error> {
+        if self.failed {
+            return Err(rustls::Error::General("TLS connection failed earlier".into()));
+        }
+        self.step_records(out, send).inspect_err(|_| {
+            self.alerts(out);
+            self.failed = true;
+            self.incoming = Vec::new();
+        })
+    }
+
+    /// [`Session::step`] on a session that has not failed. On an error,
+    /// what rustls asked to discard is discarded first, so `incoming` is
+    /// still the buffer rustls tracks when [`Session::alerts`] runs.
+    fn step_records(
+        &mut self,
+        out: &mut Vec<u8>,
+        send: Option<(&[u8], bool)>,
+    ) -> Result<Stop, rustls::Error> {
         loop {
             let UnbufferedStatus { mut discard, state } = self.conn.process_tls_records(&mut self.incoming);
-            let state = match state {
-                Ok(state) => state,
-                Err(e) => {
-                    self.incoming = Vec::new();
-                    self.alerts(out);
-                    return Err(e);
-                }
-            };
+            // Every way out of this block discards what rustls asked to,
+            // an error included.
             let stop = match state {
-                ConnectionState::ReadTraffic(mut records) => {
-                    while let Some(record) = records.next_record() {
-                        let record = record?;
-                        discard += record.discard;
-                        self.plain.extend_from_slice(record.payload);
+                Err(e) => Err(e),
+                Ok(ConnectionState::ReadTraffic(mut records)) => loop {
+                    match records.next_record() {
+                        None => break Ok(None),
+                        Some(Ok(record)) => {
+                            discard += record.discard;
+                            self.plain.extend_from_slice(record.payload);
+                        }
+                        Some(Err(e)) => break Err(e),
                     }
-                    None
-                }
-                ConnectionState::EncodeTlsData(mut data) => {
-                    append(out, 4096, |buf| Ok(data.encode(buf)?))?;
-                    None
+                },
+                Ok(ConnectionState::EncodeTlsData(mut data)) => {
+                    append(out, 4096, |buf| Ok(data.encode(buf)?)).map(|()| None)
                 }
                 // What was encoded goes out with `out`, before anything
                 // encrypted after it.
-                ConnectionState::TransmitTlsData(data) => {
+                Ok(ConnectionState::TransmitTlsData(data)) => {
                     data.done();
-                    None
+                    Ok(None)
                 }
-                ConnectionState::PeerClosed => {
+                Ok(ConnectionState::PeerClosed) => {
                     self.peer_closed = true;
-                    None
+                    Ok(None)
                 }
-                ConnectionState::BlockedHandshake => Some(Stop::Handshaking),
-                ConnectionState::Closed => Some(Stop::Closed),
-                ConnectionState::WriteTraffic(mut traffic) => {
+                Ok(ConnectionState::BlockedHandshake) => Ok(Some(Stop::Handshaking)),
+                Ok(ConnectionState::Closed) => Ok(Some(Stop::Closed)),
+                Ok(ConnectionState::WriteTraffic(mut traffic)) => (|| {
                     if let Some((data, close)) = send {
                         if !data.is_empty() {
                             // A record's overhead is at most 22 bytes, per
@@ -314,13 +337,13 @@ impl Session {
                             append(out, 64, |buf| Ok(traffic.queue_close_notify(buf)?))?;
                         }
                     }
-                    Some(Stop::Traffic)
-                }
+                    Ok(Some(Stop::Traffic))
+                })(),
                 // Early data is off (the default), so never offered.
-                _ => return Err(rustls::Error::General("unexpected TLS state".into())),
+                Ok(_) => Err(rustls::Error::General("unexpected TLS state".into())),
             };
             self.incoming.drain(..discard);
-            if let Some(stop) = stop {
+            if let Some(stop) = stop? {
                 if self.incoming.is_empty() {
                     self.incoming = Vec::new();
                 }
@@ -331,21 +354,25 @@ impl Session {
 
     /// After an error: the alert rustls queued for it (a failed handshake's
     /// reason, `bad_record_mac`), so the client learns why.
+    ///
+    /// One call, which hands out the queued alert before it reads anything;
+    /// a second would parse the bad bytes again and send a second fatal
+    /// alert. rustls is given the buffer it has been tracking (`incoming`):
+    /// an empty one in its place made it index past the end of a half-read
+    /// handshake message and panic (issue 40).
     fn alerts(&mut self, out: &mut Vec<u8>) {
-        for _ in 0..4 {
-            let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
-            let Ok(ConnectionState::EncodeTlsData(mut data)) = state else {
-                return;
-            };
-            if append(out, 64, |buf| Ok(data.encode(buf)?)).is_err() {
-                return;
-            }
+        let UnbufferedStatus { discard, state } = self.conn.process_tls_records(&mut self.incoming);
+        if let Ok(ConnectionState::EncodeTlsData(mut data)) = state {
+            let _ = append(out, 64, |buf| Ok(data.encode(buf)?));
         }
+        self.incoming.drain(..discard);
     }
 
     /// Takes `bytes` read from the socket; TLS's own output goes to `out`.
     pub(crate) fn received(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), rustls::Error> {
-        self.incoming.extend_from_slice(bytes);
+        if !self.failed {
+            self.incoming.extend_from_slice(bytes);
+        }
         self.step(out, None).map(drop)
     }
 
@@ -1015,6 +1042,302 @@ mod tests {
         protection.received(&wire, &mut Vec::new()).unwrap();
         assert!(protection.peer_closed());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A server's acceptor for the tests below and its authority's
+    /// certificate file, made once per test binary.
+    fn fixture() -> &'static (Acceptor, String) {
+        static FIXTURE: std::sync::OnceLock<(Acceptor, String)> = std::sync::OnceLock::new();
+        FIXTURE.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("switchboard-tls-fuzz-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (ca, cert, key) = certificates(&dir);
+            (Acceptor::new(&cert, &key).unwrap(), ca)
+        })
+    }
+
+    fn acceptor() -> &'static Acceptor {
+        &fixture().0
+    }
+
+    /// A real client's first flight (its ClientHello records), the seed the
+    /// fuzzer below mutates.
+    fn client_hello(tls12: bool) -> Vec<u8> {
+        let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
+            &[&rustls::version::TLS12]
+        } else {
+            &[&rustls::version::TLS13]
+        };
+        let config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(versions)
+                .unwrap()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut wire = Vec::new();
+        client.write_tls(&mut wire).unwrap();
+        wire
+    }
+
+    /// Feeds `wire` to `session` in pieces cut at `cuts`, then asks it to
+    /// write, as a connection's read and write paths would; once it has
+    /// failed it is fed again, as a caller that ignored the error would.
+    fn feed(session: &mut super::Session, wire: &[u8], cuts: &[usize]) {
+        let mut at = 0;
+        let mut pieces: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+        pieces.sort_unstable();
+        pieces.push(wire.len());
+        let mut out = Vec::new();
+        let mut failed = false;
+        for end in pieces {
+            if end < at {
+                continue;
+            }
+            failed |= session.received(&wire[at..end], &mut out).is_err();
+            at = end;
+        }
+        let _ = session.encrypt(b"HTTP/1.1 400 Bad Request\r\n\r\n", true, &mut out);
+        if failed {
+            assert!(session.received(&wire[..wire.len().min(7)], &mut out).is_err());
+            assert!(session.encrypt(b"x", true, &mut out).is_err());
+            assert_eq!(session.incoming.capacity(), 0, "a failed session keeps no buffer");
+        }
+    }
+
+    /// The record of issue 40: a ClientHello whose declared length is far
+    /// longer than the 38 bytes its 47-byte record carries. rustls kept
+    /// the half message's place in the read buffer; the alert after the
+    /// error was asked for with an empty buffer and rustls panicked
+    /// (`range start index 43 out of range for slice of length 0`).
+    #[test]
+    fn a_handshake_message_longer_than_its_record_is_refused_without_a_panic() {
+        let mut hs = vec![0x01, 0xff, 0xff, 0xff, 0x03, 0x03];
+        hs.extend([0u8; 32]);
+        let mut wire = vec![0x16, 0x03, 0x01];
+        wire.extend((hs.len() as u16).to_be_bytes());
+        wire.extend(&hs);
+        assert_eq!(wire.len(), 43);
+        for cuts in [vec![], vec![5], vec![1, 2, 3, 20]] {
+            let mut session = acceptor().session().unwrap();
+            let mut out = Vec::new();
+            let mut result = Ok(());
+            let mut at = 0;
+            for end in cuts.iter().copied().chain([wire.len()]) {
+                result = result.and(session.received(&wire[at..end], &mut out));
+                at = end;
+            }
+            // The record is incomplete as a message, not as a record: the
+            // server waits for more, or refuses it; either way the next
+            // calls are answered, not a panic.
+            feed(&mut session, &wire, &[]);
+            let _ = result;
+        }
+    }
+
+    /// What a fuzzer does to the bytes of a record sequence.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        /// XOR one byte.
+        Flip(usize, u8),
+        /// Overwrite a 16- or 24-bit length field (a record's or a
+        /// handshake message's) at the offset.
+        Length(usize, u32),
+        /// Cut the wire there.
+        Truncate(usize),
+        /// Insert bytes there.
+        Insert(usize, Vec<u8>),
+    }
+
+    fn mutate(mut wire: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+        for m in mutations {
+            let n = wire.len().max(1);
+            match m {
+                Mutation::Flip(at, x) => {
+                    if let Some(b) = wire.get_mut(at % n) {
+                        *b ^= x;
+                    }
+                }
+                Mutation::Length(at, v) => {
+                    let at = at % n;
+                    for (i, b) in v.to_be_bytes()[1..].iter().enumerate() {
+                        if let Some(w) = wire.get_mut(at + i) {
+                            *w = *b;
+                        }
+                    }
+                }
+                Mutation::Truncate(at) => wire.truncate(at % n),
+                Mutation::Insert(at, bytes) => {
+                    let at = (at % n).min(wire.len());
+                    wire.splice(at..at, bytes.iter().copied());
+                }
+            }
+        }
+        wire
+    }
+
+    /// One record: a content type (mostly real ones), a version, a declared
+    /// length that may lie, and a body.
+    fn record() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        (
+            prop_oneof![Just(20u8), Just(21), Just(22), Just(23), any::<u8>()],
+            any::<u16>(),
+            proptest::collection::vec(any::<u8>(), 0..64),
+            prop_oneof![Just(None), any::<u16>().prop_map(Some)],
+            prop_oneof![
+                Just(Vec::new()),
+                // A handshake message header that may lie about its length.
+                (0u8..30, any::<u32>()).prop_map(|(t, l)| {
+                    let mut h = vec![t];
+                    h.extend(&l.to_be_bytes()[1..]);
+                    h
+                }),
+            ],
+        )
+            .prop_map(|(typ, version, body, declared, head)| {
+                let mut payload = head;
+                payload.extend(body);
+                let len = declared.unwrap_or(payload.len() as u16);
+                let mut r = vec![typ];
+                r.extend(version.to_be_bytes());
+                r.extend(len.to_be_bytes());
+                r.extend(payload);
+                r
+            })
+    }
+
+    fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (any::<usize>(), 1u8..).prop_map(|(a, x)| Mutation::Flip(a, x)),
+            (any::<usize>(), any::<u32>()).prop_map(|(a, v)| Mutation::Length(a, v)),
+            any::<usize>().prop_map(Mutation::Truncate),
+            (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..48))
+                .prop_map(|(a, b)| Mutation::Insert(a, b)),
+        ]
+    }
+
+    /// A lean stream's TLS after a real handshake and head (TLS 1.2 keeps
+    /// its session, TLS 1.3 its records), and the client that made it.
+    fn established(tls12: bool) -> (Protection, rustls::ClientConnection) {
+        let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
+            &[&rustls::version::TLS12]
+        } else {
+            &[&rustls::version::TLS13]
+        };
+        let ca = &fixture().1;
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject as _;
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(versions)
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let request = b"GET /test/x HTTP/1.1\r\nhost: t\r\n\r\n";
+        client.writer().write_all(request).unwrap();
+        let mut session = acceptor().session().unwrap();
+        for _ in 0..10 {
+            if session.plain.len() >= request.len() {
+                break;
+            }
+            let mut wire = Vec::new();
+            client.write_tls(&mut wire).unwrap();
+            let mut out = Vec::new();
+            session.received(&wire, &mut out).unwrap();
+            client.read_tls(&mut &out[..]).unwrap();
+            client.process_new_packets().unwrap();
+        }
+        assert_eq!(session.plain, request);
+        session.plain.clear();
+        (Protection::of(session), client)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 200,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// After the handshake (TLS 1.2's session, TLS 1.3's hand-written
+        /// record layer): a real record from the client, then made-up or
+        /// mutated ones. The stream reads, refuses or ends; it never panics,
+        /// and once refused it stays refused.
+        #[test]
+        fn records_after_the_handshake_never_panic(
+            tls12 in proptest::prelude::any::<bool>(),
+            records in proptest::collection::vec(record(), 0..6),
+            mutations in proptest::collection::vec(mutation(), 0..4),
+            cuts in proptest::collection::vec(proptest::prelude::any::<usize>(), 0..6),
+        ) {
+            let (mut protection, mut client) = established(tls12);
+            client.writer().write_all(b"ping").unwrap();
+            let mut wire = Vec::new();
+            client.write_tls(&mut wire).unwrap();
+            wire.extend(records.concat());
+            let wire = mutate(wire, &mutations);
+            let mut pieces: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+            pieces.sort_unstable();
+            pieces.push(wire.len());
+            let (mut at, mut out, mut failed) = (0, Vec::new(), false);
+            for end in pieces {
+                if !failed && end >= at {
+                    failed = protection.received(&wire[at..end], &mut out).is_err();
+                    at = end;
+                }
+            }
+            let mut buf = [0u8; 64];
+            while protection.take_plain(&mut buf) > 0 {}
+            let _ = protection.encrypt(b"event\n", false, &mut out);
+            if failed {
+                let _ = protection.received(b"\x17\x03\x03\x00\x01x", &mut out);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        // A bounded fuzz in every `cargo test` (CI): about 3 s. The
+        // generator is compiled with opt-level 3 (Cargo.toml).
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 1500,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// A real ClientHello (TLS 1.2 or 1.3), mutated, cut anywhere:
+        /// the session refuses it or goes on, and never panics.
+        #[test]
+        fn a_mutated_client_hello_never_panics(
+            tls12 in proptest::prelude::any::<bool>(),
+            mutations in proptest::collection::vec(mutation(), 1..6),
+            cuts in proptest::collection::vec(proptest::prelude::any::<usize>(), 0..6),
+        ) {
+            let wire = mutate(client_hello(tls12), &mutations);
+            let mut session = acceptor().session().unwrap();
+            feed(&mut session, &wire, &cuts);
+        }
+
+        /// Record sequences made up from scratch, after a real ClientHello
+        /// or alone.
+        #[test]
+        fn made_up_records_never_panic(
+            hello in proptest::prelude::any::<bool>(),
+            records in proptest::collection::vec(record(), 1..8),
+            cuts in proptest::collection::vec(proptest::prelude::any::<usize>(), 0..6),
+        ) {
+            let mut wire = if hello { client_hello(false) } else { Vec::new() };
+            wire.extend(records.concat());
+            let mut session = acceptor().session().unwrap();
+            feed(&mut session, &wire, &cuts);
+        }
     }
 
     /// What an idle TLS stream holds inline besides its socket: rustls'
