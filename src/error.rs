@@ -148,6 +148,32 @@ pub(crate) enum ApiError {
     /// `cluster.command_timeout_ms`): 503.
     #[error("cluster bus unavailable")]
     BusUnavailable,
+    /// Cluster mode, and Redis answered a command with an error (a script
+    /// that failed, a key of the wrong type): 503, with Redis's words.
+    #[error("Redis refused the command ({0})")]
+    RedisRefused(String),
+    /// Cluster mode, and this node's clock differs from Redis's by more
+    /// than the tolerance (`/readyz`): 503.
+    #[error(
+        "this node's clock differs from Redis's by {skew_ms} ms (more than {tolerance_s} s): event ids, token expiry \
+         and history ages would disagree across the fleet; fix the time sync (NTP) of this host or of Redis's"
+    )]
+    ClockSkew {
+        /// Redis's time minus this node's.
+        skew_ms: i64,
+        /// The tolerance.
+        tolerance_s: u64,
+    },
+    /// Cluster mode, and the fleet's clock is ahead of Redis's time past
+    /// the tolerance: 503 with `Retry-After`, nothing kept or sent.
+    #[error(
+        "the fleet's clock is {ahead_s} s ahead of Redis's time (Redis's time went back, or the fleet key was \
+         written by hand); nothing was delivered or kept; publishes resume when Redis's time reaches it"
+    )]
+    FleetClockAhead {
+        /// Seconds the fleet's clock is ahead.
+        ahead_s: u64,
+    },
 }
 
 /// The CORS headers of an answer a lean path writes itself.
@@ -183,6 +209,9 @@ impl ApiError {
             ApiError::WebSocketVersion => header(header::SEC_WEBSOCKET_VERSION, "13"),
             ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
             ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
+            ApiError::FleetClockAhead { ahead_s } => {
+                Some((header::RETRY_AFTER, ahead_s.max(&1).to_string().into()))
+            }
             ApiError::OverLimit { retry_after_s, .. } => {
                 Some((header::RETRY_AFTER, retry_after_s.to_string().into()))
             }
@@ -257,7 +286,10 @@ impl ResponseError for ApiError {
             | ApiError::TooManyKeys
             | ApiError::ShuttingDown
             | ApiError::Crashed(_)
-            | ApiError::BusUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::BusUnavailable
+            | ApiError::RedisRefused(_)
+            | ApiError::ClockSkew { .. }
+            | ApiError::FleetClockAhead { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

@@ -130,7 +130,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 39] = [
+        let counters: [CounterSpec<'_>; 40] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -185,6 +185,11 @@ impl Collector for StatsCollector {
                 "connections_accepted",
                 "Connections accepted, all kinds.",
                 &s.accepted,
+            ),
+            (
+                "panics",
+                "Panics caught in this process (a connection, a stream or an actor); each is a bug to report.",
+                &crate::stats::PANICS,
             ),
             (
                 "bad_heads",
@@ -399,7 +404,7 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 16] = [
+        let counters: [CounterSpec<'_>; 19] = [
             (
                 "cluster_bus_restarts",
                 "Supervised restarts of the cluster Bus actor after a crash.",
@@ -476,6 +481,21 @@ impl Collector for ClusterCollector {
                 "Times this node found another Redis keeping the fleet's history (a failover, a restart from disk) and began a new epoch: a gap for resumes from before it.",
                 &s.history_regressions,
             ),
+            (
+                "cluster_clock_ahead",
+                "Publishes refused (503) because the fleet's clock was ahead of Redis's time past the tolerance (30 s).",
+                &s.clock_ahead,
+            ),
+            (
+                "cluster_clock_resets",
+                "Times the fleet's clock or an id's history was found far ahead of Redis's time and reset with a new epoch.",
+                &s.clock_resets,
+            ),
+            (
+                "cluster_ids_ahead",
+                "Bus messages from other nodes whose event id was more than a minute past Redis's time, dropped.",
+                &s.ids_ahead,
+            ),
         ];
         encode_counters(&mut enc, &counters)?;
         let gauges: [GaugeSpec<'_>; 2] = [
@@ -491,6 +511,13 @@ impl Collector for ClusterCollector {
             ),
         ];
         encode_gauges(&mut enc, &gauges)?;
+        let m = enc.encode_descriptor(
+            "cluster_clock_skew_seconds",
+            "Redis's time minus this node's, measured at each heartbeat; past 30 s either way /readyz answers 503.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(s.clock_skew_us.load(Relaxed) as f64 / 1e6).encode(m)?;
         Ok(())
     }
 }

@@ -263,7 +263,10 @@ async fn publish(
             .json(body),
         Answer::Partial(body) => HttpResponse::ServiceUnavailable().json(body),
         Answer::NotDelivered(body) => HttpResponse::ServiceUnavailable()
-            .insert_header((header::RETRY_AFTER, "1"))
+            .insert_header((
+                header::RETRY_AFTER,
+                body["retry_after_s"].as_u64().unwrap_or(1).to_string(),
+            ))
             .json(body),
     })
 }
@@ -337,10 +340,13 @@ async fn readyz(state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
     if state.shutdown.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
-    if let Some(cluster) = state.hub.cluster()
-        && !cluster.ready()
-    {
-        return Err(ApiError::BusUnavailable);
+    if let Some(cluster) = state.hub.cluster() {
+        if !cluster.ready() {
+            return Err(ApiError::BusUnavailable);
+        }
+        if let Some(skewed) = cluster.clock_skewed() {
+            return Err(skewed);
+        }
     }
     Ok(healthz().await)
 }
@@ -370,11 +376,17 @@ async fn crash(
 /// `POST /admin/cut/{id}`: every stream of `id` on this node drops its
 /// connection at once (no final chunk, no close frame), as a crash or a
 /// network failure would: what a client's reconnect and resume must survive.
+/// With `?panic=1` each stream panics in its handler instead, as a bug would:
+/// its slot, counters and Router entry must be given back all the same.
 async fn cut(req: HttpRequest, id: Path<String>, state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
+    let panic = req.query_string().split('&').any(|p| p == "panic=1");
     let n = state
         .router()
-        .send(CutId { id: id.into_inner() })
+        .send(CutId {
+            id: id.into_inner(),
+            panic,
+        })
         .await
         .ok()
         .flatten()

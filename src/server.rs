@@ -114,6 +114,7 @@ impl Server {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no listening socket"));
         };
         let workers = settings.workers();
+        crate::stats::count_panics();
         let stats = Arc::new(Stats::new());
 
         // The Router, the Counter and in cluster mode the bus run on the

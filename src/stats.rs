@@ -8,6 +8,27 @@ use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 
 use serde_json::{Value, json};
 
+/// Panics in this process since it started, wherever they happened: a
+/// connection's task, a stream, a supervised actor. Each is caught where it
+/// happened (tokio drops the task, a supervised actor restarts) and
+/// counted here by the hook [`count_panics`] installs, so none is silent.
+/// Process-wide, like the panic hook itself.
+pub(crate) static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Installs (once per process) a panic hook that counts in [`PANICS`] and
+/// then runs the hook that was there before (the log line of
+/// `telemetry::init`, or Rust's default).
+pub(crate) fn count_panics() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Relaxed);
+            previous(info);
+        }));
+    });
+}
+
 /// Counters for one server. Shared by `Arc`; each field is bumped where the
 /// event happens.
 #[derive(Debug)]
@@ -270,6 +291,7 @@ impl Stats {
         let per_conn = (active > 0).then(|| rss.saturating_sub(baseline) / active as u64);
         let get = |a: &AtomicU64| a.load(Relaxed);
         json!({
+            "panics": PANICS.load(Relaxed),
             "connections": {
                 "active": active,
                 "opened": get(&self.streams_opened),

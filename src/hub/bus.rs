@@ -38,8 +38,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::cluster::{AwaitedEcho, Cluster, Payload, parse_payload};
-use super::history::now_us;
+use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_payload};
 use super::link::{Conn, Received, Reply};
 use crate::hub::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
@@ -52,10 +51,6 @@ pub(crate) const MAX_BATCH: usize = 1000;
 /// (docs/design-notes.md); a stream can get messages from other nodes at
 /// most this much later.
 const GATHER: Duration = Duration::from_millis(10);
-
-/// How far ahead of this node's clock an event id from the bus may be
-/// (clocks of a fleet's boxes differ by far less).
-const MAX_AHEAD: Duration = Duration::from_secs(60);
 
 /// Added to `reconnect_max_ms` for [`Bus::settle`].
 const SETTLE_MARGIN: Duration = Duration::from_millis(100);
@@ -815,40 +810,58 @@ impl Bus {
     fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
-        // An event id far ahead of this node's clock would push its ids
-        // out of reach: refused, as anything else not in the format.
-        let horizon = now_us().saturating_add(MAX_AHEAD.as_micros() as u64);
-        let parsed = parse_payload(payload).filter(|p| {
-            p.text.len() <= self.cluster.max_message_bytes && p.event.is_none_or(|e| e <= horizon)
-        });
+        let parsed = parse_payload(payload).filter(|p| p.text.len() <= self.cluster.max_message_bytes);
         let Some(Payload { origin, event, text }) = parsed else {
-            if stats.malformed.fetch_add(1, Relaxed) == 0 {
-                tracing::warn!(
-                    event = "bus_malformed",
-                    channel = %channel,
-                    bytes = payload.len(),
-                    "a bus message is not \"<instance>[@<event id>] <one line>\" with a line of at most \
-                     message.max_bytes and an event id at most a minute ahead of this node's clock; \
-                     dropped, never delivered or kept (counted in /stats cluster.malformed)"
-                );
-            }
+            stats.malformed.fetch_add(1, Relaxed);
+            tracing::warn!(
+                event = "bus_malformed",
+                channel = %channel,
+                bytes = payload.len(),
+                "a bus message is not \"<instance>[@<event id>] <one line>\" with a line of at most \
+                 message.max_bytes; dropped, never delivered or kept (counted in /stats cluster.malformed)"
+            );
             return;
         };
-        if let Some(event) = event {
-            self.cluster.saw(event);
-        }
         // `<instance>`, or `<instance>/<seq>` for a publish with an
         // Idempotency-Key, whose echo is how this node's own streams get it.
         let (instance, seq) = match origin.split_once('/') {
             Some((instance, seq)) => (instance, seq.parse::<u64>().ok()),
             None => (origin, None),
         };
+        // This node's own echo is delivered whatever its id: the id is the
+        // one the script answered this node with (issue 40: the check
+        // below once dropped it, and a publish answered 200 reached no
+        // stream).
         if instance == self.cluster.instance {
+            if let Some(event) = event {
+                self.cluster.saw(event);
+            }
             stats.echoes.fetch_add(1, Relaxed);
             if let Some(echo) = seq.and_then(|seq| self.cluster.take_awaited(seq)) {
                 self.deliver_here(&channel, text, event, echo);
             }
             return;
+        }
+        // An event id far ahead of Redis's time would push this node's ids
+        // out of reach; the script never gives one (see `MAX_AHEAD`).
+        let horizon = self
+            .cluster
+            .redis_now_us()
+            .saturating_add(MAX_AHEAD.as_micros() as u64);
+        if let Some(event) = event {
+            if event > horizon {
+                stats.ids_ahead.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    event = "bus_id_ahead",
+                    channel = %channel,
+                    event_id = event,
+                    ahead_ms = (event - horizon) / 1000 + MAX_AHEAD.as_millis() as u64,
+                    "a bus message's event id is more than a minute ahead of Redis's time as this node measures \
+                     it; dropped (counted in /stats cluster.ids_ahead)"
+                );
+                return;
+            }
+            self.cluster.saw(event);
         }
         let text: Arc<str> = Arc::from(text);
         let accepted = std::time::Instant::now();

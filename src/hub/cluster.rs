@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -83,25 +83,68 @@ const LUA_PRELUDE: &str = "local function fmt(n) return string.format('%.0f', n)
 ///    fleet's epoch;
 /// 4. PUBLISHes `<origin>@<event id> <message>` on the channel.
 ///
-/// Answers `{1, <event id>, <receivers>}`. Redis runs a script alone, so
-/// the order of event ids is the order of the PUBLISHes, which is the
-/// order every node receives them in.
+/// Answers `{1, <event id>, <receivers>, <repaired>}`. Redis runs a script
+/// alone, so the order of event ids is the order of the PUBLISHes, which
+/// is the order every node receives them in.
+///
+/// The fleet's clock is Redis state, so it is checked like input (issue
+/// 40). Ids never go backwards (a stream drops what is not after its
+/// position), so a clock ahead of Redis's time is followed, not moved
+/// back, while it is at most [`CLOCK_TOLERANCE`] ahead: every node accepts
+/// such ids ([`MAX_AHEAD`] of Redis's time, as each node measures it). A
+/// clock further ahead, up to [`CLOCK_RESET_AFTER`], refuses the publish
+/// before anything is kept or sent (`{2, clock, now}`, a 503 naming the
+/// skew) until Redis's time reaches it: it can only be there if Redis's
+/// time went back or the key was written by hand, and no id past the
+/// tolerance was ever given. Further still, or past what Lua's numbers
+/// hold exactly (2^52), the clock cannot be waited for: it is reset to
+/// Redis's time with a new epoch (every resume from before it is told a
+/// gap, as after a failover), and `<repaired>` says so for the log. A
+/// history stream whose last entry is at or past the new id (kept under
+/// such a clock) is replaced the same way, its loss recorded.
 ///
 /// KEYS: fleet, history stream, idempotency key (the fleet key when there
 /// is none). ARGV: origin, message, history.size, history.ttl_ms, channel,
-/// claim (`""`: no key), the key's TTL in ms.
-const PUBLISH_SCRIPT: &str = "if ARGV[6] ~= '' and not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'PX', ARGV[7]) then \
+/// claim (`""`: no key), the key's TTL in ms, [`CLOCK_TOLERANCE`] and
+/// [`CLOCK_RESET_AFTER`] in microseconds.
+const PUBLISH_SCRIPT: &str = "local repaired = 0 \
+    if clock - now > tonumber(ARGV[8]) then \
+    if clock - now <= tonumber(ARGV[9]) and clock < 4503599627370496 then return {2, fmt(clock), fmt(now)} end \
+    clock = now - 1 epoch = now repaired = 1 \
+    redis.call('HSET', KEYS[1], 'clock', fmt(clock), 'epoch', fmt(epoch)) end \
+    if ARGV[6] ~= '' and not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'PX', ARGV[7]) then \
     return {0, redis.call('GET', KEYS[3])} end \
     local ev = math.max(clock + 1, now) \
     local evs = fmt(ev) \
     redis.call('HSET', KEYS[1], 'clock', evs) \
     if tonumber(ARGV[3]) > 0 then \
-    if not redis.call('XADD', KEYS[2], 'NOMKSTREAM', 'MAXLEN', ARGV[3], evs .. '-0', 'm', ARGV[2]) then \
+    local added = redis.pcall('XADD', KEYS[2], 'NOMKSTREAM', 'MAXLEN', ARGV[3], evs .. '-0', 'm', ARGV[2]) \
+    if type(added) == 'table' and added.err then redis.call('DEL', KEYS[2]) added = false repaired = 2 end \
+    if not added then \
     redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], evs .. '-0', 'm', ARGV[2]) \
     local floor = math.min(math.max(epoch, now - tonumber(ARGV[4]) * 1000), ev - 1) \
     redis.call('XSETID', KEYS[2], evs .. '-0', 'MAXDELETEDID', fmt(floor) .. '-0') end \
     redis.call('PEXPIRE', KEYS[2], ARGV[4]) end \
-    return {1, evs, redis.call('PUBLISH', ARGV[5], ARGV[1] .. '@' .. evs .. ' ' .. ARGV[2])}";
+    return {1, evs, redis.call('PUBLISH', ARGV[5], ARGV[1] .. '@' .. evs .. ' ' .. ARGV[2]), repaired}";
+
+/// How far ahead of Redis's time the fleet's clock may be and still give
+/// ids: ids follow the clock, never going back, so a clock pushed ahead
+/// (Redis's time stepped back) is followed up to this. Below
+/// [`MAX_AHEAD`], so every node accepts every id the script gives.
+pub(crate) const CLOCK_TOLERANCE: Duration = Duration::from_secs(30);
+
+/// How far ahead of Redis's time the fleet's clock is reset rather than
+/// waited for (see [`PUBLISH_SCRIPT`]): publishes are refused with a 503
+/// for at most this long.
+const CLOCK_RESET_AFTER: Duration = Duration::from_secs(300);
+
+/// How far ahead of Redis's time (as this node last measured it) an event
+/// id from the bus may be; the script gives none past [`CLOCK_TOLERANCE`].
+/// A message past it is not the fleet's (hand-written, or a Redis whose
+/// time jumped since the last heartbeat) and is dropped, counted
+/// (`cluster.ids_ahead`) and logged. This node's own echo is never checked:
+/// its id came from the script's answer.
+pub(crate) const MAX_AHEAD: Duration = Duration::from_secs(60);
 
 /// Reads the fleet's history for streams that start, resume, or catch up
 /// after the pub/sub link was lost: the fleet's clock and epoch and, when
@@ -218,6 +261,13 @@ pub(crate) enum PublishFailed {
     /// delivers, this one included; or never. A retry with the same key is
     /// safe either way.
     Unknown,
+    /// Redis answered with an error (the script failed): the message was
+    /// not PUBLISHed (that is the script's last step), so no node got it.
+    Refused(String),
+    /// The fleet's clock is this far ahead of Redis's time, past
+    /// [`CLOCK_TOLERANCE`]: nothing was kept or sent (see
+    /// [`PUBLISH_SCRIPT`]).
+    ClockAhead(Duration),
 }
 
 /// Most ids one presence pipeline carries (a full rewrite of a node
@@ -515,6 +565,19 @@ pub(crate) struct ClusterStats {
     /// failover, a restart from disk) and began a new epoch (see
     /// [`FENCE_SCRIPT`]).
     pub(crate) history_regressions: AtomicU64,
+    /// Redis's time minus this node's, in microseconds, measured at each
+    /// heartbeat (half the round trip is the error). Event ids are Redis's
+    /// time: bus ids are checked against this node's clock corrected by it.
+    pub(crate) clock_skew_us: AtomicI64,
+    /// Publishes refused because the fleet's clock was past
+    /// [`CLOCK_TOLERANCE`] ahead of Redis's time (503).
+    pub(crate) clock_ahead: AtomicU64,
+    /// Times the fleet's clock, or an id's history, was found unusable
+    /// and reset with a new epoch (see [`PUBLISH_SCRIPT`]).
+    pub(crate) clock_resets: AtomicU64,
+    /// Bus messages from other nodes whose event id was more than
+    /// [`MAX_AHEAD`] past Redis's time, dropped.
+    pub(crate) ids_ahead: AtomicU64,
 }
 
 /// One node's entry in Redis, as `/cluster` lists it.
@@ -957,16 +1020,25 @@ impl Cluster {
                 .arg(channel)
                 .arg(claim_arg)
                 .arg(key_ms)
+                .arg(CLOCK_TOLERANCE.as_micros() as u64)
+                .arg(CLOCK_RESET_AFTER.as_micros() as u64)
                 .invoke_async::<Vec<redis::Value>>(&mut c)
                 .await
         });
         let (r, subscribed_here) = tokio::join!(run, subscribed_here);
         let reply = match r {
             Ok(v) => v,
-            Err(_) => {
+            Err(e) => {
                 self.stats.publish_errors.fetch_add(1, Relaxed);
-                // The echo may still come: the entry stays until its TTL.
-                return Err(PublishFailed::Unknown);
+                return Err(match e {
+                    // The script failed before its PUBLISH: no echo comes.
+                    ApiError::RedisRefused(why) => {
+                        self.awaited().remove(&seq);
+                        PublishFailed::Refused(why)
+                    }
+                    // The echo may still come: the entry stays until its TTL.
+                    _ => PublishFailed::Unknown,
+                });
             }
         };
         self.stats.publishes.fetch_add(1, Relaxed);
@@ -975,6 +1047,27 @@ impl Cluster {
             .next()
             .and_then(|v| redis::from_redis_value(v).ok())
             .unwrap_or(0);
+        if fresh == 2 {
+            self.awaited().remove(&seq);
+            let mut number = || {
+                reply
+                    .next()
+                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let (clock, now) = (number(), number());
+            self.stats.clock_ahead.fetch_add(1, Relaxed);
+            let ahead = Duration::from_micros(clock.saturating_sub(now));
+            tracing::warn!(
+                event = "fleet_clock_ahead",
+                ahead_ms = ahead.as_millis() as u64,
+                "a publish was refused: the fleet's clock is ahead of Redis's time by more than the tolerance \
+                 (Redis's time went back, or the fleet key was written by hand); publishes resume when \
+                 Redis's time reaches it, and a clock further ahead is reset with a new epoch"
+            );
+            return Err(PublishFailed::ClockAhead(ahead));
+        }
         if fresh == 0 {
             self.awaited().remove(&seq);
             let stored: String = reply
@@ -1024,6 +1117,24 @@ impl Cluster {
             .next()
             .and_then(|v| redis::from_redis_value(v).ok())
             .unwrap_or(0);
+        let repaired: u8 = reply
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .unwrap_or(0);
+        if repaired > 0 {
+            self.stats.clock_resets.fetch_add(1, Relaxed);
+            tracing::warn!(
+                event = "fleet_clock_reset",
+                event_id = event,
+                what = if repaired == 1 {
+                    "the fleet's clock"
+                } else {
+                    "an id's history"
+                },
+                "found ids far ahead of Redis's time (past what can be waited for); reset to Redis's time \
+                 with a new epoch: resumes from before it are told a gap"
+            );
+        }
         let fresh = |nodes, here| Once::Fresh {
             nodes,
             here,
@@ -1200,6 +1311,22 @@ impl Cluster {
         self.lingering().contains_key(id)
     }
 
+    /// Redis's time now, as this node estimates it from its own clock and
+    /// the skew its last heartbeat measured.
+    pub(crate) fn redis_now_us(&self) -> u64 {
+        let skew = self.stats.clock_skew_us.load(Relaxed);
+        crate::hub::history::now_us().saturating_add_signed(skew)
+    }
+
+    /// The skew past [`CLOCK_TOLERANCE`], if it is (what `/readyz` says).
+    pub(crate) fn clock_skewed(&self) -> Option<ApiError> {
+        let skew = self.stats.clock_skew_us.load(Relaxed);
+        (skew.unsigned_abs() > CLOCK_TOLERANCE.as_micros() as u64).then(|| ApiError::ClockSkew {
+            skew_ms: skew / 1000,
+            tolerance_s: CLOCK_TOLERANCE.as_secs(),
+        })
+    }
+
     /// Whether the bus is up on a Redis this version can use: what
     /// `/readyz` reports.
     pub(crate) fn ready(&self) -> bool {
@@ -1266,6 +1393,18 @@ impl Cluster {
                     self.stale_master.store(true, Relaxed);
                 }
                 tracing::debug!(command = what, cause = %e, "redis command failed");
+                // Redis answered, with an error (a script's, a command's):
+                // reported as that, not as a Redis that did not answer.
+                if matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(
+                        redis::ServerErrorKind::ResponseError
+                            | redis::ServerErrorKind::ExecAbort
+                            | redis::ServerErrorKind::NoPerm
+                    ) | redis::ErrorKind::Extension
+                ) {
+                    return Err(ApiError::RedisRefused(format!("{what}: {e}")));
+                }
                 Err(ApiError::BusUnavailable)
             }
             Err(_) => {
@@ -1396,10 +1535,12 @@ impl Cluster {
             self.node.clone(),
         );
         let expires = now_ms() + ttl;
-        let (previous,): (Option<String>,) = self
+        let sent = crate::hub::history::now_us();
+        let ((secs, micros), previous): ((u64, u64), Option<String>) = self
             .command("heartbeat", async move |mut c| {
                 redis::pipe()
                     .atomic()
+                    .cmd("TIME")
                     .get(&key)
                     .cmd("SET")
                     .arg(&key)
@@ -1415,6 +1556,21 @@ impl Cluster {
                     .await
             })
             .await?;
+        // Redis's time against this node's, at the middle of the round trip.
+        let answered = crate::hub::history::now_us();
+        let redis_us = secs.saturating_mul(1_000_000).saturating_add(micros);
+        let here_us = sent / 2 + answered / 2;
+        let skew = i64::try_from(redis_us).unwrap_or(i64::MAX) - i64::try_from(here_us).unwrap_or(i64::MAX);
+        self.stats.clock_skew_us.store(skew, Relaxed);
+        if self.clock_skewed().is_some() && self.stats.heartbeats.load(Relaxed).is_multiple_of(60) {
+            tracing::warn!(
+                event = "clock_skew",
+                skew_ms = skew / 1000,
+                tolerance_ms = CLOCK_TOLERANCE.as_millis() as u64,
+                "this node's clock differs from Redis's by more than the tolerance; it corrects for it \
+                 (event ids are Redis's time) but /readyz answers 503: fix the time sync (NTP)"
+            );
+        }
         // Our own entry, unless another node uses this name. The first
         // beat may find the entry of this name's previous process (a
         // restarted fleet child), which is fine.
@@ -1595,6 +1751,10 @@ impl Cluster {
             "readonly": get(&s.readonly),
             "wait_short": get(&s.wait_short),
             "history_regressions": get(&s.history_regressions),
+            "clock_skew_ms": s.clock_skew_us.load(Relaxed) / 1000,
+            "clock_ahead": get(&s.clock_ahead),
+            "clock_resets": get(&s.clock_resets),
+            "ids_ahead": get(&s.ids_ahead),
             "redis": self.master_addr(),
             "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
         })

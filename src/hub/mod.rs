@@ -378,8 +378,22 @@ impl<S: StreamActor> Hub<S> {
             body["other_nodes"] = "not sent: the bus is down".into();
             return Ok(Answer::Partial(body));
         }
+        let error = match &failed {
+            PublishFailed::Refused(why) => ApiError::RedisRefused(why.clone()),
+            PublishFailed::ClockAhead(ahead) => ApiError::FleetClockAhead {
+                ahead_s: ahead.as_secs(),
+            },
+            _ => ApiError::BusUnavailable,
+        };
         let outcome = match (failed, once) {
             (PublishFailed::NotSent, _) => "not delivered anywhere: the bus is down; retry",
+            (PublishFailed::Refused(_), _) => {
+                "not delivered anywhere: Redis refused the publish script before it published; \
+                 nothing was sent to any node"
+            }
+            (PublishFailed::ClockAhead(_), _) => {
+                "not delivered anywhere: nothing was kept or sent; retry after Retry-After seconds"
+            }
             (PublishFailed::Unknown, Some(_)) => {
                 "unknown: Redis did not answer in time; if it runs the publish later, every node \
                  delivers it then; retry with the same Idempotency-Key, which never delivers twice"
@@ -394,8 +408,10 @@ impl<S: StreamActor> Hub<S> {
                  delivers it then, this one included; retry only with an Idempotency-Key"
             }
         };
-        let mut body =
-            json!({ "error": ApiError::BusUnavailable.to_string(), "delivered": 0, "outcome": outcome });
+        let mut body = json!({ "error": error.to_string(), "delivered": 0, "outcome": outcome });
+        if let ApiError::FleetClockAhead { ahead_s } = error {
+            body["retry_after_s"] = ahead_s.max(1).into();
+        }
         if let Some(id) = id {
             body["id"] = id.into();
         }

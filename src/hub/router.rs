@@ -1061,9 +1061,12 @@ pub(crate) struct CloseAll;
 
 /// Fault injection: the stream drops its connection at once, with no
 /// final chunk or close frame, as a crash or a network failure would.
-#[derive(Message)]
+#[derive(Message, Clone, Copy)]
 #[rtype(result = "()")]
-pub(crate) struct Cut;
+pub(crate) struct Cut {
+    /// The stream panics in its handler instead: what a bug there does.
+    pub(crate) panic: bool,
+}
 
 /// Fault injection: cut every stream of `id`. Answers how many.
 #[derive(Message)]
@@ -1071,16 +1074,18 @@ pub(crate) struct Cut;
 pub(crate) struct CutId {
     /// The stream id.
     pub(crate) id: String,
+    /// How ([`Cut::panic`]).
+    pub(crate) panic: bool,
 }
 
 impl<S: StreamActor> Handler<CutId> for Router<S> {
     type Result = Option<usize>;
 
-    fn handle(&mut self, CutId { id }: CutId, ctx: &mut Context<Self>) -> Option<usize> {
+    fn handle(&mut self, CutId { id, panic }: CutId, ctx: &mut Context<Self>) -> Option<usize> {
         guarded(self, ctx, |r, _| {
             let streams = r.table.get(id.as_str()).map_or(&[][..], |s| &s[..]);
             for (_, stream) in streams {
-                tell(stream, Cut);
+                tell(stream, Cut { panic });
             }
             streams.len()
         })
@@ -1698,7 +1703,7 @@ mod tests {
         assert_eq!(router.send(b).await.unwrap(), Some(Err(Busy)));
         // A stream that stops holding deliveries: they count as dropped and
         // leave the backlog.
-        fakes[0].send(Cut).await.unwrap();
+        fakes[0].send(Cut { panic: false }).await.unwrap();
         eventually(|| backlog() == 2).await;
         assert_eq!(stats.messages_dropped.load(Relaxed), 1);
     }

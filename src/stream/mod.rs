@@ -521,8 +521,14 @@ impl Actor for Stream {
             self.welcome(ctx, me, Resume::default());
         }
     }
+}
 
-    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+/// A stream's registrations are given back when the actor is dropped, not
+/// in `stopped()`: a panic inside one of its handlers drops the actor
+/// without calling `stopped()`, and its Router entry, counters and
+/// per-address slot must not leak with it (issue 40).
+impl Drop for Stream {
+    fn drop(&mut self) {
         self.core.shared.router.do_send(Logout {
             id: Arc::clone(&self.core.id),
             conn: self.core.conn,
@@ -662,7 +668,8 @@ impl Handler<Close> for Stream {
 impl Handler<Cut> for Stream {
     type Result = ();
 
-    fn handle(&mut self, _: Cut, ctx: &mut Context<Self>) {
+    fn handle(&mut self, cut: Cut, ctx: &mut Context<Self>) {
+        assert!(!cut.panic, "fault injection: a stream panics in a handler");
         ctx.stop();
     }
 }
