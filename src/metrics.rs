@@ -404,7 +404,7 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 19] = [
+        let counters: [CounterSpec<'_>; 20] = [
             (
                 "cluster_bus_restarts",
                 "Supervised restarts of the cluster Bus actor after a crash.",
@@ -495,6 +495,11 @@ impl Collector for ClusterCollector {
                 "cluster_ids_ahead",
                 "Bus messages from other nodes whose event id was more than a minute past Redis's time, dropped.",
                 &s.ids_ahead,
+            ),
+            (
+                "cluster_bad_state",
+                "Values read back from Redis out of range or not in this version's format (node entries, presence counts, the /dispatcher count), left out or reset.",
+                &s.bad_state,
             ),
         ];
         encode_counters(&mut enc, &counters)?;

@@ -280,3 +280,88 @@ fn a_node_whose_clock_is_behind_redis_loses_nothing_and_readyz_names_the_skew() 
     assert_eq!(get_json(slow, "/stats")["cluster"]["ids_ahead"], 0);
     assert!(slow_proc.events("bus_id_ahead").is_empty());
 }
+
+/// Redis state is input (issue 40): what an earlier version, a hand edit
+/// or another program left under the fleet's prefix is checked, healed or
+/// left out, with a logged reason, instead of wedging every request.
+/// Before the fix each of these answered 503 for good (or, for the node
+/// entry, added u64::MAX into the totals).
+#[test]
+fn out_of_range_redis_state_heals_or_is_left_out() {
+    let redis = RedisServer::start();
+    let mut cmd = Command::new(BIN);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
+        .env("SWITCHBOARD__CLUSTER__PREFIX", "state");
+    let (p, addrs) = Proc::start(cmd);
+    let addr = addrs[0];
+    wait_ready(addr);
+    let mut stream = StreamClient::open(addr, "st");
+    stream.line();
+
+    // A fleet clock past what Lua's numbers hold: reset, with a new epoch.
+    redis.command(&["HSET", "state:fleet", "clock", "100000000000000000000"]);
+    let r = post(addr, "/send/st", "one");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(stream.message(), "Recvd msg #1: 'one'");
+
+    // An id's history whose last entry is in the future: replaced.
+    let future = format!("{}-0", now_us() + 3_600_000_000);
+    redis.command(&["DEL", "state:history:st"]);
+    redis.command(&["XADD", "state:history:st", &future, "m", "from the future"]);
+    let r = post(addr, "/send/st", "two");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(stream.message(), "Recvd msg #2: 'two'");
+
+    // The /dispatcher count at i64::MAX, then not a number: numbering
+    // starts again at 1.
+    redis.command(&["SET", "state:dispatcher", &i64::MAX.to_string()]);
+    let r = request(addr, "GET", "/dispatcher", &[], b"").unwrap();
+    assert_eq!((r.status, r.text()), (200, "1".to_owned()));
+    redis.command(&["SET", "state:dispatcher", "many"]);
+    let r = request(addr, "GET", "/dispatcher", &[], b"").unwrap();
+    assert_eq!((r.status, r.text()), (200, "1".to_owned()));
+    let r = request(addr, "GET", "/dispatcher", &[], b"").unwrap();
+    assert_eq!((r.status, r.text()), (200, "2".to_owned()));
+
+    // A node entry claiming u64::MAX streams, and a presence count that is
+    // not a number: left out of /cluster and /presence.
+    let far_future_ms = (now_us() / 1000 + 60_000).to_string();
+    redis.command(&[
+        "SET",
+        "state:node:liar",
+        r#"{"name":"liar","instance":"liar1","host":"h","pid":1,"streams":18446744073709551615,"uptime_s":1,"addr":"x"}"#,
+        "PX",
+        "60000",
+    ]);
+    redis.command(&["ZADD", "state:nodes", &far_future_ms, "liar"]);
+    redis.command(&[
+        "SET",
+        "state:node:odd",
+        r#"{"name":"odd","instance":"odd1","host":"h","pid":2,"streams":1,"uptime_s":1,"addr":"y"}"#,
+        "PX",
+        "60000",
+    ]);
+    redis.command(&["ZADD", "state:nodes", &far_future_ms, "odd"]);
+    redis.command(&["HSET", "state:presence:odd1", "st", "lots"]);
+    let view = get_json(addr, "/cluster");
+    let names: Vec<&str> = view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"odd") && !names.contains(&"liar"),
+        "the liar is left out: {view}"
+    );
+    assert!(view["totals"]["streams"].as_u64() <= Some(2), "{view}");
+    let presence = request(addr, "GET", "/presence/st", &[], b"").unwrap();
+    assert_eq!(presence.status, 200, "{}", presence.text());
+    assert_eq!(presence.json()["streams"], 1, "{}", presence.text());
+
+    let stats = get_json(addr, "/stats");
+    assert!(stats["cluster"]["bad_state"].as_u64() >= Some(4), "{stats}");
+    assert!(stats["cluster"]["clock_resets"].as_u64() >= Some(2), "{stats}");
+    assert!(!p.events("redis_bad_state").is_empty());
+}

@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_payload};
-use super::link::{Conn, Received, Reply};
+use super::link::{Conn, FRAMING_BYTES, Received, Reply};
 use crate::hub::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
@@ -217,6 +217,7 @@ impl Bus {
                 if cluster.sentinels() {
                     confirm_master(&mut conn).await?;
                 }
+                conn.limit(cluster.max_message_bytes + FRAMING_BYTES);
                 // Before anything is read or delivered through this link:
                 // a Redis that lost entries this node saw starts a new
                 // epoch, so resumes and catch-ups are told of a gap.
@@ -464,6 +465,17 @@ async fn drive(
                         channel,
                         payload,
                     });
+                    continue;
+                }
+                Received::Oversized { channel, bytes } => {
+                    cluster.stats.malformed.fetch_add(1, Relaxed);
+                    tracing::warn!(
+                        event = "bus_malformed",
+                        channel = %String::from_utf8_lossy(&channel),
+                        bytes,
+                        "a bus message longer than message.max_bytes and its framing; dropped as it \
+                         arrived, never buffered (counted in /stats cluster.malformed)"
+                    );
                     continue;
                 }
                 Received::Subscribed => LinkCommand::Subscribe,

@@ -202,6 +202,18 @@ const FENCE_SCRIPT: &str = "local run = string.match(redis.call('INFO', 'server'
     redis.call('HSET', KEYS[1], 'clock', fmt(e - 1), 'epoch', fmt(e), 'redis', run) \
     return {1, fmt(clock), fmt(e)}";
 
+/// Restarts the `/dispatcher` count at `ARGV[1]` unless another node did
+/// just now (the count is a number INCRBY can go on from): answers the
+/// last number taken.
+const DISPATCHER_RESET_SCRIPT: &str = "local ok = redis.pcall('INCRBY', KEYS[1], ARGV[1]) \
+    if type(ok) == 'number' and ok >= 0 then return ok end \
+    redis.call('SET', KEYS[1], ARGV[1]) return tonumber(ARGV[1])";
+
+/// More streams than any node can hold (this machine's kind allows 20,000
+/// open files a process; a big box a few million): a count read back from
+/// Redis above it is not a count.
+const MAX_NODE_STREAMS: u64 = 1 << 32;
+
 /// Most ids one catch-up read asks for (a SUBSCRIBE batch's).
 pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
@@ -578,6 +590,10 @@ pub(crate) struct ClusterStats {
     /// Bus messages from other nodes whose event id was more than
     /// [`MAX_AHEAD`] past Redis's time, dropped.
     pub(crate) ids_ahead: AtomicU64,
+    /// Values read back from Redis that were out of range or not in this
+    /// version's format (node entries, presence counts, the `/dispatcher`
+    /// count), left out or reset.
+    pub(crate) bad_state: AtomicU64,
 }
 
 /// One node's entry in Redis, as `/cluster` lists it.
@@ -1477,7 +1493,7 @@ impl Cluster {
         self.fail_fast()?;
         let nodes = self.live_nodes().await?;
         let others: Vec<&NodeInfo> = nodes.iter().filter(|n| n.instance != self.instance).collect();
-        let counts: Vec<Option<u64>> = if others.is_empty() {
+        let fields: Vec<Option<String>> = if others.is_empty() {
             Vec::new()
         } else {
             let mut pipe = redis::pipe();
@@ -1487,6 +1503,14 @@ impl Cluster {
             self.command("HGET", async move |mut c| pipe.query_async(&mut c).await)
                 .await?
         };
+        let counts = fields.into_iter().map(|f| {
+            let f = f?;
+            let n = f.parse::<u64>().ok().filter(|n| *n <= MAX_NODE_STREAMS);
+            if n.is_none() {
+                self.bad_state("a presence count", &f);
+            }
+            n
+        });
         let mut list: Vec<(String, u64)> = others
             .iter()
             .zip(counts)
@@ -1500,14 +1524,33 @@ impl Cluster {
     }
 
     /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
+    ///
+    /// A count Redis cannot increment (at `i64::MAX`, not a number) or
+    /// that is negative is reset, logged and counted, and numbering starts
+    /// again at 1, rather than every `/dispatcher` answering 503 for good.
     pub(crate) async fn take_numbers(&self, n: u64) -> Result<u64, ApiError> {
         self.fail_fast()?;
         let key = self.names.counter_key();
-        let last: u64 = self
-            .command("INCRBY", async move |mut c| c.incr(key, n).await)
-            .await?;
+        let counted = {
+            let key = key.clone();
+            self.command("INCRBY", async move |mut c| c.incr::<_, _, i64>(key, n).await)
+                .await
+        };
+        let last = match counted {
+            Ok(last) if last >= 0 => last as u64,
+            Ok(_) | Err(ApiError::RedisRefused(_)) => {
+                self.bad_state("the /dispatcher count", "not a count INCRBY can go on from");
+                let script = redis::Script::new(DISPATCHER_RESET_SCRIPT);
+                self.command("INCRBY", async move |mut c| {
+                    script.key(key).arg(n).invoke_async::<i64>(&mut c).await
+                })
+                .await?
+                .max(0) as u64
+            }
+            Err(e) => return Err(e),
+        };
         self.server_stats.counter.store(last, Relaxed);
-        Ok(last + 1 - n)
+        Ok((last + 1).saturating_sub(n).max(1))
     }
 
     /// This node as `/cluster` lists it.
@@ -1704,13 +1747,36 @@ impl Cluster {
             })
             .await?
         };
+        // Redis state is input: an entry that does not parse, or claims
+        // more streams than a node can hold, is left out, counted and logged.
         let mut nodes: Vec<NodeInfo> = entries
             .into_iter()
             .flatten()
-            .filter_map(|e| serde_json::from_str(&e).ok())
+            .filter_map(|e| match serde_json::from_str::<NodeInfo>(&e) {
+                Ok(n) if n.streams <= MAX_NODE_STREAMS => Some(n),
+                _ => {
+                    self.bad_state("a node entry", &e);
+                    None
+                }
+            })
             .collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(nodes)
+    }
+
+    /// Counts and logs a value read back from Redis that is not what this
+    /// version writes there (hand-edited, another program's, corrupt):
+    /// left out of the answer rather than trusted or failing it.
+    fn bad_state(&self, what: &str, value: &str) {
+        self.stats.bad_state.fetch_add(1, Relaxed);
+        let value: String = value.chars().take(80).collect();
+        tracing::warn!(
+            event = "redis_bad_state",
+            what,
+            value = %value,
+            "a value read from Redis is out of range or not in this version's format; left out (counted in \
+             /stats cluster.bad_state)"
+        );
     }
 
     /// [`Cluster::view`], at most `max_age` old (for the dashboard).
@@ -1755,6 +1821,7 @@ impl Cluster {
             "clock_ahead": get(&s.clock_ahead),
             "clock_resets": get(&s.clock_resets),
             "ids_ahead": get(&s.ids_ahead),
+            "bad_state": get(&s.bad_state),
             "redis": self.master_addr(),
             "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
         })
@@ -1781,7 +1848,7 @@ pub(crate) fn single_view(stats: &Stats, addr: &str) -> Value {
 /// `/presence/{id}`'s answer: the id, its streams, and the nodes that
 /// have any, by name.
 pub(crate) fn presence_json(id: &str, nodes: &[(String, u64)]) -> Value {
-    let streams: u64 = nodes.iter().map(|(_, n)| n).sum();
+    let streams = nodes.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
     let nodes: Vec<Value> = nodes
         .iter()
         .map(|(node, n)| json!({ "node": node, "streams": n }))
@@ -1801,7 +1868,7 @@ pub(crate) fn single_presence(id: &str, here: usize) -> Value {
 }
 
 fn view_json(mode: &str, node: &str, nodes: &[NodeInfo]) -> Value {
-    let streams: u64 = nodes.iter().map(|n| n.streams).sum();
+    let streams = nodes.iter().fold(0u64, |sum, n| sum.saturating_add(n.streams));
     json!({
         "mode": mode,
         "node": node,

@@ -25,8 +25,17 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Deepest array nesting accepted (a subscribed connection gets depth 1).
 const MAX_DEPTH: usize = 8;
 
-/// Largest bulk string accepted: Redis's own default `proto-max-bulk-len`.
+/// Largest bulk string [`parse_reply`] accepts: Redis's own default
+/// `proto-max-bulk-len`. A link takes far less ([`Conn::limit`]).
 const MAX_BULK: usize = 512 * 1024 * 1024;
+
+/// What a bus message may add to `message.max_bytes`: its origin, event id
+/// and the space (`<instance>/<seq>@<event id> `), or a channel's name.
+pub(crate) const FRAMING_BYTES: usize = 1024;
+
+/// A link's read buffer after a large reply is given back once it is
+/// empty, if it grew past this (it starts at 4 KiB).
+const SHRINK_ABOVE: usize = 64 * 1024;
 
 /// One RESP2 reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +50,10 @@ pub(crate) enum Reply {
     Bulk(Option<Bytes>),
     /// `*3\r\n...` (`None`: the null array).
     Array(Option<Vec<Reply>>),
+    /// The last element of a top-level array (a pub/sub message's payload)
+    /// that was longer than the link takes: its length, its bytes dropped
+    /// unread ([`Conn::limit`]).
+    Oversized(usize),
 }
 
 impl Reply {
@@ -56,11 +69,27 @@ impl Reply {
 
 /// Parses one reply from the front of `buf`: `Ok(None)` if `buf` holds only
 /// part of one, else the reply and the bytes it took.
-pub(crate) fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
-    parse_at(buf, 0, 0)
+#[cfg(test)]
+fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+    parse_at(buf, 0, 0, MAX_BULK, false)
 }
 
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Reply, usize)>, String> {
+/// [`parse_reply`], taking bulk strings of at most `max_bulk` bytes. A
+/// longer one is known by its length line, before its bytes arrive: as the
+/// last element of a top-level array (a message's payload) it is
+/// [`Reply::Oversized`] and the reply's end lies past `buf` by the bytes to
+/// drop; anywhere else it is an error.
+fn parse_reply_within(buf: &[u8], max_bulk: usize) -> Result<Option<(Reply, usize)>, String> {
+    parse_at(buf, 0, 0, max_bulk, false)
+}
+
+fn parse_at(
+    buf: &[u8],
+    at: usize,
+    depth: usize,
+    max_bulk: usize,
+    last_of_top: bool,
+) -> Result<Option<(Reply, usize)>, String> {
     let Some(line_end) = find_crlf(buf, at + 1) else {
         return Ok(None);
     };
@@ -80,8 +109,13 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Reply, usize)
                 return Ok(Some((Reply::Bulk(None), next)));
             }
             let len = usize::try_from(len).map_err(|_| "bulk length out of range".to_owned())?;
-            if len > MAX_BULK {
-                return Err(format!("bulk string of {len} bytes"));
+            if len > max_bulk {
+                if last_of_top {
+                    return Ok(Some((Reply::Oversized(len), next + len + 2)));
+                }
+                return Err(format!(
+                    "a bulk string of {len} bytes, more than the {max_bulk} this link takes"
+                ));
             }
             if buf.len() < next + len + 2 {
                 return Ok(None);
@@ -104,8 +138,9 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Reply, usize)
             let len = usize::try_from(len).map_err(|_| "array length out of range".to_owned())?;
             let mut items = Vec::with_capacity(len.min((buf.len() - next) / 3 + 1));
             let mut pos = next;
-            for _ in 0..len {
-                match parse_at(buf, pos, depth + 1)? {
+            for i in 0..len {
+                let last = depth == 0 && i + 1 == len;
+                match parse_at(buf, pos, depth + 1, max_bulk, last)? {
                     Some((item, end)) => {
                         items.push(item);
                         pos = end;
@@ -143,6 +178,9 @@ pub(crate) enum Received {
     Unsubscribed,
     /// The answer to a PING.
     Pong,
+    /// `message <channel> <payload>` whose payload was longer than the
+    /// link takes: dropped unread, `bytes` long.
+    Oversized { channel: Bytes, bytes: usize },
 }
 
 impl Received {
@@ -162,6 +200,10 @@ impl Received {
                 (Reply::Bulk(Some(channel)), Reply::Bulk(Some(payload))) => Ok(Received::Message {
                     channel: channel.clone(),
                     payload: payload.clone(),
+                }),
+                (Reply::Bulk(Some(channel)), Reply::Oversized(bytes)) => Ok(Received::Oversized {
+                    channel: channel.clone(),
+                    bytes: *bytes,
                 }),
                 _ => Err("a message without channel or payload".to_owned()),
             },
@@ -184,6 +226,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
 pub(crate) struct Conn {
     io: Box<dyn Transport>,
     buf: BytesMut,
+    /// The longest bulk string taken. A longer message payload is dropped
+    /// as it arrives, never buffered ([`Reply::Oversized`]); a longer one
+    /// anywhere else is an error that ends the link.
+    max_bulk: usize,
+    /// Bytes still to drop of an oversized payload.
+    discard: usize,
 }
 
 impl Conn {
@@ -228,6 +276,8 @@ impl Conn {
         let mut conn = Conn {
             io,
             buf: BytesMut::with_capacity(4096),
+            max_bulk: MAX_BULK,
+            discard: 0,
         };
         let settings = info.redis_settings();
         if let Some(password) = settings.password() {
@@ -246,6 +296,12 @@ impl Conn {
             }
         }
         Ok(conn)
+    }
+
+    /// Takes bulk strings of at most `max_bulk` bytes from now on (the bus
+    /// link: `message.max_bytes` plus [`FRAMING_BYTES`]).
+    pub(crate) fn limit(&mut self, max_bulk: usize) {
+        self.max_bulk = max_bulk;
     }
 
     /// Writes one encoded command (or several).
@@ -268,9 +324,22 @@ impl Conn {
 
     /// A reply already in the buffer, if there is one whole.
     pub(crate) fn parsed(&mut self) -> Result<Option<Reply>, String> {
-        match parse_reply(&self.buf)? {
+        match parse_reply_within(&self.buf, self.max_bulk)? {
             Some((reply, used)) => {
-                self.buf.advance(used);
+                let held = self.buf.len();
+                if used > held {
+                    // An oversized payload: drop what came of it, and the
+                    // rest as it comes.
+                    self.discard = used - held;
+                    self.buf.clear();
+                } else {
+                    self.buf.advance(used);
+                }
+                // A large reply grew the buffer: give it back once it is
+                // read (one 7 MB message used to keep ~22 MB for good).
+                if self.buf.is_empty() && held.max(self.buf.capacity()) > SHRINK_ABOVE {
+                    self.buf = BytesMut::with_capacity(4096);
+                }
                 Ok(Some(reply))
             }
             None => Ok(None),
@@ -285,7 +354,12 @@ impl Conn {
         }
         match self.io.read_buf(&mut self.buf).await {
             Ok(0) => Err("Redis closed the pub/sub connection".to_owned()),
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                let dropped = self.discard.min(self.buf.len());
+                self.buf.advance(dropped);
+                self.discard -= dropped;
+                Ok(())
+            }
             Err(e) => Err(format!("reading from Redis: {e}")),
         }
     }
@@ -326,6 +400,7 @@ mod tests {
                 out.extend_from_slice(b"\r\n");
             }
             Reply::Array(None) => out.extend_from_slice(b"*-1\r\n"),
+            Reply::Oversized(_) => unreachable!("the generator makes none"),
             Reply::Array(Some(items)) => {
                 out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
                 for i in items {
@@ -414,5 +489,96 @@ mod tests {
         }
         let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
         assert!(parse_reply(deep.as_bytes()).is_err());
+    }
+
+    /// A link over one end of an in-memory pipe, taking `max_bulk`.
+    fn piped(max_bulk: usize) -> (Conn, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let mut conn = Conn {
+            io: Box::new(ours),
+            buf: BytesMut::with_capacity(4096),
+            max_bulk,
+            discard: 0,
+        };
+        conn.limit(max_bulk);
+        (conn, theirs)
+    }
+
+    fn message(channel: &str, payload: &[u8]) -> Vec<u8> {
+        let mut m = format!(
+            "*3\r\n$7\r\nmessage\r\n${}\r\n{channel}\r\n${}\r\n",
+            channel.len(),
+            payload.len()
+        )
+        .into_bytes();
+        m.extend(payload);
+        m.extend(b"\r\n");
+        m
+    }
+
+    /// A bus message past the link's limit is known by its length line and
+    /// dropped as its bytes come, never buffered; the next message is read
+    /// whole (issue 40: bulk strings up to 512 MB were buffered).
+    #[tokio::test]
+    async fn an_oversized_payload_is_dropped_as_it_arrives() {
+        let (mut conn, mut redis) = piped(100);
+        let mut wire = message("sb:id:a", &[b'x'; 200_000]);
+        wire.extend(message("sb:id:a", b"n@1 fine"));
+        let writer = tokio::spawn(async move {
+            for chunk in wire.chunks(3000) {
+                redis.write_all(chunk).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            redis
+        });
+        let mut most = 0;
+        let first = loop {
+            if let Some(r) = conn.parsed().unwrap() {
+                break r;
+            }
+            conn.fill().await.unwrap();
+            most = most.max(conn.buf.capacity());
+        };
+        assert_eq!(
+            Received::of(first).unwrap(),
+            Received::Oversized {
+                channel: Bytes::from_static(b"sb:id:a"),
+                bytes: 200_000
+            }
+        );
+        let second = loop {
+            if let Some(r) = conn.parsed().unwrap() {
+                break r;
+            }
+            conn.fill().await.unwrap();
+            most = most.max(conn.buf.capacity());
+        };
+        assert!(
+            matches!(Received::of(second).unwrap(), Received::Message { payload, .. } if &payload[..] == b"n@1 fine")
+        );
+        assert!(most <= 16 * 1024, "the buffer grew to {most} bytes");
+        drop(writer.await.unwrap());
+        // Not the last element of a message: an error, not a panic.
+        assert!(parse_reply_within(b"*2\r\n$500\r\n", 100).is_err());
+        assert!(parse_reply_within(b"$500\r\n", 100).is_err());
+    }
+
+    /// After a large message the link's buffer goes back to its start size.
+    #[tokio::test]
+    async fn the_buffer_shrinks_after_a_large_message() {
+        let (mut conn, mut redis) = piped(8 << 20);
+        let writer = tokio::spawn(async move {
+            redis
+                .write_all(&message("sb:id:a", &[b'y'; 3 << 20]))
+                .await
+                .unwrap();
+            redis
+        });
+        let reply = conn.next().await.unwrap();
+        drop(writer.await.unwrap());
+        assert!(
+            matches!(Received::of(reply).unwrap(), Received::Message { payload, .. } if payload.len() == 3 << 20)
+        );
+        assert!(conn.buf.capacity() <= 4096, "{}", conn.buf.capacity());
     }
 }
