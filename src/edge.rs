@@ -138,22 +138,34 @@ fn parse_v1(buf: &[u8]) -> Parsed {
 fn parse_v2(buf: &[u8]) -> Parsed {
     use ppp::PartialResult as _;
     use ppp::v2::{Addresses, Command, Header};
+    // Once the 16 fixed bytes are in, the header's whole length is known;
+    // once that many bytes are in, no more will make a broken header whole.
+    let declared = (buf.len() >= 16).then(|| 16 + usize::from(u16::from_be_bytes([buf[14], buf[15]])));
+    let whole = declared.is_some_and(|n| buf.len() >= n);
     match Header::try_from(buf) {
-        Ok(h) => Parsed::Header {
-            len: h.len(),
-            client: match (h.command, h.addresses) {
-                (Command::Proxy, Addresses::IPv4(a)) => {
-                    Some(SocketAddr::from((a.source_address, a.source_port)))
-                }
-                (Command::Proxy, Addresses::IPv6(a)) => {
-                    Some(SocketAddr::from((a.source_address, a.source_port)))
-                }
-                _ => None,
-            },
-        },
-        Err(e) if e.is_incomplete() => {
-            let declared =
-                (buf.len() >= 16).then(|| 16 + usize::from(u16::from_be_bytes([buf[14], buf[15]])));
+        Ok(h) => {
+            // ppp does not read the TLVs: one that runs past the header's
+            // end is refused here, as HAProxy refuses it (which reads them
+            // for PROXY only; a LOCAL header's addresses are ignored).
+            if matches!(h.command, Command::Proxy)
+                && let Some(Err(e)) = h.tlvs().find(Result::is_err)
+            {
+                return Parsed::Invalid(format!("not a PROXY protocol v2 header: {e}"));
+            }
+            Parsed::Header {
+                len: h.len(),
+                client: match (h.command, h.addresses) {
+                    (Command::Proxy, Addresses::IPv4(a)) => {
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
+                    }
+                    (Command::Proxy, Addresses::IPv6(a)) => {
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
+                    }
+                    _ => None,
+                },
+            }
+        }
+        Err(e) if e.is_incomplete() && !whole => {
             if buf.len() >= MAX_PROXY_HEADER || declared.is_some_and(|n| n > MAX_PROXY_HEADER) {
                 Parsed::Invalid(format!(
                     "a PROXY protocol v2 header longer than {MAX_PROXY_HEADER} bytes"
@@ -782,5 +794,135 @@ mod tests {
         let untrusted: IpAddr = "198.51.100.4".parse().unwrap();
         assert_eq!(client(untrusted, &["203.0.113.9"]), untrusted);
         assert!(Nets::parse("10.0.0.0/33").is_err());
+    }
+}
+
+/// Property tests: the PROXY header reader never panics, whatever arrives,
+/// and a v2 header that is all there is never taken for the start of one
+/// (it would be held until the head deadline and answered 408, not 400).
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A valid v1 header for an arbitrary IPv4 or IPv6 client.
+    fn v1_header() -> impl Strategy<Value = Vec<u8>> {
+        (any::<bool>(), any::<[u8; 16]>(), any::<u16>(), any::<u16>()).prop_map(|(six, a, sp, dp)| {
+            if six {
+                let (src, dst) = (std::net::Ipv6Addr::from(a), std::net::Ipv6Addr::LOCALHOST);
+                format!("PROXY TCP6 {src} {dst} {sp} {dp}\r\n").into_bytes()
+            } else {
+                let src = std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]);
+                format!("PROXY TCP4 {src} 127.0.0.1 {sp} {dp}\r\n").into_bytes()
+            }
+        })
+    }
+
+    /// A valid v2 PROXY header (IPv4 or IPv6) with well-formed TLVs.
+    fn v2_header() -> impl Strategy<Value = Vec<u8>> {
+        let tlv = (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..20));
+        (
+            any::<bool>(),
+            any::<[u8; 36]>(),
+            proptest::collection::vec(tlv, 0..4),
+        )
+            .prop_map(|(six, addresses, tlvs)| {
+                let mut body = if six {
+                    addresses.to_vec()
+                } else {
+                    addresses[..12].to_vec()
+                };
+                for (kind, value) in tlvs {
+                    body.push(kind);
+                    body.extend((value.len() as u16).to_be_bytes());
+                    body.extend(value);
+                }
+                let mut h = V2_SIGNATURE.to_vec();
+                h.extend([0x21, if six { 0x21 } else { 0x11 }]);
+                h.extend((body.len() as u16).to_be_bytes());
+                h.extend(body);
+                h
+            })
+    }
+
+    fn mode() -> impl Strategy<Value = ProxyProtocol> {
+        prop_oneof![
+            Just(ProxyProtocol::V1),
+            Just(ProxyProtocol::V2),
+            Just(ProxyProtocol::Any)
+        ]
+    }
+
+    /// Some bytes of `h` overwritten, then `h` cut or lengthened.
+    fn mutated(h: Vec<u8>, edits: Vec<(usize, u8)>, len: usize) -> Vec<u8> {
+        let mut h = h;
+        for (at, b) in edits {
+            let at = at % h.len();
+            h[at] = b;
+        }
+        h.resize(len.min(MAX_PROXY_HEADER), 0);
+        h
+    }
+
+    proptest! {
+        #![proptest_config(crate::proptest_config())]
+
+        /// Arbitrary bytes, or arbitrary bytes after a v2 signature, never
+        /// panic.
+        #[test]
+        fn any_bytes_are_answered(
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+            signed in any::<bool>(),
+            mode in mode(),
+        ) {
+            let buf = if signed { [V2_SIGNATURE, &bytes].concat() } else { bytes };
+            let _ = parse(&buf, mode);
+        }
+
+        /// A valid header is taken whole, every cut of it is the start of
+        /// one; mutated, it never panics, and a complete v2 header (its
+        /// declared length all there) is taken or refused, never waited on.
+        #[test]
+        fn mutated_headers_are_taken_or_refused(
+            h in prop_oneof![v1_header(), v2_header()],
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            len in 0usize..400,
+            mode in mode(),
+        ) {
+            let v2 = h.starts_with(V2_SIGNATURE);
+            if matches!((v2, mode), (true, ProxyProtocol::V2 | ProxyProtocol::Any) | (false, ProxyProtocol::V1 | ProxyProtocol::Any)) {
+                let taken = matches!(parse(&h, mode), Parsed::Header { len, .. } if len == h.len());
+                prop_assert!(taken, "{:?}", h);
+                let cut = len % h.len();
+                prop_assert_eq!(parse(&h[..cut], mode), Parsed::Partial);
+            }
+            let m = mutated(h, edits, len);
+            let parsed = parse(&m, mode);
+            if m.len() >= 16 && m.starts_with(V2_SIGNATURE) {
+                let declared = 16 + usize::from(u16::from_be_bytes([m[14], m[15]]));
+                if m.len() >= declared {
+                    prop_assert_ne!(parsed, Parsed::Partial, "{:?}", m);
+                }
+            }
+        }
+
+        /// A v2 PROXY header whose last TLV runs past the declared end is
+        /// refused as soon as the declared length is in.
+        #[test]
+        fn a_tlv_past_the_end_is_refused(
+            h in v2_header(),
+            kind in any::<u8>(),
+            over in 1u16..200,
+            have in proptest::collection::vec(any::<u8>(), 0..10),
+        ) {
+            let mut h = h;
+            h.push(kind);
+            h.extend((have.len() as u16 + over).to_be_bytes());
+            h.extend(&have);
+            let n = (h.len() - 16) as u16;
+            h[14..16].copy_from_slice(&n.to_be_bytes());
+            prop_assert!(matches!(parse(&h, ProxyProtocol::V2), Parsed::Invalid(_)));
+        }
     }
 }
