@@ -765,4 +765,56 @@ mod issue_40 {
             assert_eq!(answer(strict.addr, &get(&good), second).0, 200, "{path}");
         }
     }
+
+    /// Finding 4: a resume point is exactly a decimal number, after the
+    /// query's percent-escapes are decoded (as the path's are), with the
+    /// same answer on both paths; `Last-Event-ID` the same (no escapes in
+    /// a header).
+    #[test]
+    fn since_and_last_event_id_are_exactly_decimal_numbers() {
+        let srv = TestServer::start(settings());
+        let query = |since: &str| format!("GET /test/s40?since={since} HTTP/1.1\r\nHost: a\r\n\r\n");
+        let header = |id: &str| format!("GET /test/s40 HTTP/1.1\r\nHost: a\r\nLast-Event-ID: {id}\r\n\r\n");
+        for second in [false, true] {
+            let path = if second { "fallback" } else { "lean" };
+            for since in ["12", "007", "%31%32", "18446744073709551615"] {
+                assert_eq!(
+                    answer(srv.addr, &query(since), second).0,
+                    200,
+                    "{path}: {since:?}"
+                );
+            }
+            for since in [
+                "+5",
+                "%2B5",
+                "-1",
+                "%205",
+                "5%20",
+                "",
+                "1e3",
+                "0x5",
+                "%3",
+                "%",
+                "18446744073709551616",
+            ] {
+                let (status, error) = answer(srv.addr, &query(since), second);
+                assert_eq!(
+                    (status, error.as_str()),
+                    (400, "since must be an event id (a decimal number)"),
+                    "{path}: {since:?}"
+                );
+            }
+            for id in ["12", " 12 "] {
+                assert_eq!(answer(srv.addr, &header(id), second).0, 200, "{path}: {id:?}");
+            }
+            for id in ["+5", "-1", "%31", "1 2", "18446744073709551616"] {
+                let (status, error) = answer(srv.addr, &header(id), second);
+                assert_eq!(
+                    (status, error.as_str()),
+                    (400, "Last-Event-ID must be an event id (a decimal number)"),
+                    "{path}: {id:?}"
+                );
+            }
+        }
+    }
 }
