@@ -11,8 +11,9 @@
 //!   size every idle stream pays for (docs/design-notes.md).
 //! - [`Limits`]: open streams per address (a count kept only while an
 //!   address has streams open), new streams and publishes per address per
-//!   second (`governor`'s keyed GCRA limiters: one 8-byte state per
-//!   address seen recently, dropped once it would be full again).
+//!   second, TLS handshakes per address per second (`governor`'s keyed
+//!   GCRA limiters: one 8-byte state per address seen recently, dropped
+//!   once it would be full again).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -336,6 +337,8 @@ pub(crate) enum Refused {
     Opens,
     /// `limits.publishes_per_ip_per_s`.
     Publishes,
+    /// `limits.tls_handshakes_per_ip_per_s`.
+    TlsHandshakes,
 }
 
 impl Refused {
@@ -344,6 +347,7 @@ impl Refused {
             Refused::Streams => "streams",
             Refused::Opens => "stream_opens",
             Refused::Publishes => "publishes",
+            Refused::TlsHandshakes => "tls_handshakes",
         }
     }
 }
@@ -455,13 +459,16 @@ pub(crate) struct Limits {
     streams: Mutex<Slots>,
     opens: Option<DefaultKeyedRateLimiter<IpAddr>>,
     publishes: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    tls_handshakes: Option<DefaultKeyedRateLimiter<IpAddr>>,
     /// When each refusing address was last logged, and for which limit.
     logged: Mutex<HashMap<IpAddr, (Instant, Refused)>>,
     pub(crate) refused_streams: AtomicU64,
     pub(crate) refused_opens: AtomicU64,
     pub(crate) refused_publishes: AtomicU64,
+    pub(crate) refused_tls_handshakes: AtomicU64,
 }
 
+/// `per_s` a second in bursts of `burst` (0: of `per_s`); `None`: off.
 fn quota(per_s: u32, burst: u32) -> Option<Quota> {
     let per_s = NonZeroU32::new(per_s)?;
     Some(Quota::per_second(per_s).allow_burst(NonZeroU32::new(burst).unwrap_or(per_s)))
@@ -481,10 +488,16 @@ impl Limits {
                 .map(DefaultKeyedRateLimiter::keyed),
             publishes: quota(settings.publishes_per_ip_per_s, settings.publishes_burst)
                 .map(DefaultKeyedRateLimiter::keyed),
+            tls_handshakes: quota(
+                settings.tls_handshakes_per_ip_per_s,
+                settings.tls_handshakes_burst,
+            )
+            .map(DefaultKeyedRateLimiter::keyed),
             logged: Mutex::new(HashMap::new()),
             refused_streams: AtomicU64::new(0),
             refused_opens: AtomicU64::new(0),
             refused_publishes: AtomicU64::new(0),
+            refused_tls_handshakes: AtomicU64::new(0),
         })
     }
 
@@ -496,7 +509,10 @@ impl Limits {
 
     /// Whether any limit is on.
     pub(crate) fn enabled(&self) -> bool {
-        self.settings.streams_per_ip > 0 || self.opens.is_some() || self.publishes.is_some()
+        self.settings.streams_per_ip > 0
+            || self.opens.is_some()
+            || self.publishes.is_some()
+            || self.tls_handshakes.is_some()
     }
 
     /// A new stream from `client`, before its token is checked (a flood of
@@ -531,6 +547,11 @@ impl Limits {
         self.rate(self.publishes.as_ref(), client, Refused::Publishes)
     }
 
+    /// A connection from `client` on a TLS port, before its handshake.
+    pub(crate) fn admit_tls_handshake(&self, client: Client) -> Result<(), ApiError> {
+        self.rate(self.tls_handshakes.as_ref(), client, Refused::TlsHandshakes)
+    }
+
     /// One more of `what` from `client` against `limiter` (if on).
     fn rate(
         &self,
@@ -549,7 +570,8 @@ impl Limits {
     }
 
     /// Counts a refusal, logs it (once a minute per address), and answers
-    /// 429 with `Retry-After`.
+    /// 429 with `Retry-After` (a TLS handshake is not answered: its
+    /// connection is closed).
     fn refuse(&self, ip: IpAddr, what: Refused, wait: Duration) -> ApiError {
         let (counter, limit) = match what {
             Refused::Streams => (
@@ -570,6 +592,21 @@ impl Limits {
                     self.settings.publishes_per_ip_per_s, self.settings.publishes_burst
                 ),
             ),
+            Refused::TlsHandshakes => (
+                &self.refused_tls_handshakes,
+                format!(
+                    "{} TLS handshakes a second (bursts of {})",
+                    self.settings.tls_handshakes_per_ip_per_s,
+                    match self.settings.tls_handshakes_burst {
+                        0 => self.settings.tls_handshakes_per_ip_per_s,
+                        burst => burst,
+                    }
+                ),
+            ),
+        };
+        let answer = match what {
+            Refused::TlsHandshakes => "its connection closed",
+            _ => "429",
         };
         let total = counter.fetch_add(1, Relaxed) + 1;
         let now = Instant::now();
@@ -585,7 +622,7 @@ impl Limits {
                 client = %ip,
                 limit = what.name(),
                 refused_total = total,
-                "a client address is over its limit ({limit}); refused with 429 (logged once a minute per address)"
+                "a client address is over its limit ({limit}); refused with {answer} (logged once a minute per address)"
             );
         }
         ApiError::OverLimit {
@@ -599,7 +636,10 @@ impl Limits {
     /// again, log times older than a minute. Run every few seconds.
     pub(crate) fn sweep(&self) {
         lock(&self.streams).shrink();
-        for limiter in [&self.opens, &self.publishes].into_iter().flatten() {
+        for limiter in [&self.opens, &self.publishes, &self.tls_handshakes]
+            .into_iter()
+            .flatten()
+        {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
@@ -610,8 +650,11 @@ impl Limits {
     /// Addresses with streams counted, and addresses whose rates are
     /// tracked.
     pub(crate) fn tracked(&self) -> (usize, usize) {
-        let rates =
-            self.opens.as_ref().map_or(0, |l| l.len()) + self.publishes.as_ref().map_or(0, |l| l.len());
+        let rates = [&self.opens, &self.publishes, &self.tls_handshakes]
+            .into_iter()
+            .flatten()
+            .map(|l| l.len())
+            .sum();
         (lock(&self.streams).by_ip.len(), rates)
     }
 
@@ -643,6 +686,7 @@ impl Limits {
                 "streams": self.refused_streams.load(Relaxed),
                 "stream_opens": self.refused_opens.load(Relaxed),
                 "publishes": self.refused_publishes.load(Relaxed),
+                "tls_handshakes": self.refused_tls_handshakes.load(Relaxed),
             },
             "addresses_with_streams": with_streams,
             "addresses_rate_tracked": rate_tracked,
@@ -739,6 +783,27 @@ mod tests {
         ] {
             assert!(matches!(parse(input, mode), Parsed::Invalid(_)), "{input:?}");
         }
+    }
+
+    /// `limits.tls_handshakes_burst` 0 follows the rate: at 2 a second, two
+    /// handshakes at once and not a third; an exempt address is not counted.
+    #[test]
+    fn tls_handshakes_burst_follows_the_rate_when_zero() {
+        let mut settings = crate::Settings::defaults().limits;
+        settings.tls_handshakes_per_ip_per_s = 2;
+        settings.tls_handshakes_burst = 0;
+        settings.exempt = "192.0.2.9".into();
+        let limits = Limits::new(&settings).unwrap();
+        let client = Client::new("192.0.2.1".parse().unwrap(), false);
+        assert!(limits.admit_tls_handshake(client).is_ok());
+        assert!(limits.admit_tls_handshake(client).is_ok());
+        assert!(limits.admit_tls_handshake(client).is_err());
+        assert_eq!(limits.refused_tls_handshakes.load(Relaxed), 1);
+        let exempt = Client::new("192.0.2.9".parse().unwrap(), false);
+        for _ in 0..5 {
+            assert!(limits.admit_tls_handshake(exempt).is_ok());
+        }
+        assert_eq!(limits.stats()["refused"]["tls_handshakes"], 1);
     }
 
     #[test]
