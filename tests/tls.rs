@@ -425,6 +425,42 @@ fn tls_handshakes_past_the_rate_per_address_are_refused_unless_exempt() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Behind a balancer (`server.proxy_protocol`), the TLS handshake rate is
+/// the PROXY header's client's, not the balancer's: two clients through
+/// one balancer address each get their handshake, and the same client's
+/// second within the second is closed.
+#[test]
+fn the_tls_handshake_rate_is_the_proxied_clients() {
+    let dir = temp_dir("handshake-rate-proxied");
+    let certs = make_certificates(&dir, "proxied");
+    let mut s = settings();
+    s.server.proxy_protocol = switchboard::config::ProxyProtocol::V1;
+    s.limits.tls_handshakes_per_ip_per_s = 1;
+    s.limits.tls_handshakes_burst = 1;
+    s.limits.exempt = String::new();
+    let srv = TestServer::start_tls(s, &certs);
+    let tls = srv.addrs[1];
+    let via_balancer = |client: &str| {
+        let mut tcp = TcpStream::connect(tls).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        tcp.write_all(format!("PROXY TCP4 {client} 127.0.0.1 4000 443\r\n").as_bytes())
+            .unwrap();
+        let name = ServerName::IpAddress(tls.ip().into());
+        let conn = rustls::ClientConnection::new(client_config(&certs.ca), name).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock)?;
+        }
+        Ok::<_, std::io::Error>(tls)
+    };
+    via_balancer("192.0.2.1").expect("the first client");
+    via_balancer("192.0.2.2").expect("another client, the same balancer");
+    assert!(via_balancer("192.0.2.1").is_err(), "the first client again");
+    let st = srv.stats();
+    assert_eq!(st["limits"]["refused"]["tls_handshakes"], 1, "{st}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A TLS client that stops reading is cut at `stream.max_pending_bytes` of
 /// ciphertext, as on plain HTTP; a reader beside it keeps up.
 #[test]
