@@ -4,10 +4,12 @@
 //! every id in its `ids` claim, from its `nbf` (if any) until its `exp`
 //! (seconds since the epoch), both read exactly by this server's clock. With
 //! `auth.subscribe_audience` / `auth.subscribe_issuer` set, its `aud` /
-//! `iss` must match; unset, they are not looked at (an identity provider's
+//! `iss` must match (`iss` as one string, not the list the JWT library
+//! would take); unset, they are not looked at (an identity provider's
 //! tokens carry both). The check runs before any stream state exists; a
 //! stream that passes it ends when its token expires. Refusals say why in
-//! our own words, never the JWT library's.
+//! our own words, never the JWT library's, naming the actual problem (an
+//! algorithm other than HS256, a missing `exp`, ...).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
