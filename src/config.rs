@@ -157,6 +157,12 @@ pub struct LimitSettings {
     pub publishes_per_ip_per_s: u32,
     /// Publishes an address may send at once above that rate.
     pub publishes_burst: u32,
+    /// TLS handshakes per address per second, on the TLS ports.
+    pub tls_handshakes_per_ip_per_s: u32,
+    /// Handshakes an address may start at once above that rate; 0 (or
+    /// not set): as many as the rate.
+    #[serde(default)]
+    pub tls_handshakes_burst: u32,
     /// Addresses and networks no limit applies to.
     pub exempt: String,
 }
@@ -539,6 +545,12 @@ impl Settings {
                 return invalid(key, "must be at least the rate per second it goes with");
             }
         }
+        if l.tls_handshakes_burst != 0 && l.tls_handshakes_burst < l.tls_handshakes_per_ip_per_s {
+            return invalid(
+                "limits.tls_handshakes_burst",
+                "must be at least the rate per second it goes with (or 0: the rate)",
+            );
+        }
         if self.server.head_timeout_ms < 1000 {
             // actix-web computes the deadline from a clock it updates every
             // 500 ms; a shorter timeout can land in the past and never fire.
@@ -826,6 +838,19 @@ mod tests {
         s.server.host = "localhost:80".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("server.host"), "{e}");
+    }
+
+    #[test]
+    fn a_tls_handshake_burst_is_0_or_at_least_its_rate() {
+        let mut s = Settings::defaults();
+        assert_eq!(s.limits.tls_handshakes_burst, 0, "follows the rate by default");
+        s.limits.tls_handshakes_per_ip_per_s = 10;
+        s.validate().unwrap();
+        s.limits.tls_handshakes_burst = 5;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("limits.tls_handshakes_burst"), "{e}");
+        s.limits.tls_handshakes_burst = 10;
+        s.validate().unwrap();
     }
 
     #[test]

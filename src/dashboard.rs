@@ -39,7 +39,7 @@ pub(crate) async fn page(state: Data<ServerState>) -> HttpResponse {
         n(&s["actors"]["counter"]["restarts"]),
     );
     let bus = s["cluster"]["restarts"].as_u64();
-    let refused = ["streams", "stream_opens", "publishes"]
+    let refused = ["streams", "stream_opens", "publishes", "tls_handshakes"]
         .iter()
         .map(|k| n(&s["limits"]["refused"][*k]))
         .sum::<u64>();

@@ -11,8 +11,9 @@
 //!   size every idle stream pays for (docs/design-notes.md).
 //! - [`Limits`]: open streams per address (a count kept only while an
 //!   address has streams open), new streams and publishes per address per
-//!   second (`governor`'s keyed GCRA limiters: one 8-byte state per
-//!   address seen recently, dropped once it would be full again).
+//!   second, TLS handshakes per address per second (`governor`'s keyed
+//!   GCRA limiters: one 8-byte state per address seen recently, dropped
+//!   once it would be full again).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -138,22 +139,34 @@ fn parse_v1(buf: &[u8]) -> Parsed {
 fn parse_v2(buf: &[u8]) -> Parsed {
     use ppp::PartialResult as _;
     use ppp::v2::{Addresses, Command, Header};
+    // Once the 16 fixed bytes are in, the header's whole length is known;
+    // once that many bytes are in, no more will make a broken header whole.
+    let declared = (buf.len() >= 16).then(|| 16 + usize::from(u16::from_be_bytes([buf[14], buf[15]])));
+    let whole = declared.is_some_and(|n| buf.len() >= n);
     match Header::try_from(buf) {
-        Ok(h) => Parsed::Header {
-            len: h.len(),
-            client: match (h.command, h.addresses) {
-                (Command::Proxy, Addresses::IPv4(a)) => {
-                    Some(SocketAddr::from((a.source_address, a.source_port)))
-                }
-                (Command::Proxy, Addresses::IPv6(a)) => {
-                    Some(SocketAddr::from((a.source_address, a.source_port)))
-                }
-                _ => None,
-            },
-        },
-        Err(e) if e.is_incomplete() => {
-            let declared =
-                (buf.len() >= 16).then(|| 16 + usize::from(u16::from_be_bytes([buf[14], buf[15]])));
+        Ok(h) => {
+            // ppp does not read the TLVs: one that runs past the header's
+            // end is refused here, as HAProxy refuses it (which reads them
+            // for PROXY only; a LOCAL header's addresses are ignored).
+            if matches!(h.command, Command::Proxy)
+                && let Some(Err(e)) = h.tlvs().find(Result::is_err)
+            {
+                return Parsed::Invalid(format!("not a PROXY protocol v2 header: {e}"));
+            }
+            Parsed::Header {
+                len: h.len(),
+                client: match (h.command, h.addresses) {
+                    (Command::Proxy, Addresses::IPv4(a)) => {
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
+                    }
+                    (Command::Proxy, Addresses::IPv6(a)) => {
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
+                    }
+                    _ => None,
+                },
+            }
+        }
+        Err(e) if e.is_incomplete() && !whole => {
             if buf.len() >= MAX_PROXY_HEADER || declared.is_some_and(|n| n > MAX_PROXY_HEADER) {
                 Parsed::Invalid(format!(
                     "a PROXY protocol v2 header longer than {MAX_PROXY_HEADER} bytes"
@@ -324,6 +337,8 @@ pub(crate) enum Refused {
     Opens,
     /// `limits.publishes_per_ip_per_s`.
     Publishes,
+    /// `limits.tls_handshakes_per_ip_per_s`.
+    TlsHandshakes,
 }
 
 impl Refused {
@@ -332,6 +347,7 @@ impl Refused {
             Refused::Streams => "streams",
             Refused::Opens => "stream_opens",
             Refused::Publishes => "publishes",
+            Refused::TlsHandshakes => "tls_handshakes",
         }
     }
 }
@@ -443,13 +459,16 @@ pub(crate) struct Limits {
     streams: Mutex<Slots>,
     opens: Option<DefaultKeyedRateLimiter<IpAddr>>,
     publishes: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    tls_handshakes: Option<DefaultKeyedRateLimiter<IpAddr>>,
     /// When each refusing address was last logged, and for which limit.
     logged: Mutex<HashMap<IpAddr, (Instant, Refused)>>,
     pub(crate) refused_streams: AtomicU64,
     pub(crate) refused_opens: AtomicU64,
     pub(crate) refused_publishes: AtomicU64,
+    pub(crate) refused_tls_handshakes: AtomicU64,
 }
 
+/// `per_s` a second in bursts of `burst` (0: of `per_s`); `None`: off.
 fn quota(per_s: u32, burst: u32) -> Option<Quota> {
     let per_s = NonZeroU32::new(per_s)?;
     Some(Quota::per_second(per_s).allow_burst(NonZeroU32::new(burst).unwrap_or(per_s)))
@@ -469,10 +488,16 @@ impl Limits {
                 .map(DefaultKeyedRateLimiter::keyed),
             publishes: quota(settings.publishes_per_ip_per_s, settings.publishes_burst)
                 .map(DefaultKeyedRateLimiter::keyed),
+            tls_handshakes: quota(
+                settings.tls_handshakes_per_ip_per_s,
+                settings.tls_handshakes_burst,
+            )
+            .map(DefaultKeyedRateLimiter::keyed),
             logged: Mutex::new(HashMap::new()),
             refused_streams: AtomicU64::new(0),
             refused_opens: AtomicU64::new(0),
             refused_publishes: AtomicU64::new(0),
+            refused_tls_handshakes: AtomicU64::new(0),
         })
     }
 
@@ -484,7 +509,10 @@ impl Limits {
 
     /// Whether any limit is on.
     pub(crate) fn enabled(&self) -> bool {
-        self.settings.streams_per_ip > 0 || self.opens.is_some() || self.publishes.is_some()
+        self.settings.streams_per_ip > 0
+            || self.opens.is_some()
+            || self.publishes.is_some()
+            || self.tls_handshakes.is_some()
     }
 
     /// A new stream from `client`, before its token is checked (a flood of
@@ -519,6 +547,11 @@ impl Limits {
         self.rate(self.publishes.as_ref(), client, Refused::Publishes)
     }
 
+    /// A connection from `client` on a TLS port, before its handshake.
+    pub(crate) fn admit_tls_handshake(&self, client: Client) -> Result<(), ApiError> {
+        self.rate(self.tls_handshakes.as_ref(), client, Refused::TlsHandshakes)
+    }
+
     /// One more of `what` from `client` against `limiter` (if on).
     fn rate(
         &self,
@@ -537,7 +570,8 @@ impl Limits {
     }
 
     /// Counts a refusal, logs it (once a minute per address), and answers
-    /// 429 with `Retry-After`.
+    /// 429 with `Retry-After` (a TLS handshake is not answered: its
+    /// connection is closed).
     fn refuse(&self, ip: IpAddr, what: Refused, wait: Duration) -> ApiError {
         let (counter, limit) = match what {
             Refused::Streams => (
@@ -558,6 +592,21 @@ impl Limits {
                     self.settings.publishes_per_ip_per_s, self.settings.publishes_burst
                 ),
             ),
+            Refused::TlsHandshakes => (
+                &self.refused_tls_handshakes,
+                format!(
+                    "{} TLS handshakes a second (bursts of {})",
+                    self.settings.tls_handshakes_per_ip_per_s,
+                    match self.settings.tls_handshakes_burst {
+                        0 => self.settings.tls_handshakes_per_ip_per_s,
+                        burst => burst,
+                    }
+                ),
+            ),
+        };
+        let answer = match what {
+            Refused::TlsHandshakes => "its connection closed",
+            _ => "429",
         };
         let total = counter.fetch_add(1, Relaxed) + 1;
         let now = Instant::now();
@@ -573,7 +622,7 @@ impl Limits {
                 client = %ip,
                 limit = what.name(),
                 refused_total = total,
-                "a client address is over its limit ({limit}); refused with 429 (logged once a minute per address)"
+                "a client address is over its limit ({limit}); refused with {answer} (logged once a minute per address)"
             );
         }
         ApiError::OverLimit {
@@ -587,7 +636,10 @@ impl Limits {
     /// again, log times older than a minute. Run every few seconds.
     pub(crate) fn sweep(&self) {
         lock(&self.streams).shrink();
-        for limiter in [&self.opens, &self.publishes].into_iter().flatten() {
+        for limiter in [&self.opens, &self.publishes, &self.tls_handshakes]
+            .into_iter()
+            .flatten()
+        {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }
@@ -598,8 +650,11 @@ impl Limits {
     /// Addresses with streams counted, and addresses whose rates are
     /// tracked.
     pub(crate) fn tracked(&self) -> (usize, usize) {
-        let rates =
-            self.opens.as_ref().map_or(0, |l| l.len()) + self.publishes.as_ref().map_or(0, |l| l.len());
+        let rates = [&self.opens, &self.publishes, &self.tls_handshakes]
+            .into_iter()
+            .flatten()
+            .map(|l| l.len())
+            .sum();
         (lock(&self.streams).by_ip.len(), rates)
     }
 
@@ -631,6 +686,7 @@ impl Limits {
                 "streams": self.refused_streams.load(Relaxed),
                 "stream_opens": self.refused_opens.load(Relaxed),
                 "publishes": self.refused_publishes.load(Relaxed),
+                "tls_handshakes": self.refused_tls_handshakes.load(Relaxed),
             },
             "addresses_with_streams": with_streams,
             "addresses_rate_tracked": rate_tracked,
@@ -729,6 +785,27 @@ mod tests {
         }
     }
 
+    /// `limits.tls_handshakes_burst` 0 follows the rate: at 2 a second, two
+    /// handshakes at once and not a third; an exempt address is not counted.
+    #[test]
+    fn tls_handshakes_burst_follows_the_rate_when_zero() {
+        let mut settings = crate::Settings::defaults().limits;
+        settings.tls_handshakes_per_ip_per_s = 2;
+        settings.tls_handshakes_burst = 0;
+        settings.exempt = "192.0.2.9".into();
+        let limits = Limits::new(&settings).unwrap();
+        let client = Client::new("192.0.2.1".parse().unwrap(), false);
+        assert!(limits.admit_tls_handshake(client).is_ok());
+        assert!(limits.admit_tls_handshake(client).is_ok());
+        assert!(limits.admit_tls_handshake(client).is_err());
+        assert_eq!(limits.refused_tls_handshakes.load(Relaxed), 1);
+        let exempt = Client::new("192.0.2.9".parse().unwrap(), false);
+        for _ in 0..5 {
+            assert!(limits.admit_tls_handshake(exempt).is_ok());
+        }
+        assert_eq!(limits.stats()["refused"]["tls_handshakes"], 1);
+    }
+
     #[test]
     fn slots_count_per_address_and_free_their_rows() {
         let mut slots = Slots::default();
@@ -782,5 +859,135 @@ mod tests {
         let untrusted: IpAddr = "198.51.100.4".parse().unwrap();
         assert_eq!(client(untrusted, &["203.0.113.9"]), untrusted);
         assert!(Nets::parse("10.0.0.0/33").is_err());
+    }
+}
+
+/// Property tests: the PROXY header reader never panics, whatever arrives,
+/// and a v2 header that is all there is never taken for the start of one
+/// (it would be held until the head deadline and answered 408, not 400).
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A valid v1 header for an arbitrary IPv4 or IPv6 client.
+    fn v1_header() -> impl Strategy<Value = Vec<u8>> {
+        (any::<bool>(), any::<[u8; 16]>(), any::<u16>(), any::<u16>()).prop_map(|(six, a, sp, dp)| {
+            if six {
+                let (src, dst) = (std::net::Ipv6Addr::from(a), std::net::Ipv6Addr::LOCALHOST);
+                format!("PROXY TCP6 {src} {dst} {sp} {dp}\r\n").into_bytes()
+            } else {
+                let src = std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]);
+                format!("PROXY TCP4 {src} 127.0.0.1 {sp} {dp}\r\n").into_bytes()
+            }
+        })
+    }
+
+    /// A valid v2 PROXY header (IPv4 or IPv6) with well-formed TLVs.
+    fn v2_header() -> impl Strategy<Value = Vec<u8>> {
+        let tlv = (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..20));
+        (
+            any::<bool>(),
+            any::<[u8; 36]>(),
+            proptest::collection::vec(tlv, 0..4),
+        )
+            .prop_map(|(six, addresses, tlvs)| {
+                let mut body = if six {
+                    addresses.to_vec()
+                } else {
+                    addresses[..12].to_vec()
+                };
+                for (kind, value) in tlvs {
+                    body.push(kind);
+                    body.extend((value.len() as u16).to_be_bytes());
+                    body.extend(value);
+                }
+                let mut h = V2_SIGNATURE.to_vec();
+                h.extend([0x21, if six { 0x21 } else { 0x11 }]);
+                h.extend((body.len() as u16).to_be_bytes());
+                h.extend(body);
+                h
+            })
+    }
+
+    fn mode() -> impl Strategy<Value = ProxyProtocol> {
+        prop_oneof![
+            Just(ProxyProtocol::V1),
+            Just(ProxyProtocol::V2),
+            Just(ProxyProtocol::Any)
+        ]
+    }
+
+    /// Some bytes of `h` overwritten, then `h` cut or lengthened.
+    fn mutated(h: Vec<u8>, edits: Vec<(usize, u8)>, len: usize) -> Vec<u8> {
+        let mut h = h;
+        for (at, b) in edits {
+            let at = at % h.len();
+            h[at] = b;
+        }
+        h.resize(len.min(MAX_PROXY_HEADER), 0);
+        h
+    }
+
+    proptest! {
+        #![proptest_config(crate::proptest_config())]
+
+        /// Arbitrary bytes, or arbitrary bytes after a v2 signature, never
+        /// panic.
+        #[test]
+        fn any_bytes_are_answered(
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+            signed in any::<bool>(),
+            mode in mode(),
+        ) {
+            let buf = if signed { [V2_SIGNATURE, &bytes].concat() } else { bytes };
+            let _ = parse(&buf, mode);
+        }
+
+        /// A valid header is taken whole, every cut of it is the start of
+        /// one; mutated, it never panics, and a complete v2 header (its
+        /// declared length all there) is taken or refused, never waited on.
+        #[test]
+        fn mutated_headers_are_taken_or_refused(
+            h in prop_oneof![v1_header(), v2_header()],
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            len in 0usize..400,
+            mode in mode(),
+        ) {
+            let v2 = h.starts_with(V2_SIGNATURE);
+            if matches!((v2, mode), (true, ProxyProtocol::V2 | ProxyProtocol::Any) | (false, ProxyProtocol::V1 | ProxyProtocol::Any)) {
+                let taken = matches!(parse(&h, mode), Parsed::Header { len, .. } if len == h.len());
+                prop_assert!(taken, "{:?}", h);
+                let cut = len % h.len();
+                prop_assert_eq!(parse(&h[..cut], mode), Parsed::Partial);
+            }
+            let m = mutated(h, edits, len);
+            let parsed = parse(&m, mode);
+            if m.len() >= 16 && m.starts_with(V2_SIGNATURE) {
+                let declared = 16 + usize::from(u16::from_be_bytes([m[14], m[15]]));
+                if m.len() >= declared {
+                    prop_assert_ne!(parsed, Parsed::Partial, "{:?}", m);
+                }
+            }
+        }
+
+        /// A v2 PROXY header whose last TLV runs past the declared end is
+        /// refused as soon as the declared length is in.
+        #[test]
+        fn a_tlv_past_the_end_is_refused(
+            h in v2_header(),
+            kind in any::<u8>(),
+            over in 1u16..200,
+            have in proptest::collection::vec(any::<u8>(), 0..10),
+        ) {
+            let mut h = h;
+            h.push(kind);
+            h.extend((have.len() as u16 + over).to_be_bytes());
+            h.extend(&have);
+            let n = (h.len() - 16) as u16;
+            h[14..16].copy_from_slice(&n.to_be_bytes());
+            prop_assert!(matches!(parse(&h, ProxyProtocol::V2), Parsed::Invalid(_)));
+        }
     }
 }

@@ -70,7 +70,10 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         for pair in query.split('&') {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
-                "since" => req.since = Some(event_id(value, "since")?),
+                "since" => {
+                    let value = percent_decoded(value).ok_or(ApiError::BadEventId("since"))?;
+                    req.since = Some(event_id(&value, "since")?);
+                }
                 "token" if !value.is_empty() => give_token(&mut req.token, value)?,
                 "ids" => req.ids = matches!(value, "" | "1" | "true" | "yes"),
                 _ => {}
@@ -88,7 +91,7 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         if is("accept") && value.split(',').any(|t| media_type(t) == "text/event-stream") {
             req.transport = Transport::Sse;
         } else if is("last-event-id") && !value.is_empty() {
-            req.since = Some(event_id(value, "Last-Event-ID")?);
+            req.since = Some(event_id(value.as_bytes(), "Last-Event-ID")?);
         } else if is("authorization") {
             if authorization.is_some() {
                 return Err(ApiError::RepeatedAuthorization);
@@ -168,9 +171,32 @@ fn media_type(t: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// An event id: a decimal number.
-fn event_id(value: &str, field: &'static str) -> Result<u64, ApiError> {
-    value.trim().parse().map_err(|_| ApiError::BadEventId(field))
+/// An event id: exactly a decimal number (ASCII digits, nothing else: no
+/// sign, no space, as `str::parse` would take a `+`) that fits in 64 bits.
+fn event_id(value: &[u8], field: &'static str) -> Result<u64, ApiError> {
+    let number = (!value.is_empty()).then_some(value).and_then(|v| {
+        v.iter().try_fold(0u64, |n, &b| {
+            let digit = char::from(b).to_digit(10)?;
+            n.checked_mul(10)?.checked_add(u64::from(digit))
+        })
+    });
+    number.ok_or(ApiError::BadEventId(field))
+}
+
+/// A query value with its percent-escapes decoded, as the path's are
+/// (`+` stays `+`); `None` for a broken escape.
+fn percent_decoded(value: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(value.len());
+    let mut bytes = value.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = |b: Option<u8>| char::from(b?).to_digit(16);
+            out.push(u8::try_from(hex(bytes.next())? << 4 | hex(bytes.next())?).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    Some(out)
 }
 
 /// Checks the upgrade with tungstenite's server handshake and returns the
@@ -234,6 +260,35 @@ mod tests {
             p("GET /test/foo HTTP/1.1\r\nHost: a\r\nLast-Event-ID: -1\r\n\r\n"),
             Err(ApiError::BadEventId("Last-Event-ID"))
         );
+    }
+
+    #[test]
+    fn event_ids_are_exactly_decimal_numbers() {
+        assert_eq!(event_id(b"0", "since"), Ok(0));
+        assert_eq!(event_id(b"007", "since"), Ok(7));
+        assert_eq!(event_id(b"18446744073709551615", "since"), Ok(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"+5",
+            b"-1",
+            b" 5",
+            b"5 ",
+            b"1e3",
+            b"18446744073709551616",
+            "\u{663}".as_bytes(),
+        ] {
+            assert_eq!(
+                event_id(bad, "since"),
+                Err(ApiError::BadEventId("since")),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(percent_decoded("%31%32"), Some(b"12".to_vec()));
+        assert_eq!(percent_decoded("+%2b%2B"), Some(b"+++".to_vec()));
+        assert_eq!(percent_decoded("%3"), None);
+        assert_eq!(percent_decoded("%g1"), None);
+        let r = p("GET /test/foo?since=%31%32 HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert_eq!(r.since, Some(12));
     }
 
     #[test]

@@ -48,7 +48,7 @@ impl Collector for LimitsCollector {
         let l = &*self.0;
         let mut m = enc.encode_descriptor(
             "limits_refused",
-            "Requests refused with 429 by a limit per client address ([limits]), by kind.",
+            "Requests refused by a limit per client address ([limits]), by kind: 429, or a TLS connection closed before its handshake.",
             None,
             MetricType::Counter,
         )?;
@@ -56,6 +56,7 @@ impl Collector for LimitsCollector {
             (Refused::Streams, &l.refused_streams),
             (Refused::Opens, &l.refused_opens),
             (Refused::Publishes, &l.refused_publishes),
+            (Refused::TlsHandshakes, &l.refused_tls_handshakes),
         ] {
             let labels = [("kind", kind.name())];
             ConstCounter::new(n.load(Relaxed)).encode(m.encode_family(&labels)?)?;
@@ -71,7 +72,7 @@ impl Collector for LimitsCollector {
                 ),
                 (
                     "limits_addresses_rate_tracked",
-                    "Client addresses whose opening or publishing rate is tracked now.",
+                    "Client addresses whose opening, publishing or TLS handshake rate is tracked now.",
                     rate_tracked as i64,
                 ),
             ],

@@ -41,7 +41,7 @@ use crate::classify::{self, Class, HeadError};
 use crate::config::{Nets, ProxyProtocol, Settings};
 use crate::counter::Counter;
 use crate::dispatcher;
-use crate::edge::{self, Limits, ProxyError};
+use crate::edge::{self, Client, Limits, ProxyError};
 use crate::error::ApiError;
 use crate::hub::Hub;
 use crate::hub::router::CloseAll;
@@ -628,6 +628,18 @@ async fn serve<S>(
         },
     };
     if secure {
+        // Before any handshake work, by the client's own address (the
+        // PROXY header's, if any): over `limits.tls_handshakes_per_ip_per_s`
+        // the connection is closed unanswered (counted and logged there).
+        // (No local: it would be kept in every connection's task.)
+        if state
+            .streams
+            .limits
+            .admit_tls_handshake(Client::new(peer_ip(&state, &io, proxied), proxied.is_some()))
+            .is_err()
+        {
+            return;
+        }
         // Boxed: a TLS session's handshake future is large.
         return Box::pin(serve_tls(io, http, state, permit, deadline, proxied)).await;
     }

@@ -4,10 +4,12 @@
 //! every id in its `ids` claim, from its `nbf` (if any) until its `exp`
 //! (seconds since the epoch), both read exactly by this server's clock. With
 //! `auth.subscribe_audience` / `auth.subscribe_issuer` set, its `aud` /
-//! `iss` must match; unset, they are not looked at (an identity provider's
+//! `iss` must match (`iss` as one string, not the list the JWT library
+//! would take); unset, they are not looked at (an identity provider's
 //! tokens carry both). The check runs before any stream state exists; a
 //! stream that passes it ends when its token expires. Refusals say why in
-//! our own words, never the JWT library's.
+//! our own words, never the JWT library's, naming the actual problem (an
+//! algorithm other than HS256, a missing `exp`, ...).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,10 +32,24 @@ pub struct Claims {
     pub nbf: Option<u64>,
 }
 
+/// What [`Verifier::check`] reads of a token: its claims, and its `iss`
+/// as it was written.
+#[derive(Deserialize)]
+struct Presented {
+    #[serde(flatten)]
+    claims: Claims,
+    /// The JWT library also takes a list of issuers that includes the one
+    /// expected; this server takes one string.
+    #[serde(default)]
+    iss: Option<serde_json::Value>,
+}
+
 /// Checks tokens against one secret. Built once per server.
 pub(crate) struct Verifier {
     key: DecodingKey,
     validation: Validation,
+    /// `auth.subscribe_issuer` is set: `iss` must be that one string.
+    issuer: bool,
 }
 
 impl Verifier {
@@ -58,32 +74,42 @@ impl Verifier {
         }
         validation.set_required_spec_claims(&required);
         let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|e| e.to_string())?;
-        Ok(Verifier { key, validation })
+        Ok(Verifier {
+            key,
+            validation,
+            issuer: !issuer.is_empty(),
+        })
     }
 
     /// The time left on `token` if it is valid for `id`; else why not.
     pub(crate) fn check(&self, token: &str, id: &str) -> Result<Duration, String> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
+        let data = jsonwebtoken::decode::<Presented>(token, &self.key, &self.validation).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind;
             match e.kind() {
                 ErrorKind::ExpiredSignature => "token expired".to_owned(),
                 ErrorKind::ImmatureSignature => "token not valid yet (its nbf is in the future)".to_owned(),
                 ErrorKind::InvalidSignature => "token signature does not match".to_owned(),
-                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
-                    "token is not HS256".to_owned()
-                }
+                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => unreadable(token),
                 ErrorKind::InvalidAudience => "token is not for this audience (aud)".to_owned(),
                 ErrorKind::InvalidIssuer => "token is not from the expected issuer (iss)".to_owned(),
-                ErrorKind::MissingRequiredClaim(c) => format!("token has no {c} claim"),
-                ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
-                    "token claims are not of the expected form (sub: a string, ids: a list of strings, \
-                     exp and nbf: whole seconds)"
-                        .to_owned()
+                // The library says "missing" of a claim it could not read.
+                ErrorKind::MissingRequiredClaim(c) if !has_claim(token, c) => {
+                    format!("token has no {c} claim")
                 }
-                _ => "token is not a valid JWT (three base64url parts: header.claims.signature)".to_owned(),
+                ErrorKind::MissingRequiredClaim(c) | ErrorKind::InvalidClaimFormat(c) if c == "iss" => {
+                    ISS_NOT_A_STRING.to_owned()
+                }
+                ErrorKind::MissingRequiredClaim(c) | ErrorKind::InvalidClaimFormat(c) => {
+                    format!("token {c} claim is not of the expected form")
+                }
+                ErrorKind::Json(_) | ErrorKind::Utf8(_) => unreadable(token),
+                _ => NOT_A_JWT.to_owned(),
             }
         })?;
-        let claims = data.claims;
+        if self.issuer && !matches!(data.claims.iss, Some(serde_json::Value::String(_))) {
+            return Err(ISS_NOT_A_STRING.to_owned());
+        }
+        let claims = data.claims.claims;
         let listed = claims.sub.as_deref() == Some(id)
             || claims.ids.as_ref().is_some_and(|ids| ids.iter().any(|i| i == id));
         if !listed {
@@ -97,6 +123,57 @@ impl Verifier {
         }
         Ok(left)
     }
+}
+
+/// The refusal of a token that is not three base64url parts.
+const NOT_A_JWT: &str = "token is not a valid JWT (three base64url parts: header.claims.signature)";
+
+/// The refusal of an `iss` that is not one string (a list, a number).
+const ISS_NOT_A_STRING: &str = "token iss is not a string (auth.subscribe_issuer names one issuer)";
+
+/// Why a token whose header or claims the JWT library could not read (or
+/// whose algorithm it refused) is refused: the algorithm its header names
+/// when that is not HS256 (`none` among them; the library cannot even
+/// name it), a missing `exp`, else claims not of the expected form. The
+/// parts are read again only to say why; nothing in them is trusted.
+fn unreadable(token: &str) -> String {
+    use jsonwebtoken::dangerous::insecure_decode_claims;
+    use serde_json::Value;
+    // The library reads the middle of three parts as claims: the header is
+    // given there.
+    let header = token.split('.').next().unwrap_or_default();
+    let alg = insecure_decode_claims::<Value>(format!(".{header}."))
+        .ok()
+        .and_then(|h| h.get("alg")?.as_str().map(str::to_owned));
+    match alg {
+        Some(alg) if alg != "HS256" => {
+            if alg.len() <= 16 && alg.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                format!("token alg {alg} is not accepted (HS256 only)")
+            } else {
+                "token alg is not accepted (HS256 only)".to_owned()
+            }
+        }
+        _ if jsonwebtoken::decode_header(token).is_err() => NOT_A_JWT.to_owned(),
+        _ => claims_form(token),
+    }
+}
+
+/// Whether `token`'s claims name `claim` at all (read only to say why it
+/// is refused).
+fn has_claim(token: &str, claim: &str) -> bool {
+    jsonwebtoken::dangerous::insecure_decode_claims::<serde_json::Value>(token)
+        .is_ok_and(|c| c.get(claim).is_some())
+}
+
+/// Why claims that are there could not be read.
+fn claims_form(token: &str) -> String {
+    let claims = jsonwebtoken::dangerous::insecure_decode_claims::<serde_json::Value>(token);
+    if claims.is_ok_and(|c| c.is_object() && c.get("exp").is_none()) {
+        return "token has no exp claim".to_owned();
+    }
+    "token claims are not of the expected form (sub: a string, ids: a list of strings, \
+     exp and nbf: whole seconds)"
+        .to_owned()
 }
 
 fn since_epoch() -> Duration {
@@ -233,6 +310,72 @@ mod tests {
             "{why}"
         );
         assert!(!why.contains("invalid type"), "{why}");
+    }
+
+    /// A token of `header` and `claims` as given, signed HS256 with
+    /// `s3cret` whatever its header says.
+    fn forged(header: serde_json::Value, claims: serde_json::Value) -> String {
+        use base64::Engine as _;
+        let part = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+        };
+        let message = format!("{}.{}", part(&header), part(&claims));
+        let key = EncodingKey::from_secret(b"s3cret").unwrap();
+        let signature = jsonwebtoken::crypto::sign(message.as_bytes(), &key, Algorithm::HS256).unwrap();
+        format!("{message}.{signature}")
+    }
+
+    /// Refusals name what is wrong: an algorithm other than HS256 (`none`
+    /// included), a missing `exp`, an `iss` that is not one string when an
+    /// issuer is expected (a list is not looked at when none is).
+    #[test]
+    fn refusals_name_the_problem() {
+        let now = since_epoch().as_secs();
+        let v = Verifier::new("s3cret", "", "").unwrap();
+        let claims = serde_json::json!({ "sub": "foo", "exp": now + 60 });
+        let none = forged(serde_json::json!({ "alg": "none" }), claims.clone());
+        let unsigned = format!("{}.", none.rsplit_once('.').unwrap().0);
+        for token in [&none, &unsigned] {
+            assert_eq!(
+                v.check(token, "foo").unwrap_err(),
+                "token alg none is not accepted (HS256 only)"
+            );
+        }
+        let hs384 = forged(serde_json::json!({ "alg": "HS384" }), claims.clone());
+        assert_eq!(
+            v.check(&hs384, "foo").unwrap_err(),
+            "token alg HS384 is not accepted (HS256 only)"
+        );
+        let odd = forged(serde_json::json!({ "alg": "x\n\"y" }), claims);
+        assert_eq!(
+            v.check(&odd, "foo").unwrap_err(),
+            "token alg is not accepted (HS256 only)"
+        );
+        let no_exp = signed(serde_json::json!({ "sub": "foo" }));
+        assert_eq!(v.check(&no_exp, "foo").unwrap_err(), "token has no exp claim");
+        let iss = "https://id.example/";
+        let listed = signed(serde_json::json!({ "sub": "foo", "exp": now + 60, "iss": [iss] }));
+        let strict = Verifier::new("s3cret", "", iss).unwrap();
+        assert_eq!(
+            v.check(&listed, "foo").map(|_| ()),
+            Ok(()),
+            "no issuer set: not looked at"
+        );
+        assert!(
+            strict
+                .check(&listed, "foo")
+                .unwrap_err()
+                .starts_with("token iss is not a string")
+        );
+        let number = signed(serde_json::json!({ "sub": "foo", "exp": now + 60, "iss": 7 }));
+        assert!(
+            strict
+                .check(&number, "foo")
+                .unwrap_err()
+                .starts_with("token iss is not a string")
+        );
+        let one = signed(serde_json::json!({ "sub": "foo", "exp": now + 60, "iss": iss }));
+        assert!(strict.check(&one, "foo").is_ok());
     }
 
     #[test]

@@ -195,6 +195,32 @@ fn connections_without_a_valid_proxy_header_are_refused() {
     welcomed(&mut ok, "x");
 }
 
+/// A v2 header whose TLV runs past the header's declared length is all
+/// there once that length is in: refused with 400 at once and counted, not
+/// held as the start of a header until the head deadline (408).
+#[test]
+fn a_v2_header_whose_tlv_overruns_it_is_refused_at_once() {
+    let mut s = limited(settings());
+    s.server.proxy_protocol = ProxyProtocol::V2;
+    s.server.head_timeout_ms = 10_000;
+    let srv = TestServer::start(s);
+    // An ALPN TLV that says 16 bytes of value and has 2 before the end.
+    let header = v2([192, 0, 2, 7], 4000, &[0x01, 0x00, 0x10, b'h', b'2']);
+    for then in [&b""[..], get_stream("t").as_bytes()] {
+        let started = Instant::now();
+        let r = exchange_from([127, 0, 0, 2], srv.addr, &[&header[..], then].concat());
+        let took = started.elapsed();
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.error().contains("PROXY"), "{}", r.error());
+        assert!(
+            took < Duration::from_secs(5),
+            "answered after {took:?}, the head timeout is 10 s"
+        );
+    }
+    let st = srv.stats();
+    assert_eq!(st["connections"]["proxy_refused"], 2, "{st}");
+}
+
 /// With `proxy_protocol = "any"` (v1 headers): a complete line that is not
 /// a valid header is refused at once, not at the head deadline; a header
 /// claiming a loopback address is not exempt from the limits, while a

@@ -642,3 +642,179 @@ fn legal_heads_pass_and_the_refusals_say_what_they_are() {
     let (_, closed) = read_until_closed(r.get_mut(), Duration::from_secs(3));
     assert!(closed, "the fallback's 431 leaves its connection open");
 }
+
+/// Issue 40: refusals of stream requests, asked as a connection's first
+/// request (the lean path) and as its second on a keep-alive connection
+/// (actix-web's fallback route).
+mod issue_40 {
+    use super::*;
+
+    /// Sends `request` as a connection's first request or, with `second`,
+    /// after a `/healthz` on the same connection; answers the status and,
+    /// for a refusal, the `error` of its body.
+    fn answer(addr: SocketAddr, request: &str, second: bool) -> (u16, String) {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = BufReader::new(c.try_clone().unwrap());
+        if second {
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            assert_eq!(read_response(&mut r).unwrap().status, 200);
+        }
+        c.write_all(request.as_bytes()).unwrap();
+        let (status, headers) = read_head(&mut r).unwrap();
+        if status == 200 {
+            return (status, String::new());
+        }
+        let len = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; len];
+        r.read_exact(&mut body).unwrap();
+        let error = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        (status, error)
+    }
+
+    /// A JWT of `header` and `claims`, signed with HS256 and `secret`
+    /// whatever the header says (`alg: none` gets no signature at all).
+    fn jwt(header: serde_json::Value, claims: serde_json::Value, secret: &str) -> String {
+        use base64::Engine as _;
+        let b64 = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+        };
+        let message = format!("{}.{}", b64(&header), b64(&claims));
+        if header["alg"] == "none" {
+            return format!("{message}.");
+        }
+        let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
+        let signature =
+            jsonwebtoken::crypto::sign(message.as_bytes(), &key, jsonwebtoken::Algorithm::HS256).unwrap();
+        format!("{message}.{signature}")
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    /// Findings 2 and 3: an `alg: none` token is refused for its algorithm,
+    /// one without `exp` for that, not as "claims not of the expected
+    /// form"; with `auth.subscribe_issuer` set, an `iss` given as a list
+    /// (even one holding the issuer) is refused; unset, it is not looked at.
+    #[test]
+    fn tokens_are_refused_for_what_is_wrong_with_them() {
+        let secret = "issue-40-secret";
+        let mut s = settings();
+        s.auth.subscribe_secret = secret.into();
+        s.auth.subscribe_issuer = "https://id.example/".into();
+        let strict = TestServer::start(s);
+        let mut s = settings();
+        s.auth.subscribe_secret = secret.into();
+        let open = TestServer::start(s);
+        let hs256 = serde_json::json!({"alg": "HS256", "typ": "JWT"});
+        let exp = now() + 600;
+        let iss = "https://id.example/";
+        let none = jwt(
+            serde_json::json!({"alg": "none", "typ": "JWT"}),
+            serde_json::json!({"sub": "t40", "exp": exp, "iss": iss}),
+            secret,
+        );
+        let no_exp = jwt(
+            hs256.clone(),
+            serde_json::json!({"sub": "t40", "iss": iss}),
+            secret,
+        );
+        let listed = jwt(
+            hs256.clone(),
+            serde_json::json!({"sub": "t40", "exp": exp, "iss": [iss]}),
+            secret,
+        );
+        let good = jwt(
+            hs256,
+            serde_json::json!({"sub": "t40", "exp": exp, "iss": iss}),
+            secret,
+        );
+        let get = |token: &str| format!("GET /test/t40?token={token} HTTP/1.1\r\nHost: a\r\n\r\n");
+        for second in [false, true] {
+            let path = if second { "fallback" } else { "lean" };
+            for (srv, token, want) in [
+                (&strict, &none, "token alg none is not accepted"),
+                (&open, &none, "token alg none is not accepted"),
+                (&strict, &no_exp, "token has no exp claim"),
+                (&open, &no_exp, "token has no exp claim"),
+                (&strict, &listed, "token iss is not a string"),
+            ] {
+                let (status, error) = answer(srv.addr, &get(token), second);
+                assert_eq!(status, 401, "{path}: {want}: {error}");
+                assert!(
+                    error.starts_with(&format!("subscriber token refused: {want}")),
+                    "{path}: {error}"
+                );
+            }
+            assert_eq!(
+                answer(open.addr, &get(&listed), second).0,
+                200,
+                "{path}: iss not looked at"
+            );
+            assert_eq!(answer(strict.addr, &get(&good), second).0, 200, "{path}");
+        }
+    }
+
+    /// Finding 4: a resume point is exactly a decimal number, after the
+    /// query's percent-escapes are decoded (as the path's are), with the
+    /// same answer on both paths; `Last-Event-ID` the same (no escapes in
+    /// a header).
+    #[test]
+    fn since_and_last_event_id_are_exactly_decimal_numbers() {
+        let srv = TestServer::start(settings());
+        let query = |since: &str| format!("GET /test/s40?since={since} HTTP/1.1\r\nHost: a\r\n\r\n");
+        let header = |id: &str| format!("GET /test/s40 HTTP/1.1\r\nHost: a\r\nLast-Event-ID: {id}\r\n\r\n");
+        for second in [false, true] {
+            let path = if second { "fallback" } else { "lean" };
+            for since in ["12", "007", "%31%32", "18446744073709551615"] {
+                assert_eq!(
+                    answer(srv.addr, &query(since), second).0,
+                    200,
+                    "{path}: {since:?}"
+                );
+            }
+            for since in [
+                "+5",
+                "%2B5",
+                "-1",
+                "%205",
+                "5%20",
+                "",
+                "1e3",
+                "0x5",
+                "%3",
+                "%",
+                "18446744073709551616",
+            ] {
+                let (status, error) = answer(srv.addr, &query(since), second);
+                assert_eq!(
+                    (status, error.as_str()),
+                    (400, "since must be an event id (a decimal number)"),
+                    "{path}: {since:?}"
+                );
+            }
+            for id in ["12", " 12 "] {
+                assert_eq!(answer(srv.addr, &header(id), second).0, 200, "{path}: {id:?}");
+            }
+            for id in ["+5", "-1", "%31", "1 2", "18446744073709551616"] {
+                let (status, error) = answer(srv.addr, &header(id), second);
+                assert_eq!(
+                    (status, error.as_str()),
+                    (400, "Last-Event-ID must be an event id (a decimal number)"),
+                    "{path}: {id:?}"
+                );
+            }
+        }
+    }
+}

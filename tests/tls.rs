@@ -379,6 +379,88 @@ fn a_stalled_handshake_is_cut_at_the_head_timeout_and_holds_no_stream_slot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `limits.tls_handshakes_per_ip_per_s`: past the rate and its burst, a
+/// connection to a TLS port from the same address is closed before any
+/// handshake, and counted in `/stats` and `/metrics`; `limits.exempt`
+/// covering the address lets every handshake through.
+#[test]
+fn tls_handshakes_past_the_rate_per_address_are_refused_unless_exempt() {
+    let dir = temp_dir("handshake-rate");
+    let certs = make_certificates(&dir, "rate");
+    let mut s = settings();
+    s.limits.tls_handshakes_per_ip_per_s = 2;
+    s.limits.tls_handshakes_burst = 2;
+    s.limits.exempt = String::new();
+    let srv = TestServer::start_tls(s.clone(), &certs);
+    let tls = srv.addrs[1];
+    for n in 0..2 {
+        let mut c = tls_connect(tls, &certs.ca).unwrap_or_else(|e| panic!("handshake {n}: {e}"));
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c).read_line(&mut line).unwrap();
+        assert_eq!(line, "HTTP/1.1 200 OK\r\n", "handshake {n}");
+    }
+    assert!(tls_connect(tls, &certs.ca).is_err(), "the third within a second");
+    let st = srv.stats();
+    assert_eq!(st["limits"]["refused"]["tls_handshakes"], 1, "{st}");
+    assert_eq!(st["tls"]["handshakes"], 2, "{st}");
+    let metrics = srv.get("/metrics").text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("switchboard_limits_refused_total{")
+                && l.contains("kind=\"tls_handshakes\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    // The same rate, with loopback exempt.
+    s.limits.exempt = "127.0.0.0/8".into();
+    let srv = TestServer::start_tls(s, &certs);
+    for n in 0..5 {
+        tls_connect(srv.addrs[1], &certs.ca).unwrap_or_else(|e| panic!("exempt handshake {n}: {e}"));
+    }
+    let st = srv.stats();
+    assert_eq!(st["limits"]["refused"]["tls_handshakes"], 0, "{st}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Behind a balancer (`server.proxy_protocol`), the TLS handshake rate is
+/// the PROXY header's client's, not the balancer's: two clients through
+/// one balancer address each get their handshake, and the same client's
+/// second within the second is closed.
+#[test]
+fn the_tls_handshake_rate_is_the_proxied_clients() {
+    let dir = temp_dir("handshake-rate-proxied");
+    let certs = make_certificates(&dir, "proxied");
+    let mut s = settings();
+    s.server.proxy_protocol = switchboard::config::ProxyProtocol::V1;
+    s.limits.tls_handshakes_per_ip_per_s = 1;
+    s.limits.tls_handshakes_burst = 1;
+    s.limits.exempt = String::new();
+    let srv = TestServer::start_tls(s, &certs);
+    let tls = srv.addrs[1];
+    let via_balancer = |client: &str| {
+        let mut tcp = TcpStream::connect(tls).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        tcp.write_all(format!("PROXY TCP4 {client} 127.0.0.1 4000 443\r\n").as_bytes())
+            .unwrap();
+        let name = ServerName::IpAddress(tls.ip().into());
+        let conn = rustls::ClientConnection::new(client_config(&certs.ca), name).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock)?;
+        }
+        Ok::<_, std::io::Error>(tls)
+    };
+    via_balancer("192.0.2.1").expect("the first client");
+    via_balancer("192.0.2.2").expect("another client, the same balancer");
+    assert!(via_balancer("192.0.2.1").is_err(), "the first client again");
+    let st = srv.stats();
+    assert_eq!(st["limits"]["refused"]["tls_handshakes"], 1, "{st}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A TLS client that stops reading is cut at `stream.max_pending_bytes` of
 /// ciphertext, as on plain HTTP; a reader beside it keeps up.
 #[test]
