@@ -352,20 +352,31 @@ impl Session {
         }
     }
 
-    /// After an error: the alert rustls queued for it (a failed handshake's
-    /// reason, `bad_record_mac`), so the client learns why.
+    /// After an error: what rustls queued before it (the rest of a
+    /// flight, such as the ServerHello) and the alert it queued for it (a
+    /// failed handshake's reason, `bad_record_mac`), so the client learns
+    /// why.
     ///
-    /// One call, which hands out the queued alert before it reads anything;
-    /// a second would parse the bad bytes again and send a second fatal
-    /// alert. rustls is given the buffer it has been tracking (`incoming`):
-    /// an empty one in its place made it index past the end of a half-read
-    /// handshake message and panic (issue 40).
+    /// rustls is given the buffer it has been tracking (`incoming`): an
+    /// empty one in its place made it index past the end of a half-read
+    /// handshake message and panic (issue 40). It stops at the alert,
+    /// the last thing queued: one call more would parse the bad bytes
+    /// again and queue a second fatal alert. An alert record is type 21,
+    /// or 23 once TLS 1.3 encrypts; a flight's records before it are 20
+    /// or 22.
     fn alerts(&mut self, out: &mut Vec<u8>) {
-        let UnbufferedStatus { discard, state } = self.conn.process_tls_records(&mut self.incoming);
-        if let Ok(ConnectionState::EncodeTlsData(mut data)) = state {
-            let _ = append(out, 64, |buf| Ok(data.encode(buf)?));
+        for _ in 0..4 {
+            let start = out.len();
+            let UnbufferedStatus { discard, state } = self.conn.process_tls_records(&mut self.incoming);
+            let encoded = match state {
+                Ok(ConnectionState::EncodeTlsData(mut data)) => append(out, 64, |buf| Ok(data.encode(buf)?)),
+                _ => return,
+            };
+            self.incoming.drain(..discard);
+            if encoded.is_err() || !matches!(out.get(start), Some(20 | 22)) {
+                return;
+            }
         }
-        self.incoming.drain(..discard);
     }
 
     /// Takes `bytes` read from the socket; TLS's own output goes to `out`.
