@@ -357,7 +357,9 @@ fn publish_mode<'a>(settings: &Settings, bound: impl Iterator<Item = &'a SocketA
 /// listeners, [`INTERNAL_MAX_CONNECTIONS`] on the internal one.
 #[derive(Clone)]
 struct Slots {
+    /// Shared by every public listener of every worker.
     public: Arc<Semaphore>,
+    /// The internal listener's own, so operators get in during a flood.
     internal: Arc<Semaphore>,
 }
 
@@ -612,8 +614,10 @@ fn http_service(
     .and_then(http)
 }
 
-/// Accepts until shutdown, at most `server.max_connections` HTTP connections
-/// at once. Running out of file descriptors is logged once per episode,
+/// Accepts on one listener until shutdown, at most as many HTTP
+/// connections at once as `slots` allows (`server.max_connections` on the
+/// public listeners, [`INTERNAL_MAX_CONNECTIONS`] on the internal one).
+/// Running out of file descriptors is logged once per episode,
 /// counted in `/stats` (`accept.fd_limit`), and retried after a pause; open
 /// streams are not disturbed.
 async fn accept_loop<S>(
