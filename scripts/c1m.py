@@ -288,6 +288,9 @@ def tune_kernel(n):
 def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
     args = run.args
     rport, port = free_port(), free_port()
+    # The fleet's internal listener (/cluster), shared by its processes as
+    # the main port is.
+    admin_port = free_port()
     # Redis is the fleet's one shared bus; here it is one process among
     # ~110 busy ones (55 servers, floodtest's children) on two cores, where
     # a deployment gives it cores of its own. At its fair share it fell
@@ -311,6 +314,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
     time.sleep(0.5)
     env = {
         "SWITCHBOARD__SERVER__PORT": str(port),
+        "SWITCHBOARD__SERVER__ADMIN_PORT": str(admin_port),
         "SWITCHBOARD__SERVER__WORKERS": "1",
         "SWITCHBOARD__LOG__LEVEL": "warn",
         "SWITCHBOARD__STREAM__TICK_INTERVAL_MS": str(int(args.tick_interval * 1000)),
@@ -330,10 +334,11 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
             sys.stderr.write(line)
     threading.Thread(target=relay, daemon=True).start()
     base = f"http://127.0.0.1:{port}"
+    admin = f"http://127.0.0.1:{admin_port}"
     deadline = time.time() + 60
     while True:
         try:
-            if get_json(f"{base}/cluster")["totals"]["nodes"] == processes:
+            if get_json(f"{admin}/cluster")["totals"]["nodes"] == processes:
                 break
         except Exception:
             pass
@@ -351,7 +356,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         "--rate", str(args.rate), "--duration", f"{int(total_s)}s", "--interval", "10s",
         "--source-ips", source_ips, "--msg-rate", str(args.msg_rate),
         "--tick-interval", f"{int(args.tick_interval * 1000)}ms",
-        "--stats-url", f"{base}/cluster", "--connect-timeout", "30s", "--json", flood_json,
+        "--stats-url", f"{admin}/cluster", "--connect-timeout", "30s", "--json", flood_json,
         # The fleet's drain ends the run; --duration is only its bound.
         "--until-drained",
     ])
@@ -369,7 +374,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         servers = servers_of(fleet.pid)
         clients = [flood.pid, *children_of(flood.pid)]
         try:
-            held = get_json(f"{base}/cluster", timeout=10)["totals"]["streams"]
+            held = get_json(f"{admin}/cluster", timeout=10)["totals"]["streams"]
         except Exception:
             held = None
         s = {

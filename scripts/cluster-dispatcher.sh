@@ -20,13 +20,14 @@ done
 cargo build --release -q --bin switchboard
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RPORT=$(free_port); SPORT=$(free_port); CPORT=$(free_port)
+# Two servers: each its own internal listener (server.admin_port 0 picks one).
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >/dev/null &
 redis=$!; pids+=("$redis")
-SWITCHBOARD__SERVER__PORT=$SPORT SWITCHBOARD__LOG__LEVEL=warn ./target/release/switchboard &
+SWITCHBOARD__SERVER__PORT=$SPORT SWITCHBOARD__SERVER__ADMIN_PORT=0 SWITCHBOARD__LOG__LEVEL=warn ./target/release/switchboard &
 pids+=($!)
-SWITCHBOARD__SERVER__PORT=$CPORT SWITCHBOARD__LOG__LEVEL=warn \
+SWITCHBOARD__SERVER__PORT=$CPORT SWITCHBOARD__SERVER__ADMIN_PORT=0 SWITCHBOARD__LOG__LEVEL=warn \
   SWITCHBOARD__CLUSTER__REDIS_URL=redis://127.0.0.1:$RPORT SWITCHBOARD__CLUSTER__PREFIX=dispatch \
   ./target/release/switchboard &
 pids+=($!)

@@ -233,14 +233,20 @@ def measure(run, args, out, result):
         env.update({"SWITCHBOARD__CLUSTER__REDIS_URL": "rediss://sentinel-master",
                     "SWITCHBOARD__CLUSTER__REDIS_SENTINEL_TLS": "true",
                     "SWITCHBOARD__CLUSTER__REDIS_CA_FILE": tls[0]})
+    # Each server's internal listener (/cluster) on a port of its own: the
+    # fleet's processes share theirs, as they share the main port.
+    admin_port, probe_admin_port = free_port(), free_port()
     run.start("fleet", [os.path.join(BIN, "switchboard"), "--processes", str(args.processes)],
-              env={**env, "SWITCHBOARD__SERVER__PORT": str(port)})
+              env={**env, "SWITCHBOARD__SERVER__PORT": str(port),
+                   "SWITCHBOARD__SERVER__ADMIN_PORT": str(admin_port)})
     run.start("probe-node", [os.path.join(BIN, "switchboard")],
               env={**env, "SWITCHBOARD__SERVER__PORT": str(probe_port),
+                   "SWITCHBOARD__SERVER__ADMIN_PORT": str(probe_admin_port),
                    "SWITCHBOARD__CLUSTER__NODE_NAME": "probe"})
     base, probe_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}"
+    admin = f"http://127.0.0.1:{admin_port}"
     wait_for("every node in /cluster", 30, lambda: json.loads(
-        http("GET", f"{base}/cluster")[1])["totals"]["nodes"] == args.processes + 1)
+        http("GET", f"{admin}/cluster")[1])["totals"]["nodes"] == args.processes + 1)
     wait_for("the probe node ready", 10, lambda: http("GET", f"{probe_base}/readyz")[0] == 200)
 
     opening = args.streams / 5000 + 2
@@ -250,7 +256,7 @@ def measure(run, args, out, result):
         os.path.join(BIN, "floodtest"), "--url", f"{base}/test/f{{n}}", "--count", str(args.streams),
         "--rate", "5000", "--duration", f"{int(total)}s", "--interval", "1s",
         "--source-ips", "127.0.0.2-127.0.0.5", "--msg-rate", str(args.msg_rate),
-        "--stats-url", f"{base}/cluster", "--json", flood_json,
+        "--stats-url", f"{admin}/cluster", "--json", flood_json,
     ])
 
     # The probe: a stream on the probe node; messages to it through the

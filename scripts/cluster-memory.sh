@@ -27,9 +27,9 @@ used() { rcmd INFO memory | tr -d '\r' | awk -F: '/^used_memory:/ {print $2}'; }
 r0=$(rss "$redis"); u0=$(used)
 echo "redis-server idle: rss $r0, used_memory $u0"
 for mode in cluster single; do
-  port=$(free_port)
+  port=$(free_port); admin=$(free_port)   # /stats: on the internal listener
   extra=(); [ $mode = cluster ] && extra=(SWITCHBOARD__CLUSTER__REDIS_URL=redis://127.0.0.1:$RPORT SWITCHBOARD__CLUSTER__PREFIX=mem)
-  env "${extra[@]}" SWITCHBOARD__SERVER__PORT="$port" SWITCHBOARD__LOG__LEVEL=warn \
+  env "${extra[@]}" SWITCHBOARD__SERVER__PORT="$port" SWITCHBOARD__SERVER__ADMIN_PORT="$admin" SWITCHBOARD__LOG__LEVEL=warn \
     SWITCHBOARD__STREAM__TICK_INTERVAL_MS=600000 ./target/release/switchboard &
   server=$!; pids+=("$server")
   for _ in $(seq 1 50); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -37,12 +37,12 @@ for mode in cluster single; do
     --duration 25s --interval 5s --source-ips 127.0.0.2-127.0.0.5 >"$OUT/flood-$mode.out" 2>&1 &
   flood=$!; pids+=("$flood")
   for _ in $(seq 1 200); do
-    curl -fs "http://127.0.0.1:$port/stats" >"$OUT/stats-$mode.json" 2>/dev/null || true
+    curl -fs "http://127.0.0.1:$admin/stats" >"$OUT/stats-$mode.json" 2>/dev/null || true
     python3 -c "import json,sys; d=json.load(open('$OUT/stats-$mode.json')); sys.exit(0 if d['connections']['active']==$COUNT and d.get('cluster',{}).get('subscriptions',$COUNT)==$COUNT else 1)" 2>/dev/null && break
     sleep 0.1
   done
   sleep 3
-  curl -fs "http://127.0.0.1:$port/stats" >"$OUT/stats-$mode.json"
+  curl -fs "http://127.0.0.1:$admin/stats" >"$OUT/stats-$mode.json"
   python3 - "$OUT/stats-$mode.json" "$mode" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1])); c = d.get("cluster", {})

@@ -20,22 +20,23 @@ cargo build --release -q --bin switchboard --bin floodtest
 OUT=${OUT:-$(mktemp -d)}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RPORT=$(free_port); PORT=$(free_port)
+ADMIN=$(free_port)   # the fleet's internal listener (/cluster), shared as PORT is
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 start_redis() { redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >>"$OUT/redis.log" 2>&1 & redis=$!; pids+=("$redis"); }
 start_redis
-SWITCHBOARD__SERVER__PORT=$PORT SWITCHBOARD__LOG__LEVEL=info,actix_web=warn SWITCHBOARD__CLUSTER__REDIS_URL=redis://127.0.0.1:$RPORT \
+SWITCHBOARD__SERVER__PORT=$PORT SWITCHBOARD__SERVER__ADMIN_PORT=$ADMIN SWITCHBOARD__LOG__LEVEL=info,actix_web=warn SWITCHBOARD__CLUSTER__REDIS_URL=redis://127.0.0.1:$RPORT \
   SWITCHBOARD__CLUSTER__PREFIX=restart SWITCHBOARD__STREAM__TICK_INTERVAL_MS=600000 \
   ./target/release/switchboard --processes 4 >"$OUT/fleet.log" 2>&1 &
 fleet=$!; pids+=("$fleet")
 for _ in $(seq 1 100); do
-  n=$(curl -fs "http://127.0.0.1:$PORT/cluster" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["totals"]["nodes"])' 2>/dev/null || echo 0)
+  n=$(curl -fs "http://127.0.0.1:$ADMIN/cluster" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["totals"]["nodes"])' 2>/dev/null || echo 0)
   [ "$n" = 4 ] && break; sleep 0.1
 done
 [ "$n" = 4 ] || { echo "the fleet did not come up with 4 nodes" >&2; exit 1; }
 ./target/release/floodtest --url "http://127.0.0.1:$PORT/test/r{n}" --count "$STREAMS" --rate 5000 \
   --duration "${SECS}s" --interval 1s --msg-rate "$RATE" --source-ips 127.0.0.2-127.0.0.5 \
-  --stats-url "http://127.0.0.1:$PORT/cluster" --json "$OUT/flood.json" >"$OUT/flood.out" 2>&1 &
+  --stats-url "http://127.0.0.1:$ADMIN/cluster" --json "$OUT/flood.json" >"$OUT/flood.out" 2>&1 &
 flood=$!; pids+=("$flood")
 sleep "$AT"
 echo "t=${AT}s: killing redis-server (pid $redis)"; kill -KILL "$redis"; wait "$redis" 2>/dev/null || true

@@ -75,9 +75,14 @@ def one(setup, args, out):
                SWITCHBOARD__SERVER__PORT=str(port), SWITCHBOARD__SERVER__WORKERS="2",
                SWITCHBOARD__LOG__LEVEL="warn", SWITCHBOARD__STREAM__TICK_INTERVAL_MS="600000")
     binary = os.path.join(BIN, "switchboard")
+    # /stats: on the internal listener (plain, no PROXY header); a "before"
+    # binary from ahead of it knows no admin_port and serves it on its port.
+    stats_port, stats_proxied = port, edge
     if setup == "before":
         binary = os.path.join(args.before, "switchboard")
     else:
+        stats_port, stats_proxied = free_port(), False
+        env.update(SWITCHBOARD__SERVER__ADMIN_PORT=str(stats_port))
         env.update(SWITCHBOARD__SERVER__PROXY_PROTOCOL="v2" if edge else "off",
                SWITCHBOARD__LIMITS__STREAMS_PER_IP="10000" if limited else "0",
                SWITCHBOARD__LIMITS__STREAM_OPENS_PER_IP_PER_S="5000" if limited else "0",
@@ -113,7 +118,7 @@ def one(setup, args, out):
         deadline = started + args.hold - 3
         stats = {}
         while time.time() < deadline:
-            stats = json.loads(get(port, "/stats", edge)[1])
+            stats = json.loads(get(stats_port, "/stats", stats_proxied)[1])
             if stats["connections"]["active"] >= args.count:
                 opened_s = time.time() - started
                 break
@@ -122,7 +127,7 @@ def one(setup, args, out):
             raise SystemExit(f"{setup}: only {stats.get('connections', {}).get('active')} of {args.count} open")
         time.sleep(args.settle)
         held = rss(server.pid)
-        stats = json.loads(get(port, "/stats", edge)[1])
+        stats = json.loads(get(stats_port, "/stats", stats_proxied)[1])
         active = stats["connections"]["active"]
         return {
             "setup": setup,

@@ -104,9 +104,12 @@ def main():
     if not os.access(BIN, os.X_OK):
         sys.exit(f"{BIN} missing: cargo build --release")
     port = free_port()
+    # /stats is served on the internal listener.
+    admin_port = free_port()
     env = dict(
         os.environ,
         SWITCHBOARD__SERVER__PORT=str(port),
+        SWITCHBOARD__SERVER__ADMIN_PORT=str(admin_port),
         SWITCHBOARD__SERVER__WORKERS="2",
         SWITCHBOARD__LOG__LEVEL="warn",
         SWITCHBOARD__HISTORY__SIZE=str(args.size),
@@ -116,7 +119,7 @@ def main():
     try:
         for _ in range(100):
             try:
-                get(port, "/stats")
+                get(admin_port, "/stats")
                 break
             except OSError:
                 time.sleep(0.1)
@@ -126,13 +129,13 @@ def main():
         base = settle(server.pid)
         publish(port, [(f"one{i}", 0) for i in range(args.ids)], pad)
         after_one = settle(server.pid)
-        st = get(port, "/stats")["history"]
+        st = get(admin_port, "/stats")["history"]
         if st["ids"] != args.ids + 1000 or st["messages"] != args.ids + 1000:
             sys.exit(f"history did not keep what was sent: {st}")
         per_id = (after_one - base) / args.ids
         publish(port, [(f"full{i}", n) for n in range(args.size) for i in range(args.full)], pad)
         after_full = settle(server.pid)
-        st = get(port, "/stats")["history"]
+        st = get(admin_port, "/stats")["history"]
         kept = args.full * args.size
         if st["messages"] != args.ids + 1000 + kept:
             sys.exit(f"history did not keep what was sent: {st}")

@@ -89,7 +89,10 @@ def stop(p):
 
 def one(setup, args, d):
     port = free_port()
-    env = dict(os.environ, SWITCHBOARD__SERVER__PORT=str(port), SWITCHBOARD__SERVER__WORKERS="2",
+    # /stats is served on the internal listener.
+    admin_port = free_port()
+    env = dict(os.environ, SWITCHBOARD__SERVER__PORT=str(port), SWITCHBOARD__SERVER__ADMIN_PORT=str(admin_port),
+               SWITCHBOARD__SERVER__WORKERS="2",
                SWITCHBOARD__LOG__LEVEL="warn", SWITCHBOARD__STREAM__TICK_INTERVAL_MS="600000")
     target = port
     if setup == "native":
@@ -103,7 +106,7 @@ def one(setup, args, d):
     procs = [server]
     haproxy = None
     try:
-        wait_ready(port)
+        wait_ready(admin_port)
         if setup == "haproxy":
             target = free_port()
             conf = os.path.join(d, "haproxy.cfg")
@@ -139,9 +142,9 @@ backend sb
         client = subprocess.Popen(flood, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = started + 300
-            while stats(port)["connections"]["active"] < args.count and time.time() < deadline:
+            while stats(admin_port)["connections"]["active"] < args.count and time.time() < deadline:
                 time.sleep(0.2)
-            held = stats(port)["connections"]["active"]
+            held = stats(admin_port)["connections"]["active"]
             ramp = time.time() - started
             time.sleep(args.settle)
             after = sum(rss(p.pid) for p in procs)

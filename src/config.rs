@@ -94,6 +94,13 @@ pub struct ServerSettings {
     pub tls_key_file: String,
     /// Ports that serve TLS, as `extra_ports` lists them; "": every port.
     pub tls_ports: String,
+    /// Address of the internal listener for operators (`/metrics`,
+    /// `/stats`, `/cluster`, the dashboard, `/admin/*`).
+    pub admin_host: String,
+    /// Port of the internal listener; 0 picks a free one (logged).
+    pub admin_port: u16,
+    /// The public listeners serve the operator pages too.
+    pub admin_public: bool,
 }
 
 /// `server.proxy_protocol`.
@@ -216,8 +223,16 @@ pub struct PublishSettings {
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
-    /// Bearer token for publishing; empty disables auth.
+    /// Bearer token for publishing; empty: open to loopback clients, and to
+    /// every client only with `publish_open` or when no listener is bound
+    /// beyond loopback.
     pub publish_token: String,
+    /// No token and a listener beyond loopback: publishing stays open to
+    /// every client anyway (the operator accepts the risk).
+    pub publish_open: bool,
+    /// Bearer token that opens the operator pages on the public listeners;
+    /// empty: none does.
+    pub admin_token: String,
     /// HS256 secret subscriber tokens are signed with; empty: streams are open.
     pub subscribe_secret: String,
     /// What a subscriber token's `aud` must be; empty: `aud` is not checked.
@@ -275,8 +290,15 @@ impl std::fmt::Debug for AuthSettings {
         } else {
             "<set>"
         };
+        let admin = if self.admin_token.is_empty() {
+            "<none>"
+        } else {
+            "<set>"
+        };
         f.debug_struct("AuthSettings")
             .field("publish_token", &token)
+            .field("publish_open", &self.publish_open)
+            .field("admin_token", &admin)
             .field("subscribe_secret", &secret)
             .finish()
     }
@@ -521,6 +543,7 @@ impl Settings {
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
         }
+        self.validate_admin(&seen)?;
         self.validate_tls(&seen)?;
         if let Err(e) = Nets::parse(&self.http.trusted_proxies) {
             return invalid("http.trusted_proxies", &e);
@@ -732,6 +755,38 @@ impl Settings {
         Ok(())
     }
 
+    /// `server.admin_*` and `auth.admin_token`: an address, a port of its
+    /// own (not one of the public `ports`), a token that can be sent.
+    fn validate_admin(&self, ports: &std::collections::HashSet<u16>) -> Result<(), SettingsError> {
+        let invalid = |key, reason: String| Err(SettingsError::Invalid { key, reason });
+        let s = &self.server;
+        if s.admin_host.parse::<IpAddr>().is_err() {
+            return invalid(
+                "server.admin_host",
+                "must be an IP address such as 127.0.0.1 (the default: operators on this machine only)"
+                    .into(),
+            );
+        }
+        if s.admin_port != 0 && ports.contains(&s.admin_port) {
+            return invalid(
+                "server.admin_port",
+                format!(
+                    "port {} is also server.port or in server.extra_ports; the internal listener \
+                     needs a port of its own (0: a free one)",
+                    s.admin_port
+                ),
+            );
+        }
+        let token = &self.auth.admin_token;
+        if !token.is_empty() && !token.chars().all(|c| c.is_ascii_graphic()) {
+            return invalid(
+                "auth.admin_token",
+                "must be printable ASCII without spaces (it is sent as a bearer token)".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// `server.tls_*`: both files or neither, loadable, a key that is the
     /// certificate's, and TLS ports among the listening ones (`ports`).
     fn validate_tls(&self, ports: &std::collections::HashSet<u16>) -> Result<(), SettingsError> {
@@ -790,6 +845,14 @@ impl Settings {
         let mut ports = vec![self.server.port];
         ports.extend(parse_ports(&self.server.extra_ports).expect("validated ports"));
         ports.into_iter().map(|p| SocketAddr::new(ip, p)).collect()
+    }
+
+    /// The internal listener's address (`server.admin_host`,
+    /// `server.admin_port`).
+    pub(crate) fn admin_addr(&self) -> SocketAddr {
+        // unwrap: validate() checked it.
+        let ip: IpAddr = self.server.admin_host.parse().expect("validated admin_host");
+        SocketAddr::new(ip, self.server.admin_port)
     }
 
     /// Worker threads to start.
@@ -1029,6 +1092,32 @@ mod tests {
     fn token_is_not_printed() {
         let mut s = Settings::defaults();
         s.auth.publish_token = "sekrit".into();
-        assert!(!format!("{s:?}").contains("sekrit"));
+        s.auth.admin_token = "adminsekrit".into();
+        let printed = format!("{s:?}");
+        assert!(!printed.contains("sekrit"), "{printed}");
+        assert!(printed.contains("admin_token: \"<set>\""), "{printed}");
+    }
+
+    #[test]
+    fn the_internal_listener_is_loopback_on_a_port_of_its_own() {
+        let mut s = Settings::defaults();
+        assert_eq!(
+            (s.server.admin_host.as_str(), s.server.admin_port),
+            ("127.0.0.1", 9000)
+        );
+        assert!(!s.server.admin_public && !s.auth.publish_open && s.auth.admin_token.is_empty());
+        s.server.admin_port = 8000;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.admin_port"), "{e}");
+        s.server.admin_port = 0;
+        s.server.extra_ports = "9000".into();
+        s.validate().unwrap();
+        s.server.admin_host = "localhost".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.admin_host"), "{e}");
+        s.server.admin_host = "::1".into();
+        s.auth.admin_token = "two words".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("auth.admin_token"), "{e}");
     }
 }

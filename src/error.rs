@@ -45,6 +45,24 @@ pub(crate) enum ApiError {
     /// A page origin `http.cors_origins` does not list opened a WebSocket: 403.
     #[error("origin not allowed (http.cors_origins)")]
     OriginNotAllowed,
+    /// Protected mode: no `auth.publish_token`, a listener beyond loopback,
+    /// and a publish (or presence) request from a client that is not
+    /// loopback: 403, naming the two ways out.
+    #[error(
+        "protected mode: publishing is open only to loopback clients because auth.publish_token \
+         is empty and the server listens beyond loopback; set auth.publish_token (and send \
+         Authorization: Bearer <token>), or set auth.publish_open = true to accept the risk \
+         (docs/exposing.md)"
+    )]
+    PublishProtected,
+    /// An operator page on a public listener without `server.admin_public`
+    /// or the `auth.admin_token` bearer: 403, saying where it is served.
+    #[error(
+        "operator pages (/metrics, /stats, /cluster, the dashboard, /admin/*) are served on the \
+         internal listener (server.admin_host, server.admin_port); on this port only with \
+         server.admin_public = true or Authorization: Bearer <auth.admin_token> (docs/exposing.md)"
+    )]
+    OperatorPageElsewhere,
     /// A WebSocket upgrade that breaks RFC 6455: 400.
     #[error("WebSocket handshake refused: {0}")]
     BadWebSocket(String),
@@ -268,7 +286,9 @@ impl ResponseError for ApiError {
             | ApiError::BadWebSocket(_)
             | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
-            ApiError::OriginNotAllowed => StatusCode::FORBIDDEN,
+            ApiError::OriginNotAllowed | ApiError::PublishProtected | ApiError::OperatorPageElsewhere => {
+                StatusCode::FORBIDDEN
+            }
             ApiError::IdempotencyInFlight => StatusCode::CONFLICT,
             ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,

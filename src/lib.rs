@@ -11,12 +11,16 @@
 //! Calls go one way, from the top of this list down (`.ci/run` checks that
 //! no modules import each other in a circle):
 //!
-//! - `server`: binding, worker threads, the accept loop, graceful shutdown,
-//!   and the one `match` that decides what becomes of a new connection.
+//! - `server`: binding (the public listeners and the internal one for
+//!   operators), worker threads, the accept loop, graceful shutdown, the
+//!   start-up decision on protected mode, and the one `match` that decides
+//!   what becomes of a new connection.
 //! - `dispatcher`: the lean `GET /dispatcher` path, numbers taken from the
 //!   Counter in one message per worker per event-loop turn.
 //! - `routes`: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
-//!   `/stats`, the fallback `/test`) and publish auth; `dashboard`: the live
+//!   `/stats`, the fallback `/test`), publish auth with protected mode, and
+//!   the guard of the operator pages (internal listener, `admin_public`,
+//!   `admin_token`); `dashboard`: the live
 //!   page at `/` and its feed; `metrics`: the counters in the Prometheus
 //!   text format (`/metrics`), with the latency and lifetime histograms.
 //! - `state`: what the workers and handlers of one server share, and the one

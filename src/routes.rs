@@ -15,23 +15,34 @@
 //! | `GET /readyz` | `ok`, or 503 while shutting down or while the cluster bus is down |
 //! | `POST /admin/crash/{router,counter,bus}` | fault injection, only with `debug.fault_injection` |
 //! | `POST /admin/cut/{id}` | fault injection: every stream of `id` drops its connection |
+//!
+//! Two guards decide who may use what, each in one function:
+//! [`authorize`] (publishing: the token, or protected mode) and
+//! [`operator_page`] (`/stats`, `/metrics`, `/cluster`, the dashboard and
+//! `/admin/*`: the internal listener, or `server.admin_public`, or the
+//! `auth.admin_token` bearer). `/healthz` and `/readyz` are served on every
+//! listener.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::body::BoxBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{Version, header};
+use actix_web::middleware::{Next, from_fn};
 use actix_web::web::{self, Data, Path, Payload, ServiceConfig};
 use actix_web::{HttpRequest, HttpResponse, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::counter::Take;
+use crate::edge::Client;
 use crate::error::ApiError;
 use crate::hub::router::CutId;
 use crate::hub::{Answer, Target};
 use crate::id::{self, IdError};
 use crate::idempotency;
-use crate::socket::CloseHandle;
+use crate::socket::{CloseHandle, Internal};
 use crate::state::ServerState;
 use crate::stream::{Framing, Head, Stream, Via};
 use crate::supervision::Crash;
@@ -46,6 +57,8 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
             .route(preflight("POST, OPTIONS", "Authorization, Content-Type"))
             .default_service(only("POST"))
     };
+    // An operator page: [`operator_page`] decides before anything else.
+    let operator = |path: &str, route: Route| get(path, route).wrap(from_fn(operator_only));
     cfg.service(
         web::resource(["/test/", "/send/", "/presence/"]).to(|| fail(ApiError::BadId(IdError::Empty))),
     )
@@ -61,17 +74,20 @@ pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
     .service(post("/send/{id}", web::post().to(send)))
     .service(post("/broadcast", web::post().to(broadcast)))
     .service(get("/dispatcher", web::get().to(next_count)))
-    .service(get("/stats", web::get().to(stats)))
-    .service(get("/metrics", web::get().to(metrics)))
-    .service(get("/", web::get().to(crate::dashboard::page)))
-    .service(get("/dashboard/events", web::get().to(crate::dashboard::events)))
-    .service(get("/cluster", web::get().to(cluster_view)))
+    .service(operator("/stats", web::get().to(stats)))
+    .service(operator("/metrics", web::get().to(metrics)))
+    .service(operator("/", web::get().to(crate::dashboard::page)))
+    .service(operator(
+        "/dashboard/events",
+        web::get().to(crate::dashboard::events),
+    ))
+    .service(operator("/cluster", web::get().to(cluster_view)))
     .service(get("/presence/{id}", web::get().to(presence)))
     .service(get("/healthz", web::get().to(healthz)))
     .service(get("/readyz", web::get().to(readyz)));
     if fault_injection {
-        cfg.service(post("/admin/crash/{actor}", web::post().to(crash)))
-            .service(post("/admin/cut/{id}", web::post().to(cut)));
+        cfg.service(post("/admin/crash/{actor}", web::post().to(crash)).wrap(from_fn(operator_only)))
+            .service(post("/admin/cut/{id}", web::post().to(cut)).wrap(from_fn(operator_only)));
     }
     cfg.default_service(web::to(|| fail(ApiError::NotFound)));
 }
@@ -394,16 +410,74 @@ async fn cut(req: HttpRequest, id: Path<String>, state: Data<ServerState>) -> Re
     Ok(HttpResponse::Ok().json(json!({ "cut": n })))
 }
 
-/// Checks `Authorization: Bearer <auth.publish_token>` when a token is set.
+/// Who may publish (and see `/presence`, `/admin/*`, `/stats`'
+/// `limits.refusing`): with `auth.publish_token` set, a request with
+/// `Authorization: Bearer <token>` (401 otherwise); without one, anyone,
+/// except in protected mode ([`ServerState::publish_protected`]), where a
+/// client that is not loopback is refused 403 with the two ways out.
+///
+/// The client is the one the `[limits]` see ([`ServerState::client_of`]):
+/// behind a proxy that passes it on (PROXY protocol, a trusted
+/// `X-Forwarded-For`), the real client, not the proxy on loopback.
+fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
+    let token = &state.settings.auth.publish_token;
+    if token.is_empty() {
+        if state.publish_protected && !is_loopback(state.client_of(req)) {
+            return Err(ApiError::PublishProtected);
+        }
+        return Ok(());
+    }
+    if bearer_is(req, token)? {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+/// A loopback client: its socket's peer is a loopback address. An
+/// address a PROXY header or `X-Forwarded-For` claims never counts (as
+/// for the limits' exemptions): whoever reaches the proxy could claim it.
+fn is_loopback(client: Client) -> bool {
+    client.ip.is_loopback() && !client.claimed
+}
+
+/// Whether an operator page may be served here: on the internal listener,
+/// with `server.admin_public`, or to a request with
+/// `Authorization: Bearer <auth.admin_token>`; otherwise 403 saying where
+/// it is served.
+fn operator_page(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
+    if req.conn_data::<Internal>().is_some() || state.settings.server.admin_public {
+        return Ok(());
+    }
+    let token = &state.settings.auth.admin_token;
+    if !token.is_empty() && bearer_is(req, token)? {
+        return Ok(());
+    }
+    Err(ApiError::OperatorPageElsewhere)
+}
+
+/// [`operator_page`] in front of a resource's handlers.
+async fn operator_only(
+    req: ServiceRequest,
+    next: Next<BoxBody>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let allowed = match req.app_data::<Data<ServerState>>() {
+        Some(state) => operator_page(req.request(), state),
+        None => Err(ApiError::OperatorPageElsewhere),
+    };
+    match allowed {
+        Ok(()) => next.call(req).await,
+        Err(e) => Ok(req.error_response(e)),
+    }
+}
+
+/// Whether the request's `Authorization: Bearer` credentials are `token`
+/// (compared in constant time).
 ///
 /// The scheme is case-insensitive (RFC 9110 §11.1), spaces after it are
 /// allowed; two `Authorization` headers are refused (400) rather than one
 /// of them checked.
-fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
-    let token = &state.settings.auth.publish_token;
-    if token.is_empty() {
-        return Ok(());
-    }
+fn bearer_is(req: &HttpRequest, token: &str) -> Result<bool, ApiError> {
     let mut given = req.headers().get_all(header::AUTHORIZATION);
     let (first, second) = (given.next(), given.next());
     if second.is_some() {
@@ -412,11 +486,7 @@ fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
     let credentials = first
         .and_then(|v| token::bearer_credentials(v.as_bytes()))
         .unwrap_or_default();
-    if token::constant_time_eq(credentials, token.as_bytes()) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
+    Ok(token::constant_time_eq(credentials, token.as_bytes()))
 }
 
 /// Reads a message body: at most `max` bytes, UTF-8, one non-empty line.

@@ -9,6 +9,12 @@
 //! worker), the lean `/dispatcher` path, actix-web, or a refusal. The Router
 //! and Counter run supervised on the first worker's arbiter.
 //!
+//! Beside the public listeners (`server.host`, `server.port`, the extra
+//! ports) each worker also accepts on the internal listener for operators
+//! (`server.admin_host`, `server.admin_port`): its connections go straight
+//! to the same actix-web service, marked [`socket::Internal`], where the
+//! operator pages are served (`routes`).
+//!
 //! Shutdown is one future passed to [`Server::run`]. When it resolves:
 //! 1. `ServerState::shutdown` is cancelled: accept loops return and close
 //!    their sockets, actix-web connections drain (idle keep-alives close,
@@ -69,14 +75,36 @@ const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// bytes that the socket takes at once, goes out first.
 const CLOSE_AFTER_ANSWER: Duration = Duration::from_millis(100);
 
+/// Most connections the internal listener serves at once (Prometheus, a
+/// few dashboards, an operator's curl). At the limit it stops accepting
+/// until one closes. Apart from `server.max_connections`, so that a flood
+/// on the public ports does not lock the operators out.
+const INTERNAL_MAX_CONNECTIONS: usize = 256;
+
+/// Which listener a connection came in on, and so what it may become.
+#[derive(Debug, Clone, Copy)]
+enum Listener {
+    /// `server.host` with `server.port` and the extra ports: streams, the
+    /// lean `/dispatcher`, everything else through actix-web; `tls` on a
+    /// TLS port.
+    Public { tls: bool },
+    /// `server.admin_host:server.admin_port`: straight to actix-web, where
+    /// the operator pages are served ([`socket::Internal`]).
+    Internal,
+}
+
 /// A bound, not yet running server.
 pub struct Server {
     settings: Settings,
     listeners: Vec<std::net::TcpListener>,
+    /// The internal listener for operators (`server.admin_host`,
+    /// `server.admin_port`).
+    admin: std::net::TcpListener,
 }
 
 impl Server {
-    /// Binds the main port and every extra port from `settings`.
+    /// Binds the main port, every extra port and the internal listener
+    /// from `settings`.
     pub fn bind(settings: Settings) -> io::Result<Self> {
         let listeners = settings
             .listen_addrs()
@@ -86,15 +114,27 @@ impl Server {
                     .map_err(|e| io::Error::new(e.kind(), format!("listening on {addr}: {e}")))
             })
             .collect::<io::Result<_>>()?;
-        Ok(Server { settings, listeners })
+        let admin = bind_admin(&settings)?;
+        Ok(Server {
+            settings,
+            listeners,
+            admin,
+        })
     }
 
-    /// Uses listeners the caller bound (tests bind `127.0.0.1:0`).
+    /// Uses public listeners the caller bound (tests bind `127.0.0.1:0`);
+    /// the internal listener is bound from `settings` (tests set
+    /// `server.admin_port = 0` and ask [`Server::admin_addr`]).
     pub fn from_listeners(settings: Settings, listeners: Vec<std::net::TcpListener>) -> io::Result<Self> {
         for l in &listeners {
             l.set_nonblocking(true)?;
         }
-        Ok(Server { settings, listeners })
+        let admin = bind_admin(&settings)?;
+        Ok(Server {
+            settings,
+            listeners,
+            admin,
+        })
     }
 
     /// Where the server listens (actual ports, also when 0 was asked for).
@@ -105,14 +145,26 @@ impl Server {
             .collect()
     }
 
+    /// Where the internal listener listens (the actual port, also when
+    /// `server.admin_port` is 0).
+    pub fn admin_addr(&self) -> io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+
     /// Serves until `shutdown` resolves, then shuts down gracefully (see the
     /// module docs). Must run inside an actix `System`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
-        let Server { settings, listeners } = self;
+        let Server {
+            settings,
+            listeners,
+            admin,
+        } = self;
         let addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
         let Some(&main_addr) = addrs.first() else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no listening socket"));
         };
+        let admin_addr = admin.local_addr()?;
+        let publish_protected = publish_mode(&settings, addrs.iter().chain([&admin_addr]));
         let workers = settings.workers();
         crate::stats::count_panics();
         let stats = Arc::new(Stats::new());
@@ -207,6 +259,7 @@ impl Server {
             hub,
             addr: crate::hub::cluster::advertised(main_addr),
             trusted_proxies,
+            publish_protected,
             tls,
             shutdown: cancel,
         });
@@ -217,21 +270,26 @@ impl Server {
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         actix_rt::spawn(reload_on_hangup(hangup, state.tls.clone(), Arc::clone(&state)));
 
-        let slots = Arc::new(Semaphore::new(state.settings.server.max_connections));
+        let slots = Slots {
+            public: Arc::new(Semaphore::new(state.settings.server.max_connections)),
+            internal: Arc::new(Semaphore::new(INTERNAL_MAX_CONNECTIONS)),
+        };
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(workers);
         for worker in &arbiters {
             let mine = listeners
                 .iter()
                 .map(|l| l.try_clone())
                 .collect::<io::Result<Vec<_>>>()?;
-            let (state, slots, ready) = (Arc::clone(&state), Arc::clone(&slots), ready_tx.clone());
+            let admin = admin.try_clone()?;
+            let (state, slots, ready) = (Arc::clone(&state), slots.clone(), ready_tx.clone());
             // The worker future is not Send (actix-web services are !Send):
             // send a closure that spawns it on the worker's own thread.
             worker.spawn_fn(move || {
-                actix_rt::spawn(run_worker(mine, main_addr, state, slots, ready));
+                actix_rt::spawn(run_worker(mine, admin, main_addr, state, slots, ready));
             });
         }
         drop(listeners);
+        drop(admin);
         drop(ready_tx);
         // Wait until every worker serves, so the idle baseline includes them.
         for _ in 0..workers {
@@ -241,7 +299,7 @@ impl Server {
         }
 
         state.stats.set_baseline();
-        tracing::info!(event = "bind", ?addrs, workers, "switchboard listening");
+        tracing::info!(event = "bind", ?addrs, admin = %admin_addr, workers, "switchboard listening");
         tracing::info!(event = "config", settings = ?state.settings, "effective configuration");
         actix_rt::spawn(report_slow_disconnects(Arc::clone(&state)));
 
@@ -255,6 +313,55 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// The internal listener, as [`listen`] binds the public ones.
+fn bind_admin(settings: &Settings) -> io::Result<std::net::TcpListener> {
+    let addr = settings.admin_addr();
+    listen(addr, settings.server.backlog, settings.server.reuse_port).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("listening on {addr} (server.admin_host, server.admin_port): {e}"),
+        )
+    })
+}
+
+/// Decides protected mode once (see `ServerState::publish_protected`)
+/// from the addresses actually bound, and says which it is in one WARN
+/// line when a listener is beyond loopback and no publish token is set.
+fn publish_mode<'a>(settings: &Settings, bound: impl Iterator<Item = &'a SocketAddr>) -> bool {
+    let auth = &settings.auth;
+    let beyond: Vec<&SocketAddr> = bound.filter(|a| !a.ip().to_canonical().is_loopback()).collect();
+    if beyond.is_empty() || !auth.publish_token.is_empty() {
+        return false;
+    }
+    if auth.publish_open {
+        tracing::warn!(
+            event = "publish_open",
+            ?beyond,
+            "auth.publish_open: no auth.publish_token and listening beyond loopback, so anyone who \
+             reaches a port may POST /send and /broadcast"
+        );
+        return false;
+    }
+    tracing::warn!(
+        event = "protected_mode",
+        ?beyond,
+        "protected mode: no auth.publish_token and listening beyond loopback, so /send, /broadcast \
+         and /presence answer 403 to clients that are not loopback; set auth.publish_token, or \
+         auth.publish_open = true to accept the risk"
+    );
+    true
+}
+
+/// The connection limits: `server.max_connections` on the public
+/// listeners, [`INTERNAL_MAX_CONNECTIONS`] on the internal one.
+#[derive(Clone)]
+struct Slots {
+    /// Shared by every public listener of every worker.
+    public: Arc<Semaphore>,
+    /// The internal listener's own, so operators get in during a flood.
+    internal: Arc<Semaphore>,
 }
 
 /// A listening socket with `SO_REUSEADDR`, `SO_REUSEPORT` if asked for, and
@@ -383,9 +490,10 @@ async fn shut_down(state: &ServerState) {
 /// One worker: its actix-web service and an accept loop per listener.
 async fn run_worker(
     listeners: Vec<std::net::TcpListener>,
+    admin: std::net::TcpListener,
     local_addr: SocketAddr,
     state: Arc<ServerState>,
-    slots: Arc<Semaphore>,
+    slots: Slots,
     ready: tokio::sync::mpsc::Sender<()>,
 ) {
     let http = match http_service(&state, local_addr).new_service(()).await {
@@ -398,18 +506,21 @@ async fn run_worker(
             return;
         }
     };
-    for l in listeners {
-        let secure = l
+    let public = listeners.into_iter().map(|l| {
+        let tls = l
             .local_addr()
             .is_ok_and(|a| state.tls.is_some() && state.settings.tls_port(a.port()));
+        (l, Listener::Public { tls }, &slots.public)
+    });
+    for (l, listener, slots) in public.chain([(admin, Listener::Internal, &slots.internal)]) {
         match TcpListener::from_std(l) {
             Ok(l) => {
                 actix_rt::spawn(accept_loop(
                     l,
-                    secure,
+                    listener,
                     Rc::clone(&http),
                     Arc::clone(&state),
-                    Arc::clone(&slots),
+                    Arc::clone(slots),
                 ));
             }
             Err(e) => tracing::error!(
@@ -484,6 +595,9 @@ fn http_service(
             if io.proxied() {
                 ext.insert(socket::Proxied);
             }
+            if io.is_internal() {
+                ext.insert(socket::Internal);
+            }
         })
         // Hidden but stable in actix-http 3: what HttpServer uses to drain
         // keep-alive connections on graceful shutdown.
@@ -501,13 +615,15 @@ fn http_service(
     .and_then(http)
 }
 
-/// Accepts until shutdown, at most `server.max_connections` HTTP connections
-/// at once. Running out of file descriptors is logged once per episode,
+/// Accepts on one listener until shutdown, at most as many HTTP
+/// connections at once as `slots` allows (`server.max_connections` on the
+/// public listeners, [`INTERNAL_MAX_CONNECTIONS`] on the internal one).
+/// Running out of file descriptors is logged once per episode,
 /// counted in `/stats` (`accept.fd_limit`), and retried after a pause; open
 /// streams are not disturbed.
 async fn accept_loop<S>(
-    listener: TcpListener,
-    secure: bool,
+    socket: TcpListener,
+    listener: Listener,
     http: Rc<S>,
     state: Arc<ServerState>,
     slots: Arc<Semaphore>,
@@ -527,7 +643,7 @@ async fn accept_loop<S>(
         let accepted = tokio::select! {
             biased;
             () = state.shutdown.cancelled() => return,
-            r = listener.accept() => r,
+            r = socket.accept() => r,
         };
         match accepted {
             Ok((io, _peer)) => {
@@ -539,7 +655,7 @@ async fn accept_loop<S>(
                         "file descriptors available again; accepting"
                     );
                 }
-                actix_rt::spawn(serve(io, secure, Rc::clone(&http), Arc::clone(&state), permit));
+                actix_rt::spawn(serve(io, listener, Rc::clone(&http), Arc::clone(&state), permit));
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 state.stats.accept_fd_limit.fetch_add(1, Relaxed);
@@ -603,13 +719,22 @@ impl Drop for HttpConn {
 /// costs idle streams memory (docs/design-notes.md, "Per-stream memory").
 async fn serve<S>(
     io: TcpStream,
-    secure: bool,
+    listener: Listener,
     http: Rc<S>,
     state: Arc<ServerState>,
     permit: OwnedSemaphorePermit,
 ) where
     S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
 {
+    let secure = match listener {
+        Listener::Public { tls } => tls,
+        Listener::Internal => {
+            // Operators and Prometheus: no PROXY header, no TLS, no lean
+            // paths; actix-web serves every route, the operator pages too.
+            let _conn = HttpConn::new(permit, &state.stats);
+            return Box::pin(serve_http(&*http, Rewound::new(io).internal())).await;
+        }
+    };
     let settings = &state.settings;
     let deadline = Instant::now() + settings.head_timeout();
     let max_line = settings.server.max_head_bytes;

@@ -66,6 +66,8 @@ pub(crate) struct Rewound {
     pos: usize,
     /// The client's address from a PROXY header (`None`: the socket's peer).
     client: Option<std::net::SocketAddr>,
+    /// It came in on the internal listener (`server.admin_port`).
+    internal: bool,
 }
 
 /// A plain or a TLS connection.
@@ -92,6 +94,7 @@ impl Rewound {
             prefix: Vec::new(),
             pos: 0,
             client: None,
+            internal: false,
         }
     }
 
@@ -103,6 +106,7 @@ impl Rewound {
             prefix: prefix.to_vec(),
             pos: 0,
             client: None,
+            internal: false,
         }
     }
 
@@ -115,6 +119,7 @@ impl Rewound {
             prefix: plain,
             pos: 0,
             client: None,
+            internal: false,
         }
     }
 
@@ -122,6 +127,17 @@ impl Rewound {
     pub(crate) fn with_client(mut self, client: Option<std::net::SocketAddr>) -> Self {
         self.client = client;
         self
+    }
+
+    /// The same, marked as accepted on the internal listener.
+    pub(crate) fn internal(mut self) -> Self {
+        self.internal = true;
+        self
+    }
+
+    /// Whether it was accepted on the internal listener.
+    pub(crate) fn is_internal(&self) -> bool {
+        self.internal
     }
 
     /// Whether the client's address came from a PROXY header.
@@ -206,6 +222,12 @@ impl AsyncWrite for Rewound {
 /// PROXY header (a claim: see `edge::Client`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Proxied;
+
+/// In an actix-web connection's data when it was accepted on the internal
+/// listener (`server.admin_host`, `server.admin_port`): the operator pages
+/// are served there (`routes::operator_page`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Internal;
 
 /// Asks for the connection under an actix-web request to be closed once its
 /// answer is out: for a request whose body stopped arriving, actix-web's

@@ -47,6 +47,11 @@ pub(crate) struct ServerState {
     pub(crate) addr: String,
     /// `http.trusted_proxies`, parsed.
     pub(crate) trusted_proxies: Nets,
+    /// Protected mode, decided once at start-up: no `auth.publish_token`,
+    /// no `auth.publish_open`, and some listener bound beyond loopback.
+    /// Publishing is then open to loopback clients only
+    /// (`routes::authorize`).
+    pub(crate) publish_protected: bool,
     /// The certificate and TLS settings of the TLS ports, if any.
     pub(crate) tls: Option<Arc<crate::tls::Acceptor>>,
     /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):

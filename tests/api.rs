@@ -80,7 +80,7 @@ fn bad_input_gets_a_clear_4xx_and_disturbs_no_stream() {
 
     assert_eq!(srv.get("/nope").status, 404);
     assert_eq!(
-        srv.get("/admin/crash/router").status,
+        srv.admin_get("/admin/crash/router").status,
         404,
         "no fault injection by default"
     );
@@ -142,11 +142,16 @@ fn publish_token_guards_send_broadcast_and_admin() {
     let srv = TestServer::start(s);
     let mut c = srv.open("auth");
     c.line();
-    for path in ["/send/auth", "/broadcast", "/admin/crash/counter"] {
-        let r = srv.post(path, "m");
+    // /admin/* is an operator page: on the internal listener.
+    for (addr, path) in [
+        (srv.addr, "/send/auth"),
+        (srv.addr, "/broadcast"),
+        (srv.admin, "/admin/crash/counter"),
+    ] {
+        let r = request(addr, "POST", path, &[], b"m").unwrap();
         assert_eq!(r.status, 401, "{path}");
         assert_eq!(r.header("www-authenticate"), Some("Bearer"));
-        let r = request(srv.addr, "POST", path, &[("authorization", "Bearer nope")], b"m").unwrap();
+        let r = request(addr, "POST", path, &[("authorization", "Bearer nope")], b"m").unwrap();
         assert_eq!(r.status, 401, "{path}");
     }
     assert_eq!(
@@ -162,7 +167,7 @@ fn publish_token_guards_send_broadcast_and_admin() {
     assert_eq!(r.json()["delivered"], 1);
     // Reading needs no token.
     assert_eq!(srv.get("/dispatcher").status, 200);
-    assert_eq!(srv.get("/stats").status, 200);
+    assert_eq!(srv.admin_get("/stats").status, 200);
 }
 
 #[test]
@@ -219,7 +224,7 @@ fn crashed_router_restarts_with_its_registrations() {
     b.line();
     srv.wait_stats(Duration::from_secs(1), |s| s["connections"]["active"] == 2);
 
-    let r = srv.post("/admin/crash/router", "");
+    let r = srv.admin_post("/admin/crash/router", "");
     assert_eq!(r.status, 202);
     let stats = srv.wait_stats(Duration::from_secs(2), |s| s["actors"]["router"]["restarts"] == 1);
     assert_eq!(stats["actors"]["router"]["restarts"], 1);
@@ -235,7 +240,7 @@ fn crashed_router_restarts_with_its_registrations() {
     assert_eq!(srv.post("/broadcast", "all").json()["delivered"], 3);
     assert_eq!(c.line(), "Recvd msg #1: 'all'");
     // A second crash is survived too.
-    assert_eq!(srv.post("/admin/crash/router", "").status, 202);
+    assert_eq!(srv.admin_post("/admin/crash/router", "").status, 202);
     assert_eq!(srv.post("/send/new", "again").json()["delivered"], 1);
     assert_eq!(srv.stats()["actors"]["router"]["restarts"], 2);
 }
@@ -248,10 +253,10 @@ fn crashed_counter_restarts_and_continues_the_count() {
     for expect in 1..=3 {
         assert_eq!(srv.get("/dispatcher").text(), expect.to_string());
     }
-    assert_eq!(srv.post("/admin/crash/counter", "").status, 202);
+    assert_eq!(srv.admin_post("/admin/crash/counter", "").status, 202);
     assert_eq!(srv.get("/dispatcher").text(), "4");
     assert_eq!(srv.stats()["actors"]["counter"]["restarts"], 1);
-    assert_eq!(srv.post("/admin/crash/nothing", "").status, 404);
+    assert_eq!(srv.admin_post("/admin/crash/nothing", "").status, 404);
 }
 
 /// One keep-alive connection, as a client sees it.

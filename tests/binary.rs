@@ -17,17 +17,20 @@ const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 struct Running {
     p: Proc,
     addrs: Vec<SocketAddr>,
+    /// The internal listener (a free port: `Proc` sets `server.admin_port` 0).
+    admin: SocketAddr,
 }
 
 impl Running {
     /// Starts `cmd` (JSON logs) and waits for "listening".
     fn start(cmd: Command) -> Running {
         let (p, addrs) = Proc::start(cmd);
-        Running { p, addrs }
+        let admin = p.wait_admin();
+        Running { p, addrs, admin }
     }
 
     fn stats(&self) -> serde_json::Value {
-        request(self.addrs[0], "GET", "/stats", &[], b"").unwrap().json()
+        request(self.admin, "GET", "/stats", &[], b"").unwrap().json()
     }
 }
 
@@ -152,21 +155,21 @@ fn reuse_port_lets_two_processes_share_a_port() {
             .port()
     };
     let shared = free();
-    // Each process also has a private port, to read its own /stats.
-    let start = |private: u16| {
+    // Each process has its own internal listener (admin_port 0), to read
+    // its own /stats.
+    let start = || {
         let mut cmd = server();
         cmd.env("SWITCHBOARD__SERVER__PORT", shared.to_string())
-            .env("SWITCHBOARD__SERVER__EXTRA_PORTS", private.to_string())
             .env("SWITCHBOARD__SERVER__REUSE_PORT", "true");
         Running::start(cmd)
     };
-    let (a, b) = (start(free()), start(free()));
+    let (a, b) = (start(), start());
     let streams: Vec<StreamClient> = (0..40)
         .map(|i| StreamClient::open(a.addrs[0], &format!("rp{i}")))
         .collect();
     assert!(streams.iter().all(|s| s.status == 200));
     let active = |p: &Running| {
-        request(p.addrs[1], "GET", "/stats", &[], b"").unwrap().json()["connections"]["active"]
+        request(p.admin, "GET", "/stats", &[], b"").unwrap().json()["connections"]["active"]
             .as_u64()
             .unwrap()
     };
@@ -306,7 +309,7 @@ fn json_logs_name_their_events_and_a_storm_is_rate_limited() {
     let crashes = 60;
     let storm = Instant::now();
     for _ in 0..crashes {
-        let _ = request(addr, "POST", "/admin/crash/router", &[], b"");
+        let _ = request(p.admin, "POST", "/admin/crash/router", &[], b"");
     }
     // The answer comes once the handler has panicked; the restart follows.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -358,7 +361,7 @@ fn json_logs_name_their_events_and_a_storm_is_rate_limited() {
     );
     assert!(written < crashes, "the limit held some back");
     assert_eq!(p.events("log_suppressed")[0]["window_s"], 10);
-    let metrics = request(addr, "GET", "/metrics", &[], b"").unwrap().text();
+    let metrics = request(p.admin, "GET", "/metrics", &[], b"").unwrap().text();
     let suppressed: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("switchboard_log_lines_suppressed_total "))

@@ -168,7 +168,7 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
     s.stream.sse_retry_ms = 300;
     s.http.cors_origins = format!("http://127.0.0.1:{page_port}");
     let srv = TestServer::start(s);
-    *page.lock().unwrap() = resume_page(&format!("http://{}", srv.addr), None);
+    *page.lock().unwrap() = resume_page(&format!("http://{}", srv.addr), srv.admin, None);
 
     let dom = run_page(page_port, &results);
     every_message_once_in_order(&dom);
@@ -180,12 +180,12 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
 }
 
 /// `tests/browser/resume.html` for the server at `server`; `cut`: where
-/// the page asks for its stream to be cut (`None`: the server's
-/// `/admin/cut`, both transports at once).
-fn resume_page(server: &str, cut: Option<&str>) -> String {
+/// the page asks for its stream to be cut (`None`: `/admin/cut` on the
+/// server's internal listener `admin`, both transports at once).
+fn resume_page(server: &str, admin: std::net::SocketAddr, cut: Option<&str>) -> String {
     include_str!("browser/resume.html")
         .replace("{{SERVER}}", server)
-        .replace("{{CUT}}", cut.unwrap_or(&format!("{server}/admin/cut/")))
+        .replace("{{CUT}}", cut.unwrap_or(&format!("http://{admin}/admin/cut/")))
         .replace("{{ONE_AT_A_TIME}}", if cut.is_some() { "true" } else { "false" })
 }
 
@@ -259,7 +259,7 @@ fn chromium_on_an_https_page_streams_eventsource_and_wss_over_tls() {
     s.stream.sse_retry_ms = 300;
     s.http.cors_origins = format!("https://127.0.0.1:{page_port}");
     let srv = TestServer::start_tls(s, &certs);
-    *page.lock().unwrap() = resume_page(&format!("https://{}", srv.addrs[1]), None);
+    *page.lock().unwrap() = resume_page(&format!("https://{}", srv.addrs[1]), srv.admin, None);
 
     let trust = format!(
         "--ignore-certificate-errors-spki-list={}",
@@ -284,14 +284,18 @@ fn chromium_on_an_https_page_streams_eventsource_and_wss_over_tls() {
 fn chromium_resumes_on_another_process_of_a_fleet() {
     let redis = RedisServer::start();
     let port = common::free_port();
+    // The fleet shares its internal listener too (SO_REUSEPORT), so it
+    // needs a fixed port, as the main one: `/cluster` is read there.
+    let admin_port = common::free_port();
     let fleet = format!("http://127.0.0.1:{port}");
     let base = fleet.clone();
-    let cut: Cut = Box::new(move |id| kill_holder(&base, port, id));
+    let cut: Cut = Box::new(move |id| kill_holder(&base, port, admin_port, id));
     let page = Arc::new(Mutex::new(String::new()));
     let (page_port, results) = page_server(Arc::clone(&page), Some(cut));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
     cmd.args(["--processes", "4"])
         .env("SWITCHBOARD__SERVER__PORT", port.to_string())
+        .env("SWITCHBOARD__SERVER__ADMIN_PORT", admin_port.to_string())
         .env("SWITCHBOARD__SERVER__WORKERS", "1")
         .env("SWITCHBOARD__STREAM__SSE_RETRY_MS", "300")
         .env(
@@ -307,15 +311,16 @@ fn chromium_resumes_on_another_process_of_a_fleet() {
         .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
     let _parent = Proc::spawn(cmd);
     wait_for(Duration::from_secs(20), "4 processes in /cluster", || {
-        get_json(port, "/cluster").is_some_and(|c| c["totals"]["nodes"] == 4)
+        get_json(admin_port, "/cluster").is_some_and(|c| c["totals"]["nodes"] == 4)
     });
-    *page.lock().unwrap() = resume_page(&fleet, Some(&format!("http://127.0.0.1:{page_port}/cut/")));
+    let admin = ([127, 0, 0, 1], admin_port).into();
+    *page.lock().unwrap() = resume_page(&fleet, admin, Some(&format!("http://127.0.0.1:{page_port}/cut/")));
 
     let dom = run_page(page_port, &results);
     every_message_once_in_order(&dom);
 }
 
-/// `GET path` on the fleet's port, as JSON (`None` if it failed).
+/// `GET path` on `port` of 127.0.0.1, as JSON (`None` if it failed).
 fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
     let r = common::request(([127, 0, 0, 1], port).into(), "GET", path, &[], b"").ok()?;
     (r.status == 200).then(|| r.json())
@@ -331,7 +336,7 @@ fn wait_for(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
 
 /// SIGKILLs the fleet process that holds `id`'s stream (its parent starts
 /// another), so the browser's connection drops as it would in a crash.
-fn kill_holder(fleet: &str, port: u16, id: &str) {
+fn kill_holder(fleet: &str, port: u16, admin_port: u16, id: &str) {
     let mut holder = None;
     wait_for(Duration::from_secs(5), &format!("{id} held on {fleet}"), || {
         holder = get_json(port, &format!("/presence/{id}"))
@@ -339,7 +344,7 @@ fn kill_holder(fleet: &str, port: u16, id: &str) {
         holder.is_some()
     });
     let name = holder.unwrap();
-    let cluster = get_json(port, "/cluster").expect("/cluster");
+    let cluster = get_json(admin_port, "/cluster").expect("/cluster");
     let pid = cluster["nodes"]
         .as_array()
         .unwrap()

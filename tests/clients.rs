@@ -365,10 +365,12 @@ fn every_client_people_use_gets_its_stream() {
             .collect()
     });
     // The long-token rows reached the lean path, not actix-web's fallback.
-    let locked_stats = common::request(locked_addr, "GET", "/stats", &[], b"")
+    let locked_stats = common::request(_locked.wait_admin(), "GET", "/stats", &[], b"")
         .unwrap()
         .json();
-    let open_stats = common::request(addr, "GET", "/stats", &[], b"").unwrap().json();
+    let open_stats = common::request(_open.wait_admin(), "GET", "/stats", &[], b"")
+        .unwrap()
+        .json();
     println!("| client | transport | welcome | message |");
     println!("|---|---|---|---|");
     let mut failed = Vec::new();
@@ -446,7 +448,9 @@ fn the_seeds_erlang_floodtest_holds_2000_streams() {
     }
     let said = client.said.clone();
     drop(client);
-    let st = common::request(addr, "GET", "/stats", &[], b"").unwrap().json();
+    let st = common::request(server.wait_admin(), "GET", "/stats", &[], b"")
+        .unwrap()
+        .json();
     drop(server);
     assert!(stats.len() >= 2, "no two Stats lines with 2,000 active: {said:?}");
     let (first, last) = (&stats[0], &stats[stats.len() - 1]);

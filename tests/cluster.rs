@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use switchboard::Settings;
 
+use common::netns::{Netns, can_make_namespaces};
 use common::process::{Proc, send_signal};
 use common::{RedisServer, Response, StreamClient, TestServer, free_port, request, settings};
 
@@ -110,6 +111,10 @@ fn cluster_names(cluster: &Value) -> Vec<String> {
 /// Settings for an in-process node `name` on `redis` under `prefix`.
 fn node_settings(redis: &RedisServer, prefix: &str, name: &str) -> Settings {
     let mut s = settings();
+    // These tests read /cluster, /stats and /metrics on a node's (or a
+    // fleet's) one port, so the operator pages are served there too; the
+    // rules of the internal listener are tests/exposing.rs's.
+    s.server.admin_public = true;
     s.cluster.redis_url = redis.url();
     s.cluster.prefix = prefix.to_owned();
     s.cluster.node_name = name.to_owned();
@@ -165,6 +170,8 @@ fn binary(redis: &RedisServer, prefix: &str) -> Command {
 fn fleet_binary(prefix: &str) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        // As in `node_settings`: the operator pages on the fleet's port.
+        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
         .env("SWITCHBOARD__SERVER__WORKERS", "1")
         .env("SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS", "3000")
         .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "600000")
@@ -815,7 +822,7 @@ fn single_mode_answers_are_unchanged() {
     let srv = TestServer::start(settings());
     let r = srv.get("/readyz");
     assert_eq!((r.status, r.text()), (200, "ok".to_owned()));
-    let c = srv.get("/cluster").json();
+    let c = srv.admin_get("/cluster").json();
     assert_eq!(c["mode"], "single", "{c}");
     assert_eq!(c["nodes"].as_array().unwrap().len(), 1, "{c}");
     assert_eq!(c["totals"]["nodes"], 1, "{c}");
@@ -827,7 +834,7 @@ fn single_mode_answers_are_unchanged() {
     );
     let _s = srv.open("one");
     srv.wait_stats(WAIT, |s| s["connections"]["active"] == 1);
-    assert_eq!(srv.get("/cluster").json()["totals"]["streams"], 1);
+    assert_eq!(srv.admin_get("/cluster").json()["totals"]["streams"], 1);
     // Presence has the cluster's shape, for this process alone.
     let p = srv.get("/presence/one").json();
     let name = c["nodes"][0]["name"].clone();
@@ -2448,102 +2455,6 @@ fn a_failover_to_a_replica_that_missed_entries_is_a_gap_for_resumes() {
     assert_eq!(logged, 1);
 }
 
-/// A network namespace of the test's own, joined to this one by a veth
-/// pair: a host at `inside`, reached from here at `outside`'s side.
-/// Removed (with its veth pair) on drop.
-struct Netns {
-    name: String,
-    /// This side's end of the veth pair.
-    host_if: String,
-    /// This side's address (Redis listens on it too).
-    outside: String,
-    /// The namespace's address (its node listens there).
-    inside: String,
-}
-
-impl Netns {
-    /// The namespace, or why this machine cannot make one (no
-    /// CAP_NET_ADMIN, no `ip`).
-    fn create(tag: &str) -> Result<Netns, String> {
-        let pid = std::process::id();
-        let name = format!("sb{tag}{pid}");
-        let ip = |args: &[&str]| -> Result<String, String> {
-            let out = Command::new("ip")
-                .args(args)
-                .output()
-                .map_err(|e| format!("ip {args:?}: {e}"))?;
-            if out.status.success() {
-                Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-            } else {
-                Err(format!(
-                    "ip {args:?}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
-        };
-        // 10.251.X.0/30 on this test's own veth pair: the first X from the
-        // pid that no interface here uses yet.
-        let net = (0..250)
-            .map(|k| format!("10.251.{}", (pid + k) % 250))
-            .find(|net| {
-                ip(&["-o", "addr", "show", "to", &format!("{net}.0/30")]).is_ok_and(|o| o.trim().is_empty())
-            })
-            .ok_or("no free 10.251.X.0/30 here")?;
-        let (outside, inside) = (format!("{net}.1"), format!("{net}.2"));
-        ip(&["netns", "add", &name])?;
-        let ns = Netns {
-            name: name.clone(),
-            host_if: format!("sbh{pid}"),
-            outside: outside.clone(),
-            inside: inside.clone(),
-        };
-        let ns_if = format!("sbn{pid}");
-        ip(&["link", "add", &ns.host_if, "type", "veth", "peer", "name", &ns_if])?;
-        ip(&["link", "set", &ns_if, "netns", &name])?;
-        ip(&["addr", "add", &format!("{outside}/30"), "dev", &ns.host_if])?;
-        ip(&["link", "set", &ns.host_if, "up"])?;
-        let inns = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", &name, "ip"];
-            all.extend(args);
-            ip(&all).map(drop)
-        };
-        inns(&["addr", "add", &format!("{inside}/30"), "dev", &ns_if])?;
-        inns(&["link", "set", &ns_if, "up"])?;
-        inns(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-
-    /// Drops (`cut`) or lets through again every packet between the
-    /// namespace and `port` on the outside: a partition that closes
-    /// nothing, as a dropped network does.
-    fn cut(&self, port: u16, cut: bool) {
-        let op = if cut { "-I" } else { "-D" };
-        let port = port.to_string();
-        for rule in [
-            ["OUTPUT", "-d", &self.outside, "--dport", &port],
-            ["INPUT", "-s", &self.outside, "--sport", &port],
-        ] {
-            let mut args = vec!["netns", "exec", &self.name, "iptables", op, rule[0], "-p", "tcp"];
-            args.extend(&rule[1..]);
-            args.extend(["-j", "DROP"]);
-            let out = Command::new("ip").args(&args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "ip {args:?}: {} (apt-get install -y iptables)",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
-        // Gone with the namespace's end, unless that never moved there.
-        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
-    }
-}
-
 /// Issue 25, item 4: a partition is not a clean close. A node on a host of
 /// its own (a network namespace) loses its path to Redis to a DROP rule:
 /// nothing is closed, packets just go nowhere. It turns not ready within
@@ -2651,23 +2562,6 @@ fn a_partitioned_node_is_noticed_within_the_bound_and_recovers() {
     let after = send_ok(near_addr, "cut", "after");
     assert_eq!(event_line(&held.line()), (after, "Recvd msg #3: 'after'"));
     drop(far);
-}
-
-/// Whether this process has CAP_NET_ADMIN and CAP_SYS_ADMIN (bits 12 and
-/// 21 of its effective capabilities), which making a network namespace
-/// and its veth pair needs.
-fn can_make_namespaces() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let hex = s
-                .lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))?
-                .trim()
-                .to_owned();
-            u64::from_str_radix(&hex, 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << 12) != 0 && caps & (1 << 21) != 0)
 }
 
 /// A `--processes 2` fleet passes SIGHUP on: every process reads its TLS

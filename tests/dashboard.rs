@@ -115,13 +115,16 @@ fn open(addr: std::net::SocketAddr, id: &str) -> StreamClient {
 
 /// The real binary (so that the page shows its own memory, not a test
 /// process's), with JSON logs.
-fn binary() -> (common::process::Proc, std::net::SocketAddr) {
+/// The binary on a free port; answers it, its main address and its
+/// internal listener (where the dashboard is).
+fn binary() -> (common::process::Proc, std::net::SocketAddr, std::net::SocketAddr) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchboard"));
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
         .env("SWITCHBOARD__SERVER__WORKERS", "2")
         .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "60000");
     let (p, addrs) = common::process::Proc::start(cmd);
-    (p, addrs[0])
+    let admin = p.wait_admin();
+    (p, addrs[0], admin)
 }
 
 fn stats(addr: std::net::SocketAddr) -> serde_json::Value {
@@ -131,8 +134,8 @@ fn stats(addr: std::net::SocketAddr) -> serde_json::Value {
 #[test]
 fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
     const STREAMS: usize = 1000;
-    let (_server, addr) = binary();
-    let browser = Browser::open(&format!("http://{addr}/"));
+    let (_server, addr, admin) = binary();
+    let browser = Browser::open(&format!("http://{admin}/"));
     let mut dt = browser.devtools();
     let before = dom_until(&mut dt, Duration::from_secs(30), "two samples", |d| {
         samples(d) >= 2
@@ -180,7 +183,7 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
     let desc = text(&during, "chart-desc");
     assert!(desc.contains(&format!("live streams 0 to {STREAMS}")), "{desc}");
     // The memory figures are the server's own.
-    let now = stats(addr)["memory"]["rss_bytes"].as_u64().unwrap();
+    let now = stats(admin)["memory"]["rss_bytes"].as_u64().unwrap();
     let rss: u64 = attr(&during, "f-rss", "data-value").parse().unwrap();
     assert!(rss > 0 && rss.abs_diff(now) < now / 4, "page {rss}, /stats {now}");
     let per_stream: u64 = attr(&during, "f-per-stream", "data-value").parse().unwrap();
@@ -206,7 +209,7 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
         attr(d, "f-streams", "data-value") == "0"
     });
     assert_eq!(text(&after, "f-opened"), format!("{STREAMS} opened"));
-    let st = stats(addr);
+    let st = stats(admin);
     assert!(
         st["connections"]["http_active"].as_u64().unwrap() >= 1,
         "the page's feed is one HTTP connection: {st}"
@@ -217,7 +220,8 @@ fn chromium_shows_the_figures_move_as_traffic_comes_and_goes() {
 fn the_page_reads_without_javascript_and_the_feed_is_sse() {
     let srv = TestServer::start(settings());
     let _streams: Vec<StreamClient> = (0..3).map(|i| open(srv.addr, &format!("nojs{i}"))).collect();
-    let page = srv.get("/");
+    assert_eq!(srv.get("/").status, 403, "not on the public port");
+    let page = srv.admin_get("/");
     assert_eq!(page.status, 200);
     assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
     let html = page.text();
@@ -235,7 +239,7 @@ fn the_page_reads_without_javascript_and_the_feed_is_sse() {
 
     // The feed: an SSE event a second, each the /stats document.
     use std::io::Write;
-    let mut conn = std::net::TcpStream::connect(srv.addr).unwrap();
+    let mut conn = std::net::TcpStream::connect(srv.admin).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(conn, "GET /dashboard/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let mut r = std::io::BufReader::new(conn);
@@ -289,7 +293,7 @@ fn in_cluster_mode_the_page_has_a_row_per_node() {
         );
     }
 
-    let browser = Browser::open(&format!("http://{}/", a.addr));
+    let browser = Browser::open(&format!("http://{}/", a.admin));
     let mut dt = browser.devtools();
     let dom = dom_until(&mut dt, Duration::from_secs(30), "a row for each node", |d| {
         if samples(d) < 1 {

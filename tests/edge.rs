@@ -380,7 +380,7 @@ fn refused_addresses_are_shown_only_with_the_publish_token() {
     assert_eq!(open["limits"]["refused"]["streams"], 1, "{open}");
     assert!(open["limits"]["refusing"].is_null(), "{open}");
     let with = common::request(
-        srv.addr,
+        srv.admin,
         "GET",
         "/stats",
         &[("authorization", "Bearer t0ken")],

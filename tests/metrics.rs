@@ -48,7 +48,7 @@ fn metrics_are_typed_named_and_pass_promtool() {
     srv.wait_stats(Duration::from_secs(5), |s| {
         s["messages"]["written"] == 1 && s["chunks_sent"] == 3
     });
-    let r = srv.get("/metrics");
+    let r = srv.admin_get("/metrics");
     assert_eq!(r.status, 200);
     assert_eq!(
         r.header("content-type"),
@@ -127,7 +127,7 @@ fn metrics_are_typed_named_and_pass_promtool() {
     drop(short);
     let deadline = Instant::now() + Duration::from_secs(5);
     let ended = loop {
-        let now = srv.get("/metrics").text();
+        let now = srv.admin_get("/metrics").text();
         if sample(&now, "switchboard_stream_lifetime_seconds_count") == Some(2.0) {
             break now;
         }
@@ -203,7 +203,8 @@ fn a_real_prometheus_scrapes_and_answers_a_query() {
         format!(
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
              scrape_configs: [{{job_name: switchboard, static_configs: [{{targets: ['{}']}}]}}]\n",
-            srv.addr
+            // The internal listener: where /metrics is served.
+            srv.admin
         ),
     )
     .unwrap();

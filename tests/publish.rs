@@ -108,15 +108,17 @@ fn a_broadcast_flood_is_pushed_back_and_memory_stays_bounded() {
         .env("SWITCHBOARD__PUBLISH__WAIT_MS", "200");
     let (server, addrs) = Proc::start(cmd);
     let addr = addrs[0];
+    // `/stats` is on the internal listener.
+    let admin = server.wait_admin();
     let stop = Arc::new(AtomicBool::new(false));
     let held = readers(addr, STREAMS, &stop);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while stats(addr)["connections"]["active"] != STREAMS {
-        assert!(Instant::now() < deadline, "streams not open: {}", stats(addr));
+    while stats(admin)["connections"]["active"] != STREAMS {
+        assert!(Instant::now() < deadline, "streams not open: {}", stats(admin));
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let before = stats(addr)["memory"]["rss_bytes"].as_u64().unwrap();
+    let before = stats(admin)["memory"]["rss_bytes"].as_u64().unwrap();
 
     let statuses: Arc<[AtomicU64; 600]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
     let retry_after = Arc::new(AtomicU64::new(0));
@@ -134,7 +136,7 @@ fn a_broadcast_flood_is_pushed_back_and_memory_stays_bounded() {
         let h = request(addr, "GET", "/healthz", &[], b"").unwrap();
         slowest = slowest.max(t.elapsed());
         assert_eq!(h.status, 200);
-        let st = stats(addr);
+        let st = stats(admin);
         peak = peak.max(st["memory"]["rss_bytes"].as_u64().unwrap());
         peak_backlog = peak_backlog.max(st["publish"]["backlog"].as_u64().unwrap());
         std::thread::sleep(Duration::from_millis(100));
@@ -148,7 +150,7 @@ fn a_broadcast_flood_is_pushed_back_and_memory_stays_bounded() {
     // The books: every accepted broadcast is written or dropped, none lost.
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
-        let st = stats(addr);
+        let st = stats(admin);
         let m = &st["messages"];
         let done = m["written"].as_u64().unwrap() + m["dropped"].as_u64().unwrap();
         if st["publish"]["backlog"] == 0 && done == m["delivered"].as_u64().unwrap() {
@@ -158,7 +160,7 @@ fn a_broadcast_flood_is_pushed_back_and_memory_stays_bounded() {
         std::thread::sleep(Duration::from_millis(100));
     };
     std::thread::sleep(Duration::from_secs(1));
-    let settled = stats(addr)["memory"]["rss_bytes"].as_u64().unwrap();
+    let settled = stats(admin)["memory"]["rss_bytes"].as_u64().unwrap();
     stop.store(true, Relaxed);
     let read: u64 = held.into_iter().map(|h| h.join().unwrap()).sum();
     drop(server);

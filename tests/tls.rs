@@ -146,8 +146,12 @@ fn url(addr: SocketAddr, path: &str) -> String {
 fn curl_holds_every_transport_over_tls_and_every_route_answers() {
     let dir = temp_dir("curl");
     let certs = make_certificates(&dir, "curl");
-    let srv = TestServer::start_tls(settings(), &certs);
+    let mut s = settings();
+    // The operator pages on a public (here TLS) port: with the admin token.
+    s.auth.admin_token = "ops-token".into();
+    let srv = TestServer::start_tls(s, &certs);
     let tls = srv.addrs[1];
+    let ops = "Authorization: Bearer ops-token";
     let chunked = Held::start(&certs.ca, &[&url(tls, "/test/a")]);
     let http10 = Held::start(&certs.ca, &["--http1.0", &url(tls, "/test/a")]);
     let localhost = format!("https://localhost:{}/test/a", tls.port());
@@ -197,13 +201,13 @@ fn curl_holds_every_transport_over_tls_and_every_route_answers() {
         assert_eq!(code, 0, "{err}");
         assert!(n.trim().parse::<u64>().is_ok(), "{n}");
     }
-    let (_, metrics, _) = curl(&certs.ca, &[&url(tls, "/metrics")]);
+    let (_, metrics, _) = curl(&certs.ca, &["-H", ops, &url(tls, "/metrics")]);
     let handshakes = metrics
         .lines()
         .find_map(|l| l.strip_prefix("switchboard_tls_handshakes_total "))
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(handshakes.parse::<u64>().unwrap() >= 7, "{handshakes}");
-    let (code, page, err) = curl(&certs.ca, &["-w", "%{http_code}", &url(tls, "/")]);
+    let (code, page, err) = curl(&certs.ca, &["-H", ops, "-w", "%{http_code}", &url(tls, "/")]);
     assert_eq!(code, 0, "{err}");
     assert!(page.ends_with("200") && page.contains("<html"), "{page}");
 
@@ -574,8 +578,9 @@ fn sighup_reloads_the_certificate_while_streams_stay_open() {
         "{failed}"
     );
     assert!(tls_connect(addr, &second.ca).is_ok());
-    let (_, stats, _) = curl(&second.ca, &[&url(addr, "/stats")]);
-    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let stats = common::request(p.wait_admin(), "GET", "/stats", &[], b"")
+        .unwrap()
+        .json();
     assert_eq!(stats["tls"]["reloads"], 1, "{stats}");
     assert_eq!(stats["tls"]["reload_failures"], 1, "{stats}");
     drop(p);

@@ -446,6 +446,17 @@ pub(crate) fn switchboard_env_args(port: u16, launch: &Launch) -> (Vec<(&'static
     if let Some(url) = &launch.redis_url {
         env.push(("SWITCHBOARD__CLUSTER__REDIS_URL", url.clone()));
     }
+    if launch.binary.is_none() {
+        // The harness (and floodtest, by default) reads `/stats` and
+        // `/cluster` on the server's one loopback port, as every run
+        // recorded so far did: this build serves them on its internal
+        // listener, so it is told to serve them on its port too, and its
+        // internal listener takes a free port (0), so that two servers or a
+        // fleet never contend for the default one. Another binary (an older
+        // build) may not know these keys, and serves the pages on its port.
+        env.push(("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true".to_owned()));
+        env.push(("SWITCHBOARD__SERVER__ADMIN_PORT", "0".to_owned()));
+    }
     let args = match launch.processes {
         Some(n) => vec!["--processes".to_owned(), n.to_string()],
         None => Vec::new(),
@@ -614,6 +625,8 @@ mod tests {
         assert!(args.is_empty());
         assert!(env.contains(&("SWITCHBOARD__SERVER__WORKERS", "2".into())));
         assert!(!env.iter().any(|(k, _)| k.contains("CLUSTER")));
+        assert!(env.contains(&("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true".into())));
+        assert!(env.contains(&("SWITCHBOARD__SERVER__ADMIN_PORT", "0".into())));
         let fleet = Launch {
             processes: Some(4),
             workers: Some(1),

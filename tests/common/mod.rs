@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use switchboard::{Server, Settings};
 
+pub mod netns;
 pub mod process;
 
 /// How long any single read in a test may wait.
@@ -30,6 +31,9 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// Every listening address.
     pub addrs: Vec<SocketAddr>,
+    /// The internal listener (`server.admin_port` 0: a free port), where
+    /// `/stats`, `/metrics`, `/cluster`, the dashboard and `/admin/*` are.
+    pub admin: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<io::Result<()>>>,
     /// With `server.proxy_protocol` on: what this helper's own requests
@@ -63,8 +67,10 @@ impl TestServer {
         Self::start_on_listeners(settings, listeners)
     }
 
-    /// A server on listeners the test bound.
-    pub fn start_on_listeners(settings: Settings, listeners: Vec<TcpListener>) -> Self {
+    /// A server on listeners the test bound; its internal listener on a
+    /// free port of `server.admin_host` (tests never use a fixed one).
+    pub fn start_on_listeners(mut settings: Settings, listeners: Vec<TcpListener>) -> Self {
+        settings.server.admin_port = 0;
         let proxy_prefix = match settings.server.proxy_protocol {
             switchboard::config::ProxyProtocol::Off => Vec::new(),
             switchboard::config::ProxyProtocol::V2 => b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00".to_vec(),
@@ -73,6 +79,7 @@ impl TestServer {
         let server = Server::from_listeners(settings, listeners).unwrap();
         let addrs = server.local_addrs();
         let addr = addrs[0];
+        let admin = server.admin_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             actix::System::new().block_on(server.run(async {
@@ -82,6 +89,7 @@ impl TestServer {
         let ts = TestServer {
             addr,
             addrs,
+            admin,
             stop: Some(tx),
             thread: Some(thread),
             proxy_prefix,
@@ -123,8 +131,18 @@ impl TestServer {
         request_prefixed(self.addr, &self.proxy_prefix, "POST", path, &[], body.as_bytes()).unwrap()
     }
 
+    /// A GET on the internal listener (no PROXY header there).
+    pub fn admin_get(&self, path: &str) -> Response {
+        request(self.admin, "GET", path, &[], b"").unwrap()
+    }
+
+    /// A POST on the internal listener (`/admin/*`).
+    pub fn admin_post(&self, path: &str, body: &str) -> Response {
+        request(self.admin, "POST", path, &[], body.as_bytes()).unwrap()
+    }
+
     pub fn stats(&self) -> Value {
-        self.get("/stats").json()
+        self.admin_get("/stats").json()
     }
 
     /// Polls `/stats` until `pred` holds or `within` passes; returns the last.

@@ -16,8 +16,16 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Spawns `cmd` with JSON logs on a piped stderr, read line by line.
+    /// Spawns `cmd` with JSON logs on a piped stderr, read line by line;
+    /// its internal listener on a free port (`server.admin_port` 0, see
+    /// [`Proc::wait_admin`]) unless `cmd` names one.
     pub fn spawn(mut cmd: Command) -> Proc {
+        if !cmd
+            .get_envs()
+            .any(|(k, _)| k == "SWITCHBOARD__SERVER__ADMIN_PORT")
+        {
+            cmd.env("SWITCHBOARD__SERVER__ADMIN_PORT", "0");
+        }
         cmd.env("SWITCHBOARD__LOG__FORMAT", "json")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -111,6 +119,17 @@ impl Proc {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The internal listener's address from the first "switchboard
+    /// listening" line (within 20 s).
+    pub fn wait_admin(&self) -> SocketAddr {
+        self.wait_listening();
+        self.log_fields("switchboard listening")[0]["admin"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 
     pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {

@@ -38,6 +38,8 @@ fn flood(args: &[&str]) -> (Output, Option<Value>) {
 fn holds_streams_counts_chunks_and_measures_message_latency() {
     let mut s = settings();
     s.stream.tick_interval_ms = 100;
+    // floodtest reads /stats on the streams' own port unless told where.
+    s.server.admin_public = true;
     let srv = TestServer::start(s);
     let url = format!("http://{}/test/f{{n}}", srv.addr);
     let (out, summary) = flood(&[
@@ -244,8 +246,11 @@ fn churns_streams_without_losing_messages() {
 #[test]
 fn reports_the_fleet_from_the_cluster_endpoint() {
     // A single-process server answers /cluster too: one node (this test
-    // process, where the server runs) holding every stream.
-    let srv = TestServer::start(settings());
+    // process, where the server runs) holding every stream. On the
+    // streams' port, as the default /stats below.
+    let mut s = settings();
+    s.server.admin_public = true;
+    let srv = TestServer::start(s);
     let url = format!("http://{}/test/k{{n}}", srv.addr);
     let stats_url = format!("http://{}/cluster", srv.addr);
     let args = [
@@ -593,7 +598,10 @@ fn cert_dir(name: &str) -> std::path::PathBuf {
 fn holds_streams_over_tls_on_every_transport() {
     let dir = cert_dir("hold");
     let certs = common::make_certificates(&dir, "flood");
-    let srv = TestServer::start_tls(settings(), &certs);
+    // The default statistics URL (below) is on the streams' TLS port.
+    let mut s = settings();
+    s.server.admin_public = true;
+    let srv = TestServer::start_tls(s, &certs);
     let tls_port = srv.addrs[1].port();
     let ca = certs.ca.to_str().unwrap();
     // `localhost` checks the certificate's DNS name, the others its IP address.

@@ -142,7 +142,10 @@ pub struct Args {
     /// Server statistics to read each interval (`none` to skip). Default:
     /// `/stats` on the first stream URL's host and port (server bytes per
     /// connection). A URL whose path is `/cluster` reports the fleet instead:
-    /// its totals (nodes, streams) and each node's streams.
+    /// its totals (nodes, streams) and each node's streams. switchboard
+    /// serves both on its internal listener (`server.admin_port`, 9000 by
+    /// default: `http://127.0.0.1:9000/stats`), and on the streams' port
+    /// only with `server.admin_public`.
     #[arg(long, value_name = "URL")]
     pub stats_url: Option<String>,
     /// Write the final summary as JSON to this file.
