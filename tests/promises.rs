@@ -49,6 +49,9 @@ fn malformed_tls_records_are_refused_and_counted_never_a_panic() {
     let certs = make_certificates(&dir, "p");
     let mut cmd = Command::new(BIN);
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        // The operator pages on the public port too (tests/exposing.rs
+        // tests where they belong).
+        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
         .env("SWITCHBOARD__SERVER__TLS_CERT_FILE", &certs.cert)
         .env("SWITCHBOARD__SERVER__TLS_KEY_FILE", &certs.key)
         // What made the first panic cost 158 MB of RSS for good.
@@ -111,6 +114,7 @@ fn malformed_tls_records_are_refused_and_counted_never_a_panic() {
 #[test]
 fn a_stream_that_panics_gives_back_its_slot_and_its_counters() {
     let mut s = settings();
+    s.server.admin_public = true;
     s.debug.fault_injection = true;
     s.limits.streams_per_ip = 1;
     s.limits.exempt = String::new();
@@ -162,6 +166,9 @@ fn a_fleet_clock_ahead_of_redis_is_refused_with_a_503_never_a_lost_200() {
     let redis = RedisServer::start();
     let mut cmd = Command::new(BIN);
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        // The operator pages on the public port too (tests/exposing.rs
+        // tests where they belong).
+        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
         .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
         .env("SWITCHBOARD__CLUSTER__PREFIX", "promises");
     let (p, addrs) = Proc::start(cmd);
@@ -223,6 +230,9 @@ fn a_node_whose_clock_is_behind_redis_loses_nothing_and_readyz_names_the_skew() 
     let mut cmd = Command::new("faketime");
     cmd.args(["-f", "-120s", BIN])
         .env("SWITCHBOARD__SERVER__PORT", "0")
+        // The operator pages on the public port too (tests/exposing.rs
+        // tests where they belong).
+        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
         .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
         .env("SWITCHBOARD__CLUSTER__PREFIX", "skew")
         .env("SWITCHBOARD__CLUSTER__NODE_NAME", "slow")
@@ -233,6 +243,7 @@ fn a_node_whose_clock_is_behind_redis_loses_nothing_and_readyz_names_the_skew() 
     s.cluster.redis_url = redis.url();
     s.cluster.prefix = "skew".into();
     s.cluster.node_name = "right".into();
+    s.server.admin_public = true;
     let right = TestServer::start(s);
     wait_ready(right.addr);
 
@@ -291,6 +302,9 @@ fn out_of_range_redis_state_heals_or_is_left_out() {
     let redis = RedisServer::start();
     let mut cmd = Command::new(BIN);
     cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        // The operator pages on the public port too (tests/exposing.rs
+        // tests where they belong).
+        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
         .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
         .env("SWITCHBOARD__CLUSTER__PREFIX", "state");
     let (p, addrs) = Proc::start(cmd);
