@@ -409,7 +409,7 @@ fn tls_handshakes_past_the_rate_per_address_are_refused_unless_exempt() {
     let st = srv.stats();
     assert_eq!(st["limits"]["refused"]["tls_handshakes"], 1, "{st}");
     assert_eq!(st["tls"]["handshakes"], 2, "{st}");
-    let metrics = srv.get("/metrics").text();
+    let metrics = srv.admin_get("/metrics").text();
     assert!(
         metrics
             .lines()
