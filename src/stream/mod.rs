@@ -130,7 +130,7 @@ impl EventKind {
 /// Kept small on purpose: the actor lives inside a tokio task cell that is
 /// aligned to 128 bytes, so its size is rounded up to a multiple of 128;
 /// what need not be inline is boxed ([`Core`], [`Tracking`]), and the test
-/// below keeps the cell at 512 bytes (the README's Architecture section has
+/// below keeps the cell at 512 bytes (docs/architecture.md has
 /// the per-stream breakdown).
 pub(crate) struct Stream {
     /// Where events go.

@@ -46,7 +46,7 @@ enum Command {
 
 /// Every stream's socket registration (tokio's, 256 B, 128-byte aligned)
 /// and several of its small allocations come and go in the same heap as
-/// short-lived request state. README's floodtest command, this build and
+/// short-lived request state. docs/tools.md's floodtest command, this build and
 /// the glibc one alternating in one run, server bytes per stream at 1,000 /
 /// 10,000 / 19,000: glibc 1,658 / 1,277 / 1,252, mimalloc 1,630 / 1,156 /
 /// 1,139. `no_thp` (mimalloc then never asks for huge pages; a host whose

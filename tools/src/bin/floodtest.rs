@@ -1,5 +1,5 @@
 //! floodtest: many long-lived streams, `{Active, Closed, Chunks}` every
-//! interval, optional routed-message latency. See README.md.
+//! interval, optional routed-message latency. See docs/tools.md.
 
 use clap::Parser;
 

@@ -1,4 +1,4 @@
-//! loadtest: request throughput and latency against one URL. See README.md.
+//! loadtest: request throughput and latency against one URL. See docs/tools.md.
 
 use clap::Parser;
 
