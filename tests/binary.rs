@@ -24,7 +24,12 @@ struct Running {
 impl Running {
     /// Starts `cmd` (JSON logs) and waits for "listening".
     fn start(cmd: Command) -> Running {
-        let (p, addrs) = Proc::start(cmd);
+        Running::of(Proc::spawn(cmd))
+    }
+
+    /// A process started (`Proc::spawn`), once it listens.
+    fn of(p: Proc) -> Running {
+        let addrs = p.wait_listening();
         let admin = p.wait_admin();
         Running { p, addrs, admin }
     }
@@ -147,23 +152,20 @@ fn bad_configuration_is_refused_with_the_key_named() {
 /// without it the second cannot bind and says where.
 #[test]
 fn reuse_port_lets_two_processes_share_a_port() {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let shared = free();
     // Each process has its own internal listener (admin_port 0), to read
     // its own /stats.
-    let start = || {
+    let with_port = |port: u16| {
         let mut cmd = server();
-        cmd.env("SWITCHBOARD__SERVER__PORT", shared.to_string())
+        cmd.env("SWITCHBOARD__SERVER__PORT", port.to_string())
             .env("SWITCHBOARD__SERVER__REUSE_PORT", "true");
-        Running::start(cmd)
+        cmd
     };
-    let (a, b) = (start(), start());
+    let listening = |p: &Proc, _: &[u16]| !p.log_fields("switchboard listening").is_empty();
+    let (first, ports) = Proc::start_on_free_ports(1, |p| with_port(p[0]), listening);
+    let shared = ports[0];
+    let a = Running::of(first);
+    let start = || Running::start(with_port(shared));
+    let b = start();
     let streams: Vec<StreamClient> = (0..40)
         .map(|i| StreamClient::open(a.addrs[0], &format!("rp{i}")))
         .collect();
@@ -192,21 +194,19 @@ fn reuse_port_lets_two_processes_share_a_port() {
 
 #[test]
 fn extra_ports_serve_the_same_server() {
-    let free: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let mut cmd = server();
-    cmd.env(
-        "SWITCHBOARD__SERVER__EXTRA_PORTS",
-        format!("{},{}", free[0], free[1]),
+    let (p, _) = Proc::start_on_free_ports(
+        2,
+        |free| {
+            let mut cmd = server();
+            cmd.env(
+                "SWITCHBOARD__SERVER__EXTRA_PORTS",
+                format!("{},{}", free[0], free[1]),
+            );
+            cmd
+        },
+        |p, _| !p.log_fields("switchboard listening").is_empty(),
     );
-    let p = Running::start(cmd);
+    let p = Running::of(p);
     assert_eq!(p.addrs.len(), 3);
     let mut c = StreamClient::open(p.addrs[2], "port");
     c.line();

@@ -283,36 +283,46 @@ fn chromium_on_an_https_page_streams_eventsource_and_wss_over_tls() {
 #[test]
 fn chromium_resumes_on_another_process_of_a_fleet() {
     let redis = RedisServer::start();
-    let port = common::free_port();
-    // The fleet shares its internal listener too (SO_REUSEPORT), so it
-    // needs a fixed port, as the main one: `/cluster` is read there.
-    let admin_port = common::free_port();
-    let fleet = format!("http://127.0.0.1:{port}");
-    let base = fleet.clone();
-    let cut: Cut = Box::new(move |id| kill_holder(&base, port, admin_port, id));
+    // The fleet shares its main port and its internal listener
+    // (SO_REUSEPORT), so both are named before it starts: `/cluster` is
+    // read on the internal one. Picked again if taken meanwhile.
+    let chosen: Arc<std::sync::OnceLock<(u16, u16)>> = Arc::default();
+    let cut: Cut = {
+        let chosen = Arc::clone(&chosen);
+        Box::new(move |id| {
+            let (port, admin_port) = *chosen.get().expect("the fleet is up before the page runs");
+            kill_holder(&format!("http://127.0.0.1:{port}"), port, admin_port, id)
+        })
+    };
     let page = Arc::new(Mutex::new(String::new()));
     let (page_port, results) = page_server(Arc::clone(&page), Some(cut));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
-    cmd.args(["--processes", "4"])
-        .env("SWITCHBOARD__SERVER__PORT", port.to_string())
-        .env("SWITCHBOARD__SERVER__ADMIN_PORT", admin_port.to_string())
-        .env("SWITCHBOARD__SERVER__WORKERS", "1")
-        .env("SWITCHBOARD__STREAM__SSE_RETRY_MS", "300")
-        .env(
-            "SWITCHBOARD__HTTP__CORS_ORIGINS",
-            format!("http://127.0.0.1:{page_port}"),
-        )
-        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
-        .env(
-            "SWITCHBOARD__CLUSTER__PREFIX",
-            format!("browser-{}", std::process::id()),
-        )
-        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
-        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
-    let _parent = Proc::spawn(cmd);
-    wait_for(Duration::from_secs(20), "4 processes in /cluster", || {
-        get_json(admin_port, "/cluster").is_some_and(|c| c["totals"]["nodes"] == 4)
+    let fleet_on = |ports: &[u16]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+        cmd.args(["--processes", "4"])
+            .env("SWITCHBOARD__SERVER__PORT", ports[0].to_string())
+            .env("SWITCHBOARD__SERVER__ADMIN_PORT", ports[1].to_string())
+            .env("SWITCHBOARD__SERVER__WORKERS", "1")
+            .env("SWITCHBOARD__STREAM__SSE_RETRY_MS", "300")
+            .env(
+                "SWITCHBOARD__HTTP__CORS_ORIGINS",
+                format!("http://127.0.0.1:{page_port}"),
+            )
+            .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
+            .env(
+                "SWITCHBOARD__CLUSTER__PREFIX",
+                format!("browser-{}", std::process::id()),
+            )
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
+        cmd
+    };
+    // Ready: 4 processes in /cluster.
+    let (_parent, ports) = Proc::start_on_free_ports(2, fleet_on, |_, ports| {
+        get_json(ports[1], "/cluster").is_some_and(|c| c["totals"]["nodes"] == 4)
     });
+    let (port, admin_port) = (ports[0], ports[1]);
+    chosen.set((port, admin_port)).expect("set once");
+    let fleet = format!("http://127.0.0.1:{port}");
     let admin = ([127, 0, 0, 1], admin_port).into();
     *page.lock().unwrap() = resume_page(&fleet, admin, Some(&format!("http://127.0.0.1:{page_port}/cut/")));
 

@@ -42,6 +42,50 @@ impl Proc {
         Proc { child, log }
     }
 
+    /// Starts a server on `n` ports named before it starts (processes
+    /// sharing a port, fixed extra ports): `make` builds the command for
+    /// free ports, and a port another process took before the server bound
+    /// it (its log says `Address already in use`) means new ports and a
+    /// new try, up to 5. Never a port picked once and trusted.
+    /// `listening`: whether to wait for the "switchboard listening" line
+    /// (a `--processes` parent does not print it; `ready` is waited for
+    /// instead).
+    pub fn start_on_free_ports(
+        n: usize,
+        make: impl Fn(&[u16]) -> Command,
+        ready: impl Fn(&Proc, &[u16]) -> bool,
+    ) -> (Proc, Vec<u16>) {
+        let mut log = String::new();
+        for _ in 0..5 {
+            let ports: Vec<u16> = (0..n).map(|_| super::free_port()).collect();
+            let mut p = Proc::spawn(make(&ports));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if ready(&p, &ports) {
+                    return (p, ports);
+                }
+                if p.log_contains("Address already in use") {
+                    break;
+                }
+                if p.child.try_wait().ok().flatten().is_some() {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if p.log_contains("Address already in use") {
+                        break;
+                    }
+                    panic!("the server exited:\n{}", p.log_text());
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "not ready within 30 s:\n{}",
+                    p.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            log = p.log_text();
+        }
+        panic!("5 tries, each port taken before the server bound it:\n{log}");
+    }
+
     /// Spawns `cmd` and waits for it to listen; answers its addresses.
     pub fn start(cmd: Command) -> (Proc, Vec<SocketAddr>) {
         let p = Proc::spawn(cmd);
