@@ -975,40 +975,7 @@ mod tests {
     /// it reads, and a close_notify ends it.
     #[test]
     fn a_tls13_stream_keeps_its_secrets_and_no_buffer() {
-        let dir = std::env::temp_dir().join(format!("switchboard-tls-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (ca, cert, key) = certificates(&dir);
-        let acceptor = Acceptor::new(&cert, &key).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        use rustls::pki_types::pem::PemObject as _;
-        for c in rustls::pki_types::CertificateDer::pem_file_iter(&ca).unwrap() {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let config =
-            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
-        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-        let request = b"GET /test/x HTTP/1.1\r\nhost: t\r\n\r\n";
-        client.writer().write_all(request).unwrap();
-        let mut session = acceptor.session().unwrap();
-        for _ in 0..10 {
-            if session.plain.len() >= request.len() {
-                break;
-            }
-            let mut wire = Vec::new();
-            client.write_tls(&mut wire).unwrap();
-            let mut out = Vec::new();
-            session.received(&wire, &mut out).unwrap();
-            client.read_tls(&mut &out[..]).unwrap();
-            client.process_new_packets().unwrap();
-        }
-        assert_eq!(session.plain, request);
-        session.plain.clear();
-        let mut protection = Protection::of(session);
+        let (mut protection, mut client) = established(false);
         let Protection::Records(records) = &protection else {
             panic!("a TLS 1.3 stream keeps records, not its session");
         };
@@ -1052,7 +1019,6 @@ mod tests {
         client.write_tls(&mut wire).unwrap();
         protection.received(&wire, &mut Vec::new()).unwrap();
         assert!(protection.peer_closed());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A server's acceptor for the tests below and its authority's
