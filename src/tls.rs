@@ -1037,9 +1037,8 @@ mod tests {
         &fixture().0
     }
 
-    /// A real client's first flight (its ClientHello records), the seed the
-    /// fuzzer below mutates.
-    fn client_hello(tls12: bool) -> Vec<u8> {
+    /// A client of 127.0.0.1 speaking only TLS 1.2 or only TLS 1.3.
+    fn client(tls12: bool, roots: rustls::RootCertStore) -> rustls::ClientConnection {
         let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
             &[&rustls::version::TLS12]
         } else {
@@ -1049,10 +1048,16 @@ mod tests {
             rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_protocol_versions(versions)
                 .unwrap()
-                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_root_certificates(roots)
                 .with_no_client_auth();
         let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
-        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        rustls::ClientConnection::new(Arc::new(config), name).unwrap()
+    }
+
+    /// A real client's first flight (its ClientHello records), the seed the
+    /// fuzzer below mutates.
+    fn client_hello(tls12: bool) -> Vec<u8> {
+        let mut client = client(tls12, rustls::RootCertStore::empty());
         let mut wire = Vec::new();
         client.write_tls(&mut wire).unwrap();
         wire
@@ -1199,25 +1204,12 @@ mod tests {
     /// A lean stream's TLS after a real handshake and head (TLS 1.2 keeps
     /// its session, TLS 1.3 its records), and the client that made it.
     fn established(tls12: bool) -> (Protection, rustls::ClientConnection) {
-        let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
-            &[&rustls::version::TLS12]
-        } else {
-            &[&rustls::version::TLS13]
-        };
-        let ca = &fixture().1;
         let mut roots = rustls::RootCertStore::empty();
         use rustls::pki_types::pem::PemObject as _;
-        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(&fixture().1).unwrap() {
             roots.add(c.unwrap()).unwrap();
         }
-        let config =
-            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_protocol_versions(versions)
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        let name = rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
-        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut client = client(tls12, roots);
         let request = b"GET /test/x HTTP/1.1\r\nhost: t\r\n\r\n";
         client.writer().write_all(request).unwrap();
         let mut session = acceptor().session().unwrap();

@@ -164,18 +164,7 @@ fn wait_ready(addr: SocketAddr) {
 #[test]
 fn a_fleet_clock_ahead_of_redis_is_refused_with_a_503_never_a_lost_200() {
     let redis = RedisServer::start();
-    let mut cmd = Command::new(BIN);
-    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
-        // The operator pages on the public port too (tests/exposing.rs
-        // tests where they belong).
-        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
-        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
-        .env("SWITCHBOARD__CLUSTER__PREFIX", "promises");
-    let (p, addrs) = Proc::start(cmd);
-    let addr = addrs[0];
-    wait_ready(addr);
-    let mut stream = StreamClient::open(addr, "ck");
-    stream.line();
+    let (p, addr, mut stream) = node_with_a_stream(&redis, "promises", "ck");
     let first = post(addr, "/send/ck", "before");
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(stream.message(), "Recvd msg #1: 'before'");
@@ -206,6 +195,24 @@ fn a_fleet_clock_ahead_of_redis_is_refused_with_a_503_never_a_lost_200() {
     assert!(stats["cluster"]["clock_ahead"].as_u64() >= Some(2), "{stats}");
     assert_eq!(stats["cluster"]["clock_resets"], 1, "{stats}");
     assert!(!p.events("fleet_clock_reset").is_empty());
+}
+
+/// The binary in cluster mode on `redis` (keys under `prefix`), ready,
+/// with a stream of `id` open on it and welcomed.
+fn node_with_a_stream(redis: &RedisServer, prefix: &str, id: &str) -> (Proc, SocketAddr, StreamClient) {
+    let mut cmd = Command::new(BIN);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        // The operator pages on the public port too (tests/exposing.rs
+        // tests where they belong).
+        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
+        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
+        .env("SWITCHBOARD__CLUSTER__PREFIX", prefix);
+    let (p, addrs) = Proc::start(cmd);
+    let addr = addrs[0];
+    wait_ready(addr);
+    let mut stream = StreamClient::open(addr, id);
+    stream.line();
+    (p, addr, stream)
 }
 
 fn get_json(addr: SocketAddr, path: &str) -> Value {
@@ -300,18 +307,7 @@ fn a_node_whose_clock_is_behind_redis_loses_nothing_and_readyz_names_the_skew() 
 #[test]
 fn out_of_range_redis_state_heals_or_is_left_out() {
     let redis = RedisServer::start();
-    let mut cmd = Command::new(BIN);
-    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
-        // The operator pages on the public port too (tests/exposing.rs
-        // tests where they belong).
-        .env("SWITCHBOARD__SERVER__ADMIN_PUBLIC", "true")
-        .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
-        .env("SWITCHBOARD__CLUSTER__PREFIX", "state");
-    let (p, addrs) = Proc::start(cmd);
-    let addr = addrs[0];
-    wait_ready(addr);
-    let mut stream = StreamClient::open(addr, "st");
-    stream.line();
+    let (p, addr, mut stream) = node_with_a_stream(&redis, "state", "st");
 
     // A fleet clock past what Lua's numbers hold: reset, with a new epoch.
     redis.command(&["HSET", "state:fleet", "clock", "100000000000000000000"]);
