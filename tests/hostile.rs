@@ -93,10 +93,17 @@ fn a_stalled_body_does_not_hold_shutdown() {
     s.server.shutdown_timeout_ms = 30_000;
     let mut srv = TestServer::start(s);
     let mut c = TcpStream::connect(srv.addr).unwrap();
-    c.write_all(b"POST /send/x HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nabc")
+    // `Expect: 100-continue`: the interim answer says the handler is
+    // reading the body, so shutdown cannot come before the request exists
+    // (a connection is counted in `http_active` before its head is read).
+    c.write_all(b"POST /send/x HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\nexpect: 100-continue\r\n\r\n")
         .unwrap();
-    // The stalled upload and the `/stats` request itself.
-    srv.wait_stats(Duration::from_secs(2), |s| s["connections"]["http_active"] == 2);
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let continued = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut interim = vec![0u8; continued.len()];
+    std::io::Read::read_exact(&mut c, &mut interim).unwrap();
+    assert_eq!(interim, continued, "{}", String::from_utf8_lossy(&interim));
+    c.write_all(b"abc").unwrap();
     let started = Instant::now();
     srv.shutdown();
     // Held up, shutdown would take its 30 s timeout.
