@@ -341,22 +341,19 @@ fn out_of_range_redis_state_heals_or_is_left_out() {
     // A node entry claiming u64::MAX streams, and a presence count that is
     // not a number: left out of /cluster and /presence.
     let far_future_ms = (now_us() / 1000 + 60_000).to_string();
-    redis.command(&[
-        "SET",
-        "state:node:liar",
-        r#"{"name":"liar","instance":"liar1","host":"h","pid":1,"streams":18446744073709551615,"uptime_s":1,"addr":"x"}"#,
-        "PX",
-        "60000",
-    ]);
-    redis.command(&["ZADD", "state:nodes", &far_future_ms, "liar"]);
-    redis.command(&[
-        "SET",
-        "state:node:odd",
-        r#"{"name":"odd","instance":"odd1","host":"h","pid":2,"streams":1,"uptime_s":1,"addr":"y"}"#,
-        "PX",
-        "60000",
-    ]);
-    redis.command(&["ZADD", "state:nodes", &far_future_ms, "odd"]);
+    for (name, entry) in [
+        (
+            "liar",
+            r#"{"name":"liar","instance":"liar1","host":"h","pid":1,"streams":18446744073709551615,"uptime_s":1,"addr":"x"}"#,
+        ),
+        (
+            "odd",
+            r#"{"name":"odd","instance":"odd1","host":"h","pid":2,"streams":1,"uptime_s":1,"addr":"y"}"#,
+        ),
+    ] {
+        redis.command(&["SET", &format!("state:node:{name}"), entry, "PX", "60000"]);
+        redis.command(&["ZADD", "state:nodes", &far_future_ms, name]);
+    }
     redis.command(&["HSET", "state:presence:odd1", "st", "lots"]);
     let view = get_json(addr, "/cluster");
     let names: Vec<&str> = view["nodes"]

@@ -501,7 +501,12 @@ pub fn redis_command(port: u16, args: &[&str]) -> io::Result<Resp> {
     read_resp(&mut r)
 }
 
-/// A free TCP port on 127.0.0.1 (free when this returns; a race is possible).
+/// A TCP port on 127.0.0.1 that was free when this returned: a hint, not
+/// a reservation. Another test can take it before the server binds it
+/// (this machine's ephemeral range is 1024-65535, so no range is safe from
+/// port-0 binds), so whoever hands it to a server retries with another on
+/// "in use": `RedisServer`'s constructors, `Proc::start_on_free_ports`.
+/// A server that can bind port 0 itself and report it should.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -520,14 +525,21 @@ pub struct RedisServer {
 impl RedisServer {
     /// On a free port; retries with another port if one was taken meanwhile.
     pub fn start() -> Self {
+        Self::on_some_free_port(Self::try_start_on)
+            .unwrap_or_else(|e| panic!("redis-server did not start: {e}"))
+    }
+
+    /// `start` on a free port, and on another if that one was taken
+    /// before redis-server bound it ([`free_port`]); up to 5 tries.
+    fn on_some_free_port(start: impl Fn(u16) -> io::Result<Self>) -> io::Result<Self> {
         let mut last = None;
         for _ in 0..5 {
-            match Self::try_start_on(free_port()) {
-                Ok(r) => return r,
+            match start(free_port()) {
+                Ok(r) => return Ok(r),
                 Err(e) => last = Some(e),
             }
         }
-        panic!("redis-server did not start: {}", last.unwrap());
+        Err(last.expect("tried at least once"))
     }
 
     /// On `port` (e.g. the port of a Redis killed before, to restart it).
@@ -538,26 +550,27 @@ impl RedisServer {
     /// On a free port, with `args` after the usual ones (e.g. a replica's
     /// `--replicaof`).
     pub fn start_with(args: &[&str]) -> Self {
-        Self::try_start(free_port(), args).unwrap_or_else(|e| panic!("redis-server {args:?}: {e}"))
+        Self::on_some_free_port(|port| Self::try_start(port, args))
+            .unwrap_or_else(|e| panic!("redis-server {args:?}: {e}"))
     }
 
     /// A Sentinel (`redis-server FILE --sentinel`) on a free port, with
     /// `conf` as its configuration file (written to `dir`, as Sentinel
     /// rewrites it).
     pub fn sentinel(dir: &std::path::Path, conf: &str) -> Self {
-        let port = free_port();
-        let file = dir.join(format!("sentinel-{port}.conf"));
-        std::fs::write(
-            &file,
-            format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.display()),
-        )
-        .unwrap();
-        Self::spawn_and_ping(
-            port,
-            std::process::Command::new("redis-server")
-                .arg(&file)
-                .arg("--sentinel"),
-        )
+        Self::on_some_free_port(|port| {
+            let file = dir.join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &file,
+                format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.display()),
+            )?;
+            Self::spawn_and_ping(
+                port,
+                std::process::Command::new("redis-server")
+                    .arg(&file)
+                    .arg("--sentinel"),
+            )
+        })
         .unwrap_or_else(|e| panic!("redis-server --sentinel: {e}"))
     }
 
