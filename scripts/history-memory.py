@@ -28,12 +28,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "switchboard")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+from serve import start_switchboard  # noqa: E402
 
 
 def get(port, path):
@@ -103,26 +99,16 @@ def main():
     args = ap.parse_args()
     if not os.access(BIN, os.X_OK):
         sys.exit(f"{BIN} missing: cargo build --release")
-    port = free_port()
     # /stats is served on the internal listener.
-    admin_port = free_port()
     env = dict(
         os.environ,
-        SWITCHBOARD__SERVER__PORT=str(port),
-        SWITCHBOARD__SERVER__ADMIN_PORT=str(admin_port),
         SWITCHBOARD__SERVER__WORKERS="2",
         SWITCHBOARD__LOG__LEVEL="warn",
         SWITCHBOARD__HISTORY__SIZE=str(args.size),
         SWITCHBOARD__HISTORY__TTL_MS=str(3_600_000),
     )
-    server = subprocess.Popen([BIN], env=env)
+    server, port, admin_port = start_switchboard(BIN, env)
     try:
-        for _ in range(100):
-            try:
-                get(admin_port, "/stats")
-                break
-            except OSError:
-                time.sleep(0.1)
         pad = lambda n: (f"m{n}-" + "x" * args.message_bytes)[: args.message_bytes]
         # Warm the Router's first allocations and the connection paths.
         publish(port, [(f"warm{i}", 0) for i in range(1000)], pad)

@@ -8,12 +8,14 @@ Redis's own]. Needs target/release/switchboard (cargo build --release)."""
 import http.client, subprocess, time, os, sys, socket, json
 def free():
     s=socket.socket(); s.bind(("127.0.0.1",0)); p=s.getsockname()[1]; s.close(); return p
-rp, sp = free(), free()
+rp = free()  # redis-server takes a port it is given
 extra = ["--stream-node-max-bytes", sys.argv[1]] if len(sys.argv) > 1 else []
 redis = subprocess.Popen(["redis-server","--port",str(rp),"--save","","--appendonly","no","--bind","127.0.0.1",*extra],stdout=subprocess.DEVNULL)
 time.sleep(0.5)
-env = dict(os.environ, SWITCHBOARD__SERVER__PORT=str(sp), SWITCHBOARD__CLUSTER__REDIS_URL=f"redis://127.0.0.1:{rp}", SWITCHBOARD__LOG__LEVEL="warn")
-sb = subprocess.Popen(["./target/release/switchboard"], env=env)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from serve import start_switchboard
+env = dict(os.environ, SWITCHBOARD__CLUSTER__REDIS_URL=f"redis://127.0.0.1:{rp}", SWITCHBOARD__LOG__LEVEL="warn")
+sb, sp, _ = start_switchboard("./target/release/switchboard", env)
 def used():
     return int([l for l in subprocess.check_output(["redis-cli","-p",str(rp),"info","memory"]).decode().splitlines() if l.startswith("used_memory:")][0].split(":")[1])
 for _ in range(100):

@@ -16,11 +16,10 @@ if ! command -v wrk >/dev/null; then
   apt-get install -y -q wrk >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q wrk >/dev/null; }
 fi
 cargo build --release -q --bin switchboard --bin loadtest
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-SWITCHBOARD__SERVER__PORT=$PORT SWITCHBOARD__LOG__LEVEL=warn ./target/release/switchboard &
-server=$!
+. scripts/lib/serve.sh
+start_switchboard SWITCHBOARD__LOG__LEVEL=warn
+server=$SERVER_PID
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 50); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 URL=http://127.0.0.1:$PORT/dispatcher
 sum_l=0; sum_w=0
 for r in $(seq 1 "$ROUNDS"); do

@@ -101,6 +101,9 @@ pub struct ServerSettings {
     pub admin_port: u16,
     /// The public listeners serve the operator pages too.
     pub admin_public: bool,
+    /// A file the server writes, once it serves, with the addresses it
+    /// bound ("": none). For scripts and tests that start it on port 0.
+    pub address_file: String,
 }
 
 /// `server.proxy_protocol`.

@@ -300,6 +300,9 @@ impl Server {
 
         state.stats.set_baseline();
         tracing::info!(event = "bind", ?addrs, admin = %admin_addr, workers, "switchboard listening");
+        if !state.settings.server.address_file.is_empty() {
+            write_address_file(&state.settings.server.address_file, &addrs, admin_addr)?;
+        }
         tracing::info!(event = "config", settings = ?state.settings, "effective configuration");
         actix_rt::spawn(report_slow_disconnects(Arc::clone(&state)));
 
@@ -313,6 +316,22 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// `server.address_file`: one line per bound address, written to a
+/// temporary file beside it and renamed, so a script polling for the file
+/// reads all of it or nothing.
+fn write_address_file(path: &str, public: &[SocketAddr], admin: SocketAddr) -> io::Result<()> {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for addr in public {
+        let _ = writeln!(text, "public {addr}");
+    }
+    let _ = writeln!(text, "admin {admin}");
+    let tmp = format!("{path}.{}.tmp", std::process::id());
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| io::Error::new(e.kind(), format!("server.address_file {path}: {e}")))
 }
 
 /// The internal listener, as [`listen`] binds the public ones.

@@ -193,6 +193,39 @@ fn reuse_port_lets_two_processes_share_a_port() {
 }
 
 #[test]
+fn the_address_file_names_the_ports_it_took() {
+    let dir = std::env::temp_dir().join(format!("switchboard-address-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("addresses");
+    let _ = std::fs::remove_file(&file);
+    let mut cmd = server();
+    cmd.env("SWITCHBOARD__SERVER__ADDRESS_FILE", &file);
+    let mut p = Running::start(cmd);
+    // Written as the "listening" line is logged: at most a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&file).expect("address file written");
+    let lines: Vec<&str> = text.lines().collect();
+    let expected: Vec<String> = p
+        .addrs
+        .iter()
+        .map(|a| format!("public {a}"))
+        .chain([format!("admin {}", p.admin)])
+        .collect();
+    assert_eq!(lines, expected);
+    // Each address the file names serves.
+    let public: SocketAddr = lines[0]["public ".len()..].parse().unwrap();
+    let admin: SocketAddr = lines.last().unwrap()["admin ".len()..].parse().unwrap();
+    assert_eq!(request(public, "GET", "/healthz", &[], b"").unwrap().status, 200);
+    assert_eq!(request(admin, "GET", "/stats", &[], b"").unwrap().status, 200);
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(10)).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn extra_ports_serve_the_same_server() {
     let (p, _) = Proc::start_on_free_ports(
         2,
