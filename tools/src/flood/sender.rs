@@ -45,7 +45,7 @@ pub(super) async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instan
     let send = plan.send.clone().expect("message target");
     let senders: Vec<_> = (0..SENDERS)
         .map(|_| {
-            let (tx, rx) = mpsc::unbounded_channel::<String>();
+            let (tx, rx) = mpsc::unbounded_channel::<(usize, String)>();
             let tls = if send.tls { plan.tls.clone() } else { None };
             let handle = tokio::task::spawn_local(send_loop(send.clone(), tls, rx, Rc::clone(&counters)));
             (tx, handle)
@@ -67,7 +67,7 @@ pub(super) async fn run(plan: Rc<Plan>, counters: Rc<Counters>, deadline: Instan
             let Some(i) = pick else { continue };
             let (_, path, _) = plan.conn(plan.first_n + i);
             let target = send.path.replace("{id}", id_of(&path));
-            let _ = senders[(queued as usize) % SENDERS].0.send(target);
+            let _ = senders[(queued as usize) % SENDERS].0.send((i as usize, target));
         }
     }
     for (tx, handle) in senders {
@@ -89,13 +89,20 @@ fn delivered_count(body: &[u8]) -> u64 {
 async fn send_loop(
     target: Target,
     tls: Option<Arc<ClientConfig>>,
-    mut rx: mpsc::UnboundedReceiver<String>,
+    mut rx: mpsc::UnboundedReceiver<(usize, String)>,
     counters: Rc<Counters>,
 ) {
     let addr = target.addr;
     let mut conn: Option<Box<dyn Io>> = None;
     let mut buf = Vec::new();
-    while let Some(path) = rx.recv().await {
+    while let Some((stream, path)) = rx.recv().await {
+        // Picked while its stream was open, but queued behind other sends:
+        // on a loaded machine the stream may since have left (`--lifetime`)
+        // and closed, and a message sent now would be counted as expected
+        // by a stream that can no longer get it. Not sent, not counted.
+        if !counters.is_open(stream) {
+            continue;
+        }
         let (mut ok, mut partial, mut stamp) = (false, 0, 0);
         for _ in 0..2 {
             if conn.is_none() {
