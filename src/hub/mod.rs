@@ -43,6 +43,14 @@ use router::{Attach, Broadcast, Busy, Count, Publish, Published, Router, StreamA
 /// How often a publish that found the backlog full looks again.
 const BACKLOG_RETRY: Duration = Duration::from_millis(10);
 
+/// The backlog rule, for the Hub's wait and the Router's admission alike:
+/// whether `need` more deliveries fit beside `backlog` under `max`. An
+/// empty backlog takes anything, so a publish larger than the bound (a
+/// broadcast to more streams) still goes out, alone.
+pub(crate) fn fits_backlog(backlog: u64, need: u64, max: u64) -> bool {
+    backlog == 0 || backlog.saturating_add(need) <= max
+}
+
 /// Who a publish is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Target {
@@ -449,8 +457,11 @@ impl<S: StreamActor> Hub<S> {
     /// Whether `need` more deliveries would fit in the publish backlog now
     /// (an empty one takes anything), read without asking the Router.
     fn has_room(&self, need: u64) -> bool {
-        let backlog = self.stats.publish_backlog.load(Relaxed);
-        backlog == 0 || backlog + need <= self.publish.max_backlog
+        fits_backlog(
+            self.stats.publish_backlog.load(Relaxed),
+            need,
+            self.publish.max_backlog,
+        )
     }
 
     /// Runs `attempt` until it finds room in the publish backlog, for at

@@ -1325,16 +1325,15 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
 
 impl<S: StreamActor> Router<S> {
     /// Whether `n` more deliveries fit in the publish backlog under
-    /// `limit`. An empty backlog always takes a message, so one larger than
-    /// the limit (a broadcast to more streams) still goes out, alone. The
-    /// caller adds them to the backlog right before it hands them out, after
-    /// anything that could panic: a restart must not leave them counted.
+    /// `limit` ([`super::fits_backlog`]). The caller adds them to the
+    /// backlog right before it hands them out, after anything that could
+    /// panic: a restart must not leave them counted.
     fn room(&self, n: usize, limit: Option<u64>) -> Result<(), Busy> {
         let backlog = self.stats.publish_backlog.load(Relaxed);
-        if limit.is_some_and(|max| backlog > 0 && backlog + n as u64 > max) {
-            return Err(Busy);
+        match limit {
+            Some(max) if !super::fits_backlog(backlog, n as u64, max) => Err(Busy),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
