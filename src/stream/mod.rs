@@ -226,11 +226,11 @@ impl Stream {
             Transport::Sse => drop(shared.stats.streams_sse.fetch_add(1, Relaxed)),
             Transport::Ws => drop(shared.stats.streams_ws.fetch_add(1, Relaxed)),
         }
-        // actix-web frames a fallback body itself: the sink writes chunks.
-        let framing = match via {
-            Via::Lean => Head::of(&open).framing(),
-            Via::Fallback => Framing::Chunked,
-        };
+        // The lean path writes the response head; actix-web writes a
+        // fallback's (`routes::stream`) and frames its body itself: the
+        // sink writes chunks.
+        let head = (via == Via::Lean).then(|| Head::of(&open));
+        let framing = head.as_ref().map_or(Framing::Chunked, Head::framing);
         let needs_tracking = transport != Transport::Plain || open.req.ids || open.req.since.is_some();
         let retry = (transport == Transport::Sse).then_some(shared.settings.sse_retry_ms);
         let mut stream = Stream::new(id, sink, framing, shared, via == Via::Fallback);
@@ -245,25 +245,26 @@ impl Stream {
                 closing: false,
             })
         });
+        let max = stream.core.shared.settings.max_pending_bytes;
+        let stats = Arc::clone(&stream.core.shared.stats);
+        // Formatted in the worker's scratch buffer: no allocation per
+        // stream, even a transient one (see `classify::PEEK_BYTES`).
+        let mut opened = Ok(Written::Done);
+        if let Some(head) = head {
+            opened = LINE.with_borrow_mut(|buf| {
+                buf.clear();
+                head.write(buf);
+                stream.sink.open(buf, max, &stats)
+            });
+        }
+        if let (Ok(_), Some(ms)) = (opened, retry) {
+            let line = format!("retry: {ms}\n\n");
+            opened = stream
+                .sink
+                .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
+        }
+        // Runs at once, on this worker, with the actor's context.
         Stream::create(move |ctx| {
-            let max = stream.core.shared.settings.max_pending_bytes;
-            let stats = Arc::clone(&stream.core.shared.stats);
-            // Formatted in the worker's scratch buffer: no allocation per
-            // stream, even a transient one (see `classify::PEEK_BYTES`).
-            let mut opened = Ok(Written::Done);
-            if via == Via::Lean {
-                opened = LINE.with_borrow_mut(|buf| {
-                    buf.clear();
-                    Head::of(&open).write(buf);
-                    stream.sink.open(buf, max, &stats)
-                });
-            }
-            if let (Ok(_), Some(ms)) = (opened, retry) {
-                let line = format!("retry: {ms}\n\n");
-                opened = stream
-                    .sink
-                    .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
-            }
             match opened {
                 Ok(Written::Pending) => {
                     stream.flushing = true;
