@@ -39,6 +39,7 @@ use ticker::Tick;
 use tungstenite::protocol::frame::coding::Control;
 
 use crate::config::StreamSettings;
+use crate::error::CorsAnswer;
 use crate::handshake::{StreamRequest, Transport};
 use crate::hub::history::Resume;
 use crate::hub::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
@@ -90,10 +91,10 @@ pub(crate) enum Via {
 pub(crate) struct Open {
     /// Transport, HTTP version, resume point, `ids`.
     pub(crate) req: StreamRequest,
-    /// `req.origin` is allowed: the response head names it.
-    pub(crate) cors: bool,
-    /// `http.cors_origins` is set: the response head says `vary: Origin`.
-    pub(crate) vary: bool,
+    /// What CORS says to the page's origin, decided at admission: the
+    /// lean path's response head writes it (actix-web's middleware writes
+    /// a fallback's).
+    pub(crate) cors: CorsAnswer,
     /// Bytes the client sent right behind its head: a WebSocket client's
     /// first frames, read as frames once the stream starts.
     pub(crate) early: Vec<u8>,
