@@ -161,20 +161,64 @@ pub struct LimitSettings {
     pub streams_per_ip: u32,
     /// New streams per address per second.
     pub stream_opens_per_ip_per_s: u32,
-    /// New streams an address may open at once above that rate.
+    /// New streams an address may open at once; 0 (or not set): as many
+    /// as the rate ([`LimitSettings::stream_opens`]).
+    #[serde(default)]
     pub stream_opens_burst: u32,
     /// `/send` and `/broadcast` per address per second.
     pub publishes_per_ip_per_s: u32,
-    /// Publishes an address may send at once above that rate.
+    /// Publishes an address may send at once; 0 (or not set): as many as
+    /// the rate ([`LimitSettings::publishes`]).
+    #[serde(default)]
     pub publishes_burst: u32,
     /// TLS handshakes per address per second, on the TLS ports.
     pub tls_handshakes_per_ip_per_s: u32,
-    /// Handshakes an address may start at once above that rate; 0 (or
-    /// not set): as many as the rate.
+    /// Handshakes an address may start at once; 0 (or not set): as many
+    /// as the rate ([`LimitSettings::tls_handshakes`]).
     #[serde(default)]
     pub tls_handshakes_burst: u32,
     /// Addresses and networks no limit applies to.
     pub exempt: String,
+}
+
+/// A rate per client address with its burst resolved: `per_s` a second,
+/// and `burst` at once when the bucket is full (0 `per_s`: off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rate {
+    /// Admitted per second, once the burst is spent.
+    pub(crate) per_s: u32,
+    /// Admitted at once from a full bucket.
+    pub(crate) burst: u32,
+}
+
+impl Rate {
+    /// `per_s` a second in bursts of `burst`, where a burst of 0 (left
+    /// unset) follows the rate: an operator who lowers a rate lowers what
+    /// gets through at once with it, instead of keeping a burst sized for
+    /// another rate.
+    pub(crate) fn of(per_s: u32, burst: u32) -> Rate {
+        Rate {
+            per_s,
+            burst: if burst == 0 { per_s } else { burst },
+        }
+    }
+}
+
+impl LimitSettings {
+    /// `stream_opens_per_ip_per_s` and its burst.
+    pub(crate) fn stream_opens(&self) -> Rate {
+        Rate::of(self.stream_opens_per_ip_per_s, self.stream_opens_burst)
+    }
+
+    /// `publishes_per_ip_per_s` and its burst.
+    pub(crate) fn publishes(&self) -> Rate {
+        Rate::of(self.publishes_per_ip_per_s, self.publishes_burst)
+    }
+
+    /// `tls_handshakes_per_ip_per_s` and its burst.
+    pub(crate) fn tls_handshakes(&self) -> Rate {
+        Rate::of(self.tls_handshakes_per_ip_per_s, self.tls_handshakes_burst)
+    }
 }
 
 /// `[stream]`
@@ -566,16 +610,18 @@ impl Settings {
                 l.publishes_per_ip_per_s,
                 l.publishes_burst,
             ),
-        ] {
-            if rate > 0 && burst < rate {
-                return invalid(key, "must be at least the rate per second it goes with");
-            }
-        }
-        if l.tls_handshakes_burst != 0 && l.tls_handshakes_burst < l.tls_handshakes_per_ip_per_s {
-            return invalid(
+            (
                 "limits.tls_handshakes_burst",
-                "must be at least the rate per second it goes with (or 0: the rate)",
-            );
+                l.tls_handshakes_per_ip_per_s,
+                l.tls_handshakes_burst,
+            ),
+        ] {
+            if burst != 0 && burst < rate {
+                return invalid(
+                    key,
+                    "must be at least the rate per second it goes with (or 0: the rate)",
+                );
+            }
         }
         if self.server.head_timeout_ms < 1000 {
             // actix-web computes the deadline from a clock it updates every
@@ -906,17 +952,89 @@ mod tests {
         assert!(e.contains("server.host"), "{e}");
     }
 
+    /// Every burst is 0 (the default: it follows its rate) or at least
+    /// its rate; one set below its rate is refused, naming its key.
     #[test]
-    fn a_tls_handshake_burst_is_0_or_at_least_its_rate() {
+    fn a_burst_is_0_or_at_least_its_rate() {
         let mut s = Settings::defaults();
-        assert_eq!(s.limits.tls_handshakes_burst, 0, "follows the rate by default");
+        let l = &s.limits;
+        assert_eq!(
+            (l.stream_opens_burst, l.publishes_burst, l.tls_handshakes_burst),
+            (0, 0, 0),
+            "every burst follows its rate by default"
+        );
+        s.limits.stream_opens_per_ip_per_s = 10;
+        s.limits.publishes_per_ip_per_s = 10;
         s.limits.tls_handshakes_per_ip_per_s = 10;
         s.validate().unwrap();
-        s.limits.tls_handshakes_burst = 5;
-        let e = s.validate().unwrap_err().to_string();
-        assert!(e.contains("limits.tls_handshakes_burst"), "{e}");
-        s.limits.tls_handshakes_burst = 10;
-        s.validate().unwrap();
+        type Burst = fn(&mut LimitSettings) -> &mut u32;
+        let bursts: [(&str, Burst); 3] = [
+            ("limits.stream_opens_burst", |l| &mut l.stream_opens_burst),
+            ("limits.publishes_burst", |l| &mut l.publishes_burst),
+            ("limits.tls_handshakes_burst", |l| &mut l.tls_handshakes_burst),
+        ];
+        for (key, burst) in bursts {
+            let mut s = s.clone();
+            *burst(&mut s.limits) = 5;
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+            *burst(&mut s.limits) = 10;
+            s.validate().unwrap();
+        }
+    }
+
+    /// A burst left unset (0) is its rate; one given stays as given, from
+    /// a configuration file as well (files written when the defaults were
+    /// 500 and 2,000 keep what they say).
+    #[test]
+    fn an_unset_burst_follows_its_rate_and_a_set_one_stays() {
+        let l = Settings::defaults().limits;
+        assert_eq!(l.stream_opens(), Rate { per_s: 50, burst: 50 });
+        assert_eq!(
+            l.publishes(),
+            Rate {
+                per_s: 500,
+                burst: 500
+            }
+        );
+        assert_eq!(
+            l.tls_handshakes(),
+            Rate {
+                per_s: 500,
+                burst: 500
+            }
+        );
+        assert_eq!(Rate::of(0, 0), Rate { per_s: 0, burst: 0 }, "off stays off");
+        assert_eq!(Rate::of(5, 8), Rate { per_s: 5, burst: 8 });
+
+        let dir = std::env::temp_dir().join(format!("sb-bursts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("limits.toml");
+        std::fs::write(&file, "[limits]\npublishes_per_ip_per_s = 5\n").unwrap();
+        let l = Settings::load(Some(&file)).unwrap().limits;
+        assert_eq!(l.publishes(), Rate { per_s: 5, burst: 5 }, "not 2,000 at once");
+        std::fs::write(
+            &file,
+            "[limits]\nstream_opens_per_ip_per_s = 50\nstream_opens_burst = 500\n\
+             publishes_per_ip_per_s = 5\npublishes_burst = 2000\n",
+        )
+        .unwrap();
+        let l = Settings::load(Some(&file)).unwrap().limits;
+        assert_eq!(
+            l.stream_opens(),
+            Rate {
+                per_s: 50,
+                burst: 500
+            }
+        );
+        assert_eq!(
+            l.publishes(),
+            Rate {
+                per_s: 5,
+                burst: 2000
+            }
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::classify::{PEEK_BACKOFF_MAX, PEEK_BACKOFF_START, peer_closed};
-use crate::config::{LimitSettings, Nets, ProxyProtocol};
+use crate::config::{LimitSettings, Nets, ProxyProtocol, Rate};
 use crate::error::ApiError;
 
 /// The longest PROXY header taken: a v1 header is at most 107 bytes; a v2
@@ -468,10 +468,15 @@ pub(crate) struct Limits {
     pub(crate) refused_tls_handshakes: AtomicU64,
 }
 
-/// `per_s` a second in bursts of `burst` (0: of `per_s`); `None`: off.
-fn quota(per_s: u32, burst: u32) -> Option<Quota> {
-    let per_s = NonZeroU32::new(per_s)?;
-    Some(Quota::per_second(per_s).allow_burst(NonZeroU32::new(burst).unwrap_or(per_s)))
+/// `rate` as a quota; `None`: off.
+fn quota(rate: Rate) -> Option<Quota> {
+    let per_s = NonZeroU32::new(rate.per_s)?;
+    Some(Quota::per_second(per_s).allow_burst(NonZeroU32::new(rate.burst).unwrap_or(per_s)))
+}
+
+/// A rate as a refusal names it: "5 publishes a second (bursts of 5)".
+fn per_second(what: &str, rate: Rate) -> String {
+    format!("{} {what} a second (bursts of {})", rate.per_s, rate.burst)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -484,15 +489,9 @@ impl Limits {
             exempt: Nets::parse(&settings.exempt)?,
             settings: settings.clone(),
             streams: Mutex::new(Slots::default()),
-            opens: quota(settings.stream_opens_per_ip_per_s, settings.stream_opens_burst)
-                .map(DefaultKeyedRateLimiter::keyed),
-            publishes: quota(settings.publishes_per_ip_per_s, settings.publishes_burst)
-                .map(DefaultKeyedRateLimiter::keyed),
-            tls_handshakes: quota(
-                settings.tls_handshakes_per_ip_per_s,
-                settings.tls_handshakes_burst,
-            )
-            .map(DefaultKeyedRateLimiter::keyed),
+            opens: quota(settings.stream_opens()).map(DefaultKeyedRateLimiter::keyed),
+            publishes: quota(settings.publishes()).map(DefaultKeyedRateLimiter::keyed),
+            tls_handshakes: quota(settings.tls_handshakes()).map(DefaultKeyedRateLimiter::keyed),
             logged: Mutex::new(HashMap::new()),
             refused_streams: AtomicU64::new(0),
             refused_opens: AtomicU64::new(0),
@@ -580,28 +579,15 @@ impl Limits {
             ),
             Refused::Opens => (
                 &self.refused_opens,
-                format!(
-                    "{} new streams a second (bursts of {})",
-                    self.settings.stream_opens_per_ip_per_s, self.settings.stream_opens_burst
-                ),
+                per_second("new streams", self.settings.stream_opens()),
             ),
             Refused::Publishes => (
                 &self.refused_publishes,
-                format!(
-                    "{} publishes a second (bursts of {})",
-                    self.settings.publishes_per_ip_per_s, self.settings.publishes_burst
-                ),
+                per_second("publishes", self.settings.publishes()),
             ),
             Refused::TlsHandshakes => (
                 &self.refused_tls_handshakes,
-                format!(
-                    "{} TLS handshakes a second (bursts of {})",
-                    self.settings.tls_handshakes_per_ip_per_s,
-                    match self.settings.tls_handshakes_burst {
-                        0 => self.settings.tls_handshakes_per_ip_per_s,
-                        burst => burst,
-                    }
-                ),
+                per_second("TLS handshakes", self.settings.tls_handshakes()),
             ),
         };
         let answer = match what {

@@ -218,6 +218,36 @@ impl Cors<'_> {
     }
 }
 
+/// [`Cors`] as it was decided at a stream's admission, kept with the
+/// answer (the stream's head, or its refusal) so that the answer writes
+/// what was decided instead of asking `http.cors_origins` again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CorsAnswer {
+    /// The page's origin, when `http.cors_origins` allows it.
+    allow: Option<String>,
+    /// `http.cors_origins` is set: `vary: Origin`.
+    vary: bool,
+}
+
+impl CorsAnswer {
+    /// The header lines to write.
+    pub(crate) fn as_cors(&self) -> Cors<'_> {
+        Cors {
+            allow: self.allow.as_deref(),
+            vary: self.vary,
+        }
+    }
+}
+
+impl From<Cors<'_>> for CorsAnswer {
+    fn from(cors: Cors<'_>) -> Self {
+        CorsAnswer {
+            allow: cors.allow.map(str::to_owned),
+            vary: cors.vary,
+        }
+    }
+}
+
 impl ApiError {
     /// The header this error adds to its response, if any.
     fn extra_header(&self) -> Option<(header::HeaderName, std::borrow::Cow<'static, str>)> {
@@ -376,5 +406,10 @@ mod tests {
             text.contains("access-control-allow-origin: http://a.example\r\nvary: Origin\r\n"),
             "{text}"
         );
+        // Kept with a refusal, the same answer writes the same bytes.
+        let kept = CorsAnswer::from(cors);
+        let mut again = Vec::new();
+        ApiError::BadToken("none given".into()).write_http1(&mut again, true, kept.as_cors());
+        assert_eq!(String::from_utf8(again).unwrap(), text);
     }
 }

@@ -1,8 +1,9 @@
 //! What a stream request asks for beyond its id, read from its head once
 //! the head has passed [`crate::classify::HeadCheck`]: the transport
-//! (chunked text, SSE, WebSocket), where to resume, a subscriber token, and
-//! the page origin for CORS. (The response head each transport starts
-//! with is written by `crate::stream`.)
+//! (chunked text, SSE, WebSocket), where to resume, a subscriber token
+//! ([`read_request`]), and the page origin for CORS ([`origin`], read
+//! once by the admission, which decides CORS with it). (The response head
+//! each transport starts with is written by `crate::stream`.)
 //!
 //! The WebSocket handshake is checked by tungstenite's own server side
 //! (`create_response`: method, version, `Upgrade`, `Connection`,
@@ -39,13 +40,12 @@ pub(crate) struct StreamRequest {
     pub(crate) since: Option<u64>,
     /// A subscriber token (`Authorization: Bearer`, else `?token=`).
     pub(crate) token: Option<String>,
-    /// The `Origin` header.
-    pub(crate) origin: Option<String>,
     /// WebSocket: the `Sec-WebSocket-Accept` value to answer with.
     pub(crate) ws_accept: Option<String>,
 }
 
-/// Reads a validated stream request head (request line to blank line).
+/// Reads a validated stream request head (request line to blank line);
+/// its `Origin` is [`origin`]'s.
 pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
@@ -62,10 +62,8 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         ids: false,
         since: None,
         token: None,
-        origin: None,
         ws_accept: None,
     };
-    req.origin = origin(head)?.map(str::to_owned);
     if let Some((_, query)) = target.split_once('?') {
         for pair in query.split('&') {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -323,10 +321,11 @@ mod tests {
 
     #[test]
     fn one_origin_at_most() {
-        let r = p("GET /test/foo HTTP/1.1\r\nHost: a\r\nOrigin:  http://a.example\r\n\r\n").unwrap();
-        assert_eq!(r.origin.as_deref(), Some("http://a.example"));
+        let head = b"GET /test/foo HTTP/1.1\r\nHost: a\r\nOrigin:  http://a.example\r\n\r\n";
+        assert_eq!(origin(head), Ok(Some("http://a.example")));
+        assert_eq!(origin(b"GET /test/foo HTTP/1.1\r\nHost: a\r\n\r\n"), Ok(None));
         assert_eq!(
-            p("GET /test/foo HTTP/1.1\r\nHost: a\r\nOrigin: http://evil\r\norigin: http://a.example\r\n\r\n"),
+            origin(b"GET /test/foo HTTP/1.1\r\nHost: a\r\nOrigin: http://evil\r\norigin: http://a.example\r\n\r\n"),
             Err(ApiError::RepeatedOrigin)
         );
     }

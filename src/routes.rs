@@ -37,7 +37,7 @@ use serde_json::json;
 
 use crate::counter::Take;
 use crate::edge::Client;
-use crate::error::ApiError;
+use crate::error::{ApiError, Cors};
 use crate::hub::router::CutId;
 use crate::hub::{Answer, Target};
 use crate::id::{self, IdError};
@@ -166,7 +166,7 @@ async fn stream(
             .map(|e| state.head_error(e))
     };
     if let Some(e) = refused {
-        return Err(state.refusal(e, None).error);
+        return Err(state.refusal(e, Cors::default()).error);
     }
     id::validate(&id, state.settings.stream.max_id_len)?;
     let open = state

@@ -844,7 +844,7 @@ async fn serve_stream(
             drop(permit);
             Stream::start_lean(io, id, open, Arc::clone(&state.streams));
         }
-        Ok(Err(refused)) => socket::refuse(io, &refused.error, state.cors(refused.origin.as_deref())).await,
+        Ok(Err(refused)) => socket::refuse(io, &refused.error, refused.cors.as_cors()).await,
         Err(e) => state.refuse_head(io, e).await,
     }
 }
@@ -961,10 +961,7 @@ async fn serve_tls_stream(
             drop(permit);
             Stream::start_lean_tls(io, session, id, open, Arc::clone(&state.streams));
         }
-        Err(refused) => {
-            let cors = state.cors(refused.origin.as_deref());
-            refuse_tls(io, session, &refused.error, cors).await;
-        }
+        Err(refused) => refuse_tls(io, session, &refused.error, refused.cors.as_cors()).await,
     }
 }
 

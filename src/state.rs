@@ -13,7 +13,7 @@ use crate::classify::HeadError;
 use crate::config::{Nets, Settings};
 use crate::counter::Counter;
 use crate::edge::{self, Client};
-use crate::error::{ApiError, Cors};
+use crate::error::{ApiError, Cors, CorsAnswer};
 use crate::handshake::{self, Transport};
 use crate::hub::Hub;
 use crate::hub::router::Router;
@@ -26,9 +26,9 @@ use crate::stream::{self, Open, Stream, Via};
 pub(crate) struct Refusal {
     /// Why.
     pub(crate) error: ApiError,
-    /// The page's origin, if `http.cors_origins` allows it (the answer
-    /// names it, so the page can read why).
-    pub(crate) origin: Option<String>,
+    /// What CORS says to the page's origin, decided at admission (an
+    /// allowed origin is named, so the page can read why).
+    pub(crate) cors: CorsAnswer,
 }
 
 /// Shared by `Arc` between the workers and actix-web's handlers.
@@ -163,7 +163,9 @@ impl ServerState {
         }
     }
 
-    /// The CORS headers of a stream's answer to a page from `origin`.
+    /// The CORS headers of a stream's answer to a page from `origin`:
+    /// decided once per stream request, at its admission, and carried to
+    /// whichever answer it gets.
     pub(crate) fn cors<'a>(&self, origin: Option<&'a str>) -> Cors<'a> {
         let http = &self.settings.http;
         Cors {
@@ -173,9 +175,9 @@ impl ServerState {
     }
 
     /// A refusal of a stream request, counted (`tokens_refused`,
-    /// `origins_refused`, or `bad_heads`), naming `origin` when
-    /// `http.cors_origins` allows it.
-    pub(crate) fn refusal(&self, error: ApiError, origin: Option<&str>) -> Refusal {
+    /// `origins_refused`, or `bad_heads`), answered with `cors` (as
+    /// [`ServerState::cors`] decided it).
+    pub(crate) fn refusal(&self, error: ApiError, cors: Cors<'_>) -> Refusal {
         let counter = match error {
             ApiError::BadToken(_) => Some(&self.stats.tokens_refused),
             ApiError::OriginNotAllowed => Some(&self.stats.origins_refused),
@@ -188,9 +190,7 @@ impl ServerState {
         }
         Refusal {
             error,
-            origin: origin
-                .filter(|o| self.settings.http.allows_origin(o.as_bytes()))
-                .map(str::to_owned),
+            cors: cors.into(),
         }
     }
 
@@ -198,8 +198,9 @@ impl ServerState {
     /// (`via`), whose whole head (validated) is `head`, with `early` the
     /// bytes the client sent right behind it, in this order: shutdown (503),
     /// the client address's opening rate (429: every stream request spends
-    /// one, refused later or not), its transport, HTTP version and resume point
-    /// ([`handshake::read_request`]), its page origin, its subscriber token
+    /// one, refused later or not), one `Origin` at most, its transport, HTTP
+    /// version and resume point ([`handshake::read_request`]), its page
+    /// origin (a WebSocket's, against `http.cors_origins`), its subscriber token
     /// when `auth.subscribe_secret` is set, a WebSocket only as a
     /// connection's first request (on the lean path), then a
     /// `stream.max_streams` slot, which it takes (given back when the
@@ -212,9 +213,14 @@ impl ServerState {
         via: Via,
         client: Client,
     ) -> Result<Open, Refusal> {
-        // The origin first, so that every refusal after it can name it.
-        let origin = handshake::origin(head).ok().flatten();
-        let refused = |error: ApiError| self.refusal(error, origin);
+        // The origin first, read once, and what CORS says to it decided
+        // once, so that every answer after it, refusal or stream, names it.
+        // Two `Origin` headers leave the page unknown: none is named, and
+        // the request is refused after the opening rate.
+        let origin = handshake::origin(head);
+        let page = origin.as_ref().ok().copied().flatten();
+        let cors = self.cors(page);
+        let refused = |error: ApiError| self.refusal(error, cors);
         // Shutting down: whatever else is wrong, the answer is "go elsewhere".
         if self.shutdown.is_cancelled() {
             return Err(refused(ApiError::ShuttingDown));
@@ -222,12 +228,13 @@ impl ServerState {
         // The opening rate first: a flood of bad tokens counts too.
         let limits = &self.streams.limits;
         limits.admit_open(client).map_err(refused)?;
+        if let Err(repeated) = origin {
+            return Err(refused(repeated));
+        }
         let req = handshake::read_request(head).map_err(refused)?;
-        let http = &self.settings.http;
-        let cors = origin.is_some_and(|o| http.allows_origin(o.as_bytes()));
         // Browsers apply no CORS to WebSockets: the server checks the
-        // origin itself, once a list is configured.
-        if req.transport == Transport::Ws && http.cors_enabled() && req.origin.is_some() && !cors {
+        // origin itself, once a list is configured (`vary`).
+        if req.transport == Transport::Ws && cors.vary && page.is_some() && cors.allow.is_none() {
             return Err(refused(ApiError::OriginNotAllowed));
         }
         let expires = match &self.streams.verifier {
@@ -263,8 +270,7 @@ impl ServerState {
         }
         Ok(Open {
             req,
-            cors,
-            vary: http.cors_enabled(),
+            cors: cors.into(),
             expires,
             early: early.to_vec(),
             counted,

@@ -362,6 +362,62 @@ fn opening_and_publishing_too_fast_gets_429_per_address() {
     assert_eq!(st["limits"]["refused"]["publishes"], 1, "{st}");
 }
 
+/// A burst left unset follows its rate: with `publishes_per_ip_per_s = 5`
+/// and no `publishes_burst`, five publishes from one address go through at
+/// once and the sixth and after are refused with 429 and a reason naming
+/// the rate and the burst (not 2,000 through at once, the old default).
+/// A burst that is set is honoured as given: 8 at once, then 429.
+#[test]
+fn an_unset_burst_follows_its_rate_and_a_set_one_is_honoured() {
+    // Publishes sent back to back take far less than the 200 ms in which
+    // 5 a second gives one back; on a slow run, each 200 ms gone may have
+    // let one more through.
+    let publish_at_once = |srv: &TestServer, n: usize| {
+        let from = [127, 0, 0, 2];
+        let started = Instant::now();
+        let answers: Vec<Response> = (0..n)
+            .map(|i| exchange_from(from, srv.addr, &post("/send/b", &format!("{i}"), "")))
+            .collect();
+        let given_back = (started.elapsed().as_millis() / 200) as usize;
+        (answers, given_back)
+    };
+    for (burst, expected) in [(None, 5), (Some(8), 8)] {
+        let mut s = limited(settings());
+        s.limits.publishes_per_ip_per_s = 5;
+        if let Some(burst) = burst {
+            s.limits.publishes_burst = burst;
+        }
+        let srv = TestServer::start(s);
+        let (answers, given_back) = publish_at_once(&srv, expected + 4);
+        let statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
+        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        assert!(
+            statuses[..expected].iter().all(|s| *s == 200),
+            "burst {burst:?}: the first {expected} at once: {statuses:?}"
+        );
+        assert!(
+            admitted <= expected + given_back,
+            "burst {burst:?}: {admitted} admitted at once, {given_back} given back: {statuses:?}"
+        );
+        let refused = answers
+            .iter()
+            .find(|r| r.status == 429)
+            .unwrap_or_else(|| panic!("burst {burst:?}: nothing refused: {statuses:?}"));
+        assert!(refused.header("retry-after").is_some());
+        let reason = refused.error();
+        assert!(
+            reason.contains(&format!("5 publishes a second (bursts of {expected})")),
+            "{reason}"
+        );
+        let st = srv.stats();
+        assert_eq!(
+            st["limits"]["refused"]["publishes"],
+            statuses.len() - admitted,
+            "{st}"
+        );
+    }
+}
+
 /// With a publish token set, `/stats` shows the refused addresses only to
 /// who sends it: anyone can read the rest of `/stats`.
 #[test]

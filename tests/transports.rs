@@ -882,6 +882,11 @@ fn identity_provider_tokens_and_cors_on_refusals() {
         ),
     );
     assert_eq!(c.status, 400);
+    assert_eq!(
+        (c.header("access-control-allow-origin"), c.header("vary")),
+        (None, Some("Origin")),
+        "no page is named, and the answer still depends on Origin"
+    );
     let r = request(
         srv.addr,
         "POST",

@@ -31,10 +31,7 @@ impl<'a> Head<'a> {
             transport: req.transport,
             http10: req.http10,
             ws_accept: req.ws_accept.as_deref(),
-            cors: Cors {
-                allow: req.origin.as_deref().filter(|_| open.cors),
-                vary: open.vary,
-            },
+            cors: open.cors.as_cors(),
         }
     }
 
@@ -101,13 +98,14 @@ impl<'a> Head<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handshake::read_request;
+    use crate::handshake::{origin, read_request};
 
+    /// The head of `request`, with its origin allowed when `cors`.
     fn head_of(request: &str, cors: bool) -> (String, Framing) {
+        let allow = cors.then(|| origin(request.as_bytes()).unwrap()).flatten();
         let open = Open {
             req: read_request(request.as_bytes()).unwrap(),
-            cors,
-            vary: cors,
+            cors: Cors { allow, vary: cors }.into(),
             early: Vec::new(),
             expires: None,
             counted: None,

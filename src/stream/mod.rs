@@ -39,6 +39,7 @@ use ticker::Tick;
 use tungstenite::protocol::frame::coding::Control;
 
 use crate::config::StreamSettings;
+use crate::error::CorsAnswer;
 use crate::handshake::{StreamRequest, Transport};
 use crate::hub::history::Resume;
 use crate::hub::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
@@ -90,10 +91,10 @@ pub(crate) enum Via {
 pub(crate) struct Open {
     /// Transport, HTTP version, resume point, `ids`.
     pub(crate) req: StreamRequest,
-    /// `req.origin` is allowed: the response head names it.
-    pub(crate) cors: bool,
-    /// `http.cors_origins` is set: the response head says `vary: Origin`.
-    pub(crate) vary: bool,
+    /// What CORS says to the page's origin, decided at admission: the
+    /// lean path's response head writes it (actix-web's middleware writes
+    /// a fallback's).
+    pub(crate) cors: CorsAnswer,
     /// Bytes the client sent right behind its head: a WebSocket client's
     /// first frames, read as frames once the stream starts.
     pub(crate) early: Vec<u8>,
@@ -226,11 +227,11 @@ impl Stream {
             Transport::Sse => drop(shared.stats.streams_sse.fetch_add(1, Relaxed)),
             Transport::Ws => drop(shared.stats.streams_ws.fetch_add(1, Relaxed)),
         }
-        // actix-web frames a fallback body itself: the sink writes chunks.
-        let framing = match via {
-            Via::Lean => Head::of(&open).framing(),
-            Via::Fallback => Framing::Chunked,
-        };
+        // The lean path writes the response head; actix-web writes a
+        // fallback's (`routes::stream`) and frames its body itself: the
+        // sink writes chunks.
+        let head = (via == Via::Lean).then(|| Head::of(&open));
+        let framing = head.as_ref().map_or(Framing::Chunked, Head::framing);
         let needs_tracking = transport != Transport::Plain || open.req.ids || open.req.since.is_some();
         let retry = (transport == Transport::Sse).then_some(shared.settings.sse_retry_ms);
         let mut stream = Stream::new(id, sink, framing, shared, via == Via::Fallback);
@@ -245,25 +246,26 @@ impl Stream {
                 closing: false,
             })
         });
+        let max = stream.core.shared.settings.max_pending_bytes;
+        let stats = Arc::clone(&stream.core.shared.stats);
+        // Formatted in the worker's scratch buffer: no allocation per
+        // stream, even a transient one (see `classify::PEEK_BYTES`).
+        let mut opened = Ok(Written::Done);
+        if let Some(head) = head {
+            opened = LINE.with_borrow_mut(|buf| {
+                buf.clear();
+                head.write(buf);
+                stream.sink.open(buf, max, &stats)
+            });
+        }
+        if let (Ok(_), Some(ms)) = (opened, retry) {
+            let line = format!("retry: {ms}\n\n");
+            opened = stream
+                .sink
+                .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
+        }
+        // Runs at once, on this worker, with the actor's context.
         Stream::create(move |ctx| {
-            let max = stream.core.shared.settings.max_pending_bytes;
-            let stats = Arc::clone(&stream.core.shared.stats);
-            // Formatted in the worker's scratch buffer: no allocation per
-            // stream, even a transient one (see `classify::PEEK_BYTES`).
-            let mut opened = Ok(Written::Done);
-            if via == Via::Lean {
-                opened = LINE.with_borrow_mut(|buf| {
-                    buf.clear();
-                    Head::of(&open).write(buf);
-                    stream.sink.open(buf, max, &stats)
-                });
-            }
-            if let (Ok(_), Some(ms)) = (opened, retry) {
-                let line = format!("retry: {ms}\n\n");
-                opened = stream
-                    .sink
-                    .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
-            }
             match opened {
                 Ok(Written::Pending) => {
                     stream.flushing = true;
