@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use cluster::{
-    BIN, WAIT, binary, binary_node, cluster_names, event_line, fleet_binary, get, id_channel, node_settings,
-    open, open_ids, post, prefix, send_ok, start_node, wait_cluster, wait_cluster_of, wait_ready, wait_until,
+    BIN, HeldPort, WAIT, binary, binary_node, cluster_names, event_line, fleet_binary, get, id_channel,
+    node_settings, open, open_ids, post, prefix, send_ok, start_node, wait_cluster, wait_cluster_of,
+    wait_ready, wait_until,
 };
 use common::netns::{Netns, can_make_namespaces};
 use common::process::{Proc, send_signal};
-use common::{RedisServer, TestServer, free_port, settings};
+use common::{RedisServer, TestServer, settings};
 
 /// With Redis killed, a node still delivers to its own streams (503 "cluster
 /// bus unavailable" with delivered 1), remote sends and broadcasts answer
@@ -159,7 +160,10 @@ fn after_redis_restarts_cross_node_delivery_resumes_within_two_seconds() {
 /// reaches a stream opened on the other node before Redis was there.
 #[test]
 fn nodes_started_before_redis_lose_no_message_answered_200() {
-    let port = free_port();
+    // Redis's port, held until Redis runs: refused meanwhile, and no other
+    // test's server takes it.
+    let held = HeldPort::new();
+    let port = held.port;
     let p = prefix("late");
     let late = |name: &str| {
         let mut s = settings();
@@ -173,6 +177,7 @@ fn nodes_started_before_redis_lose_no_message_answered_200() {
     let mut stream = open(a.addr, "early");
     assert_eq!(get(a.addr, "/readyz").status, 503);
     let _redis = RedisServer::start_on(port);
+    drop(held);
     let deadline = Instant::now() + Duration::from_secs(5);
     let answer = loop {
         let r = post(b.addr, "/send/early", "first");

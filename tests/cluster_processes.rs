@@ -13,16 +13,15 @@ mod cluster;
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    BIN, WAIT, binary, cluster_pids, get, id_channel, open, parent_of, post, prefix, processes,
+    BIN, WAIT, binary, cluster_pids, fleet_is_up, get, id_channel, open, parent_of, post, prefix, processes,
     wait_cluster_of, wait_until,
 };
 use common::process::{Proc, send_signal};
-use common::{RedisServer, StreamClient, free_port, request};
+use common::{RedisServer, StreamClient, request};
 
 /// `--processes 3`: 300 streams of one id spread over three child processes
 /// (as /cluster shows them), the parent's log names those pids, and one send
@@ -198,19 +197,20 @@ fn a_fleet_passes_sighup_on_and_every_process_reloads_its_certificate() {
     let (cert, key) = (dir.join("served.crt"), dir.join("served.key"));
     std::fs::copy(&first.cert, &cert).unwrap();
     std::fs::copy(&first.key, &key).unwrap();
-    let (port, tls_port) = (free_port(), free_port());
-    let mut cmd = binary(&redis, &prefix("fleethup"));
-    cmd.args(["--processes", "2"])
-        .env("SWITCHBOARD__SERVER__PORT", port.to_string())
-        .env("SWITCHBOARD__SERVER__EXTRA_PORTS", tls_port.to_string())
-        .env("SWITCHBOARD__SERVER__TLS_PORTS", tls_port.to_string())
-        .env("SWITCHBOARD__SERVER__TLS_CERT_FILE", &cert)
-        .env("SWITCHBOARD__SERVER__TLS_KEY_FILE", &key);
-    let mut parent = Proc::spawn(cmd);
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    wait_cluster_of(&parent, addr, Duration::from_secs(20), "2 children", |c| {
-        c["totals"]["nodes"] == 2
-    });
+    let fleet = |ports: &[u16]| {
+        let (port, tls_port) = (ports[0], ports[1]);
+        let mut cmd = binary(&redis, &prefix("fleethup"));
+        cmd.args(["--processes", "2"])
+            .env("SWITCHBOARD__SERVER__PORT", port.to_string())
+            .env("SWITCHBOARD__SERVER__EXTRA_PORTS", tls_port.to_string())
+            .env("SWITCHBOARD__SERVER__TLS_PORTS", tls_port.to_string())
+            .env("SWITCHBOARD__SERVER__TLS_CERT_FILE", &cert)
+            .env("SWITCHBOARD__SERVER__TLS_KEY_FILE", &key);
+        cmd
+    };
+    // Up once both children are in /cluster.
+    let (mut parent, ports) = Proc::start_on_free_ports(2, fleet, |p, ports| fleet_is_up(p, ports[0], 2));
+    let tls_port = ports[1];
     let curl = |ca: &std::path::Path| {
         Command::new("curl")
             .args(["-sS", "--max-time", "10", "--cacert"])
@@ -271,7 +271,9 @@ fn a_fleet_without_tls_survives_sighup_with_its_streams() {
 /// non-zero at once and says so; with port 0 it is refused too.
 #[test]
 fn processes_without_redis_url_or_with_port_zero_are_refused() {
-    let port = free_port().to_string();
+    // A port this test holds: the binary must refuse before it binds one.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port().to_string();
     let mut cmd = Command::new(BIN);
     cmd.args(["--processes", "2"])
         .env("SWITCHBOARD__SERVER__PORT", &port);

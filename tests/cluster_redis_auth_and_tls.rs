@@ -19,7 +19,7 @@ use cluster::{
     WAIT, fleet_binary, get, id_channel, node_settings, open, post, prefix, start_node, wait_until,
 };
 use common::process::Proc;
-use common::{RedisServer, TestServer, free_port};
+use common::{RedisServer, TestServer};
 
 /// The pub/sub link authenticates as the URL says (user and password, by
 /// ACL): a node logged in as its own user gets a message from another node;
@@ -70,25 +70,25 @@ fn nodes_route_over_tls_and_a_wrong_authority_is_refused() {
     std::fs::create_dir_all(&dir).unwrap();
     let good = common::make_certificates(&dir, "good");
     let other = common::make_certificates(&dir, "other");
-    let tls_port = free_port();
-    let (port_s, cert, key, ca) = (
-        tls_port.to_string(),
+    let (cert, key, ca) = (
         good.cert.display().to_string(),
         good.key.display().to_string(),
         good.ca.display().to_string(),
     );
-    let redis = RedisServer::start_with(&[
-        "--tls-port",
-        &port_s,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let (redis, tls_port) = RedisServer::start_with_tls_port(|tls_port| {
+        vec![
+            "--tls-port".to_owned(),
+            tls_port.to_string(),
+            "--tls-cert-file".to_owned(),
+            cert.clone(),
+            "--tls-key-file".to_owned(),
+            key.clone(),
+            "--tls-ca-cert-file".to_owned(),
+            ca.clone(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ]
+    });
     let p = prefix("tls");
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let node = |name: &str, ca: &std::path::Path| {

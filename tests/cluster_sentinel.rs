@@ -16,11 +16,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    WAIT, binary_node, event_line, fleet_binary, get, id_channel, lines_within, node_settings, open,
-    open_ids, post, prefix, send_ok, start_node, wait_cluster_of, wait_until,
+    WAIT, binary_node, event_line, fleet_binary, fleet_is_up, get, id_channel, lines_within, node_settings,
+    open, open_ids, post, prefix, send_ok, start_node, wait_cluster_of, wait_until,
 };
 use common::process::{Proc, send_signal};
-use common::{RedisServer, StreamClient, free_port, request};
+use common::{RedisServer, StreamClient, request};
 
 /// A master, two replicas of it and three sentinels watching them
 /// (`down-after-milliseconds 1000`), all on loopback, in a directory of
@@ -67,12 +67,13 @@ impl Sentinelled {
             .map(str::to_owned)
             .to_vec()
         };
+        // The TLS port is picked with the plain one, again if either was taken.
         let start = |args: Vec<String>| {
-            let tls_port = free_port();
-            let mut all = args;
-            all.extend(tls_args(tls_port));
-            let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            (RedisServer::start_with(&all), tls_port)
+            RedisServer::start_with_tls_port(|tls_port| {
+                let mut all = args.clone();
+                all.extend(tls_args(tls_port));
+                all
+            })
         };
         let (master, master_tls) = start(vec!["--dir".into(), files.clone()]);
         // The port the replicas and the sentinels use.
@@ -111,19 +112,24 @@ impl Sentinelled {
         let mut sentinel_tls_ports = Vec::new();
         let sentinels: Vec<RedisServer> = (0..3)
             .map(|_| {
-                let mut conf = conf.clone();
-                if let Some(c) = tls {
-                    let tls_port = free_port();
+                let conf = |tls_port: u16| {
+                    let mut conf = conf.clone();
+                    if let Some(c) = tls {
+                        conf.push_str(&format!(
+                            "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                             tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                            c.cert.display(),
+                            c.key.display(),
+                            c.ca.display()
+                        ));
+                    }
+                    conf
+                };
+                let (sentinel, tls_port) = RedisServer::sentinel_with_tls_port(&dir, conf);
+                if tls.is_some() {
                     sentinel_tls_ports.push(tls_port);
-                    conf.push_str(&format!(
-                        "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
-                         tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
-                        c.cert.display(),
-                        c.key.display(),
-                        c.ca.display()
-                    ));
                 }
-                RedisServer::sentinel(&dir, &conf)
+                sentinel
             })
             .collect();
         // Each must know the replica (from the master's INFO) and the other
@@ -206,12 +212,15 @@ fn sentinel_binary(sentinels: &Sentinelled, prefix: &str) -> Command {
 fn failover_under_sends(test: &str, fault: &str) {
     let redis = Sentinelled::start(test);
     let p = prefix(test);
-    let port = free_port();
-    let mut cmd = sentinel_binary(&redis, &p);
-    cmd.args(["--processes", "3"])
-        .env("SWITCHBOARD__SERVER__PORT", port.to_string());
-    let fleet = Proc::spawn(cmd);
-    let fleet_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let fleet_on = |ports: &[u16]| {
+        let mut cmd = sentinel_binary(&redis, &p);
+        cmd.args(["--processes", "3"])
+            .env("SWITCHBOARD__SERVER__PORT", ports[0].to_string());
+        cmd
+    };
+    // Up once its 3 children are in /cluster (the other node comes next).
+    let (fleet, ports) = Proc::start_on_free_ports(1, fleet_on, |p, ports| fleet_is_up(p, ports[0], 3));
+    let fleet_addr: SocketAddr = ([127, 0, 0, 1], ports[0]).into();
     let (other, other_addr) = binary_node(sentinel_binary(&redis, &p), "other");
     wait_cluster_of(&fleet, fleet_addr, Duration::from_secs(20), "4 nodes", |c| {
         c["totals"]["nodes"] == 4

@@ -22,7 +22,7 @@ use serde_json::Value;
 use switchboard::Settings;
 
 use crate::common::process::Proc;
-use crate::common::{RedisServer, Response, StreamClient, TestServer, free_port, request, settings};
+use crate::common::{RedisServer, Response, StreamClient, TestServer, request, settings};
 
 /// The server binary Cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -195,28 +195,70 @@ pub fn binary_node(mut cmd: Command, name: &str) -> (Proc, SocketAddr) {
 }
 
 /// `--processes 3` on one port with a shared id.
+/// A fleet's port is named before it starts (the parent holds no socket
+/// to report): a port taken meanwhile means another try on new ports.
 pub fn processes(redis: &RedisServer, prefix: &str, n: usize) -> (Proc, SocketAddr) {
-    let port = free_port();
-    let mut cmd = binary(redis, prefix);
-    cmd.args(["--processes", &n.to_string()])
-        .env("SWITCHBOARD__SERVER__PORT", port.to_string())
-        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
-        .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
-    let parent = Proc::spawn(cmd);
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    wait_cluster_of(
-        &parent,
-        addr,
-        Duration::from_secs(20),
-        &format!("{n} children in /cluster"),
-        |c| c["totals"]["nodes"] == n,
-    );
+    let fleet = |ports: &[u16]| {
+        let mut cmd = binary(redis, prefix);
+        cmd.args(["--processes", &n.to_string()])
+            .env("SWITCHBOARD__SERVER__PORT", ports[0].to_string())
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
+        cmd
+    };
+    let (parent, ports) = Proc::start_on_free_ports(1, fleet, |p, ports| fleet_is_up(p, ports[0], n));
+    let addr: SocketAddr = ([127, 0, 0, 1], ports[0]).into();
     // Every child listens before streams are opened, so the kernel spreads
     // them over all.
     wait_until(WAIT, &format!("{n} listening lines"), || {
         parent.log_fields("switchboard listening").len() >= n
     });
     (parent, addr)
+}
+
+/// Whether `/cluster` on `port` lists `n` nodes, each a child of `parent`:
+/// its fleet is up, and what answers on the port is that fleet, not a
+/// server of another test that took the port first.
+pub fn fleet_is_up(parent: &Proc, port: u16, n: usize) -> bool {
+    let Ok(r) = request(([127, 0, 0, 1], port).into(), "GET", "/cluster", &[], b"") else {
+        return false;
+    };
+    let Ok(c) = serde_json::from_slice::<Value>(&r.body) else {
+        return false;
+    };
+    let parent = u64::from(parent.pid());
+    r.status == 200
+        && c["totals"]["nodes"] == n
+        && cluster_pids(&c).iter().all(|&pid| parent_of(pid) == Some(parent))
+}
+
+/// A port kept for a server that starts later (a Redis the nodes are told
+/// of before it runs), instead of a `free_port()` anyone may take
+/// meanwhile: bound but not listening, so a connection to it is refused
+/// as if nothing were there and the kernel gives it to no port-0 bind.
+/// Bound with SO_REUSEADDR, as redis-server binds: Linux lets such
+/// sockets share a port while none of them listens, so the server takes
+/// it while this still holds it. Drop it once the server runs.
+pub struct HeldPort {
+    pub port: u16,
+    /// The bound socket: the hold.
+    _socket: socket2::Socket,
+}
+
+impl HeldPort {
+    pub fn new() -> Self {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        socket.set_reuse_address(true).unwrap();
+        let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+        socket.bind(&any.into()).unwrap();
+        // unwrap: an IPv4 socket just bound has an IPv4 address.
+        let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+        HeldPort {
+            port,
+            _socket: socket,
+        }
+    }
 }
 
 /// Reads every line `c` has within `within` (ticks are a minute apart in
