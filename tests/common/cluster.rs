@@ -194,9 +194,10 @@ pub fn binary_node(mut cmd: Command, name: &str) -> (Proc, SocketAddr) {
     (p, addr)
 }
 
-/// `--processes 3` on one port with a shared id.
-/// A fleet's port is named before it starts (the parent holds no socket
-/// to report): a port taken meanwhile means another try on new ports.
+/// `--processes n` on one port, once its `n` children are in `/cluster`
+/// and listening. The port is named before the fleet starts (the parent
+/// holds no socket to report): one taken meanwhile means another try on
+/// new ports.
 pub fn processes(redis: &RedisServer, prefix: &str, n: usize) -> (Proc, SocketAddr) {
     let fleet = |ports: &[u16]| {
         let mut cmd = binary(redis, prefix);
