@@ -593,7 +593,8 @@ struct Haproxy {
 }
 
 impl Haproxy {
-    /// Retries on another port if its port was taken meanwhile.
+    /// Retries on another port if its port was taken meanwhile: haproxy
+    /// refuses port 0 (`invalid port '0'`), so it is given a free one.
     fn start(backend: SocketAddr, send_proxy: &str) -> Haproxy {
         let mut last = String::new();
         for _ in 0..3 {
@@ -634,7 +635,10 @@ impl Haproxy {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(format!("exited with {status}: {text}"));
             }
-            if TcpStream::connect(addr).is_ok() {
+            // Listening, and it is this haproxy that listens there (a
+            // server of another test on a port taken first would answer
+            // a connect too).
+            if common::listening_ports(child.id()).contains(&port) {
                 return Ok(Haproxy { addr, child, dir });
             }
             if Instant::now() > deadline {

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TestServer, free_port, request, settings};
+use common::{TestServer, request, settings};
 
 fn tool(name: &str) -> String {
     let path = format!("/usr/bin/{name}");
@@ -208,16 +208,37 @@ fn a_real_prometheus_scrapes_and_answers_a_query() {
         ),
     )
     .unwrap();
-    let port = free_port();
+    // Port 0: the kernel picks its port, and its one listening socket
+    // (found by its pid) says which, so no other test can take it first.
+    let log = dir.join("prometheus.log");
     let child = Command::new(tool("prometheus"))
         .arg(format!("--config.file={}", config.display()))
         .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--web.listen-address=127.0.0.1:0")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("start prometheus");
-    let prom = Prometheus { child, dir, port };
+    let mut prom = Prometheus { child, dir, port: 0 };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prom.port == 0 {
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            matches!(prom.child.try_wait(), Ok(None)),
+            "prometheus exited:\n{}",
+            log()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "prometheus did not listen within 30 s:\n{}",
+            log()
+        );
+        prom.port = common::listening_ports(prom.child.id())
+            .first()
+            .copied()
+            .unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let ask = |query: &str| -> serde_json::Value {
         let path = format!("/api/v1/query?query={query}");
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -506,13 +506,48 @@ pub fn redis_command(port: u16, args: &[&str]) -> io::Result<Resp> {
 /// (this machine's ephemeral range is 1024-65535, so no range is safe from
 /// port-0 binds), so whoever hands it to a server retries with another on
 /// "in use": `RedisServer`'s constructors, `Proc::start_on_free_ports`.
-/// A server that can bind port 0 itself and report it should.
+/// A server that can bind port 0 itself and report it should; one that
+/// cannot is found by its pid on the port it was given
+/// ([`listening_ports`]), not by whoever answers there.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The TCP ports on which process `pid` listens (its sockets in LISTEN
+/// state, from /proc): how a test knows that what answers on a port it
+/// handed a server is that server and not another test's.
+pub fn listening_ports(pid: u32) -> Vec<u16> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let inodes: Vec<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        // "sl local_address rem_address st ... inode": LISTEN is st 0A.
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
+                let port = f[1]
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+                ports.extend(port);
+            }
+        }
+    }
+    ports
 }
 
 /// A real `redis-server` on 127.0.0.1, started for one test, without
@@ -554,15 +589,44 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("redis-server {args:?}: {e}"))
     }
 
+    /// On a free port, with `args(tls_port)` after the usual ones, where
+    /// `tls_port` is a second free port the arguments name (`--tls-port`):
+    /// both are picked again if either was taken before redis-server bound
+    /// it. Answers the server and its second port.
+    pub fn start_with_tls_port(args: impl Fn(u16) -> Vec<String>) -> (Self, u16) {
+        let tls_port = std::cell::Cell::new(0);
+        let redis = Self::on_some_free_port(|port| {
+            tls_port.set(free_port());
+            let args = args(tls_port.get());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Self::try_start(port, &args)
+        })
+        .unwrap_or_else(|e| panic!("redis-server with a TLS port: {e}"));
+        (redis, tls_port.get())
+    }
+
     /// A Sentinel (`redis-server FILE --sentinel`) on a free port, with
     /// `conf` as its configuration file (written to `dir`, as Sentinel
     /// rewrites it).
     pub fn sentinel(dir: &std::path::Path, conf: &str) -> Self {
-        Self::on_some_free_port(|port| {
+        Self::sentinel_with_tls_port(dir, |_| conf.to_owned()).0
+    }
+
+    /// [`RedisServer::sentinel`] whose configuration `conf(tls_port)`
+    /// names a second free port (`tls-port`), picked again with the first
+    /// if either was taken. Answers the sentinel and its second port.
+    pub fn sentinel_with_tls_port(dir: &std::path::Path, conf: impl Fn(u16) -> String) -> (Self, u16) {
+        let tls_port = std::cell::Cell::new(0);
+        let sentinel = Self::on_some_free_port(|port| {
+            tls_port.set(free_port());
             let file = dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &file,
-                format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.display()),
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n{}",
+                    dir.display(),
+                    conf(tls_port.get())
+                ),
             )?;
             Self::spawn_and_ping(
                 port,
@@ -571,7 +635,8 @@ impl RedisServer {
                     .arg("--sentinel"),
             )
         })
-        .unwrap_or_else(|e| panic!("redis-server --sentinel: {e}"))
+        .unwrap_or_else(|e| panic!("redis-server --sentinel: {e}"));
+        (sentinel, tls_port.get())
     }
 
     fn try_start_on(port: u16) -> io::Result<Self> {
@@ -605,9 +670,16 @@ impl RedisServer {
             port,
             child: Some(child),
         };
+        let pid = redis.pid().expect("just spawned");
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if redis_command(port, &["PING"]).is_ok_and(|r| r == Resp::Simple("PONG".into())) {
+            // Ours, not another test's Redis that took the port first (it
+            // would answer a PING just as well). Redis binds every port it
+            // was given before it answers anything.
+            let info = redis_command(port, &["INFO", "server"])
+                .ok()
+                .and_then(|r| r.text());
+            if info.is_some_and(|t| t.lines().any(|l| l.trim_end() == format!("process_id:{pid}"))) {
                 return Ok(redis);
             }
             let child = redis.child.as_mut().unwrap();
@@ -620,7 +692,7 @@ impl RedisServer {
             if Instant::now() > deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("redis-server on port {port} did not answer PING within 5 s"),
+                    format!("redis-server on port {port} did not answer INFO as pid {pid} within 5 s"),
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));

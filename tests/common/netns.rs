@@ -1,6 +1,6 @@
 //! A network namespace joined to this one by a veth pair: a second host
 //! for tests that need a peer that is not this machine's loopback (a
-//! partition in tests/cluster.rs, a client from elsewhere in
+//! partition in tests/cluster_outages.rs, a client from elsewhere in
 //! tests/exposing.rs).
 
 use std::process::Command;
