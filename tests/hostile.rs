@@ -511,6 +511,8 @@ fn partial_request_lines_that_close_free_their_socket_at_once() {
         &format!("ulimit -n 128 && exec {}", env!("CARGO_BIN_EXE_switchboard")),
     ])
     .env("SWITCHBOARD__SERVER__PORT", "0")
+    // Not the default 9000: another process (or test) may hold it.
+    .env("SWITCHBOARD__SERVER__ADMIN_PORT", "0")
     .env("SWITCHBOARD__SERVER__WORKERS", "1")
     .env("SWITCHBOARD__SERVER__HEAD_TIMEOUT_MS", "20000")
     .env("SWITCHBOARD__LOG__FORMAT", "json")
