@@ -21,8 +21,9 @@
 //! restarts it (see [`crate::supervision`]), which drops the link and makes
 //! it again, resubscribing the same way.
 //!
-//! Bookkeeping per id: the lingering table holds only ids that left
-//! recently; the held ids are the Router's table keys, asked for on
+//! Bookkeeping per id: the lingering table ([`Cluster::lingering`], shared
+//! with the Hub, which asks it whether a publish's echo comes here; only the
+//! Bus writes it) holds only ids that left recently; the held ids are the Router's table keys, asked for on
 //! reconnect; a SUBSCRIBE's ids are kept only until Redis confirms it. No
 //! set of subscribed channel names is kept anywhere (see [`super::link`] for
 //! why the link is not redis-rs's pub/sub connection, which keeps one).
@@ -834,8 +835,9 @@ impl Bus {
             );
             return;
         };
-        // `<instance>`, or `<instance>/<seq>` for a publish with an
-        // Idempotency-Key, whose echo is how this node's own streams get it.
+        // `<instance>/<seq>` (`<instance>` alone from a node of an older
+        // version): the echo of this node's own publish `seq` is how its
+        // own streams get it.
         let (instance, seq) = match origin.split_once('/') {
             Some((instance, seq)) => (instance, seq.parse::<u64>().ok()),
             None => (origin, None),
@@ -901,7 +903,7 @@ impl Bus {
 }
 
 impl Bus {
-    /// This node's own keyed publish, back from Redis: its streams get it
+    /// This node's own publish, back from Redis: its streams get it
     /// now, and the waiting `/send` or `/broadcast` is told what they got.
     fn deliver_here(&self, channel: &str, text: &str, event: Option<u64>, echo: AwaitedEcho) {
         let (msg, accepted, waiter) = (Arc::from(text), std::time::Instant::now(), echo.waiter);
@@ -951,7 +953,8 @@ impl Handler<Crash> for Bus {
 }
 
 /// The Bus with a fake Router and no Redis (its link never comes up): the
-/// unsubscribe linger, which lives in the Bus alone.
+/// unsubscribe linger, which the Bus alone decides (it fills and empties
+/// the lingering table, kept in [`Cluster`] so the Hub can read it).
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;

@@ -4,10 +4,11 @@
 //!
 //! - Routing: a node SUBSCRIBEs to `<prefix>:id:<id>` while it holds a
 //!   stream of `id` (plus an unsubscribe linger), and every node to
-//!   `<prefix>:broadcast`. `/send` and `/broadcast` deliver to this node's
-//!   streams at once through the Router and PUBLISH for the others; a node
-//!   ignores its own publishes when they come back. The subscriptions live
-//!   on one connection owned by the supervised [`bus::Bus`] actor.
+//!   `<prefix>:broadcast`. `/send` and `/broadcast` run [`PUBLISH_SCRIPT`]
+//!   ([`Cluster::publish`]), which gives the message its event id, keeps it
+//!   in the fleet's history and PUBLISHes it; every node's streams get it
+//!   from Redis, this node's from its own echo. The subscriptions live on
+//!   one connection owned by the supervised [`bus::Bus`] actor.
 //! - Commands (PUBLISH, INCRBY, heartbeats, `/cluster`) go over a second,
 //!   multiplexed connection that redis-rs's `ConnectionManager` reconnects
 //!   by itself ([`Cluster`]).
@@ -16,13 +17,13 @@
 //! - `/dispatcher` numbers come from `INCRBY <prefix>:dispatcher n`, one
 //!   command per batch of requests.
 //!
-//! A message on the bus is `"<origin>@<event> <text>"`: the publishing
-//! process's random instance id (`<instance>/<seq>` for a keyed publish,
-//! whose echo delivers it on its own node), the event id it minted, and the
-//! message line; a broadcast, which has no event id, is `"<origin> <text>"`.
-//! Every node records and delivers a message under its event id: it is
-//! minted once. (A message without one on an id's channel, from a node of a
-//! version before ids travelled, gets one on arrival, as then.)
+//! A message on the bus, an id's or a broadcast, is
+//! `"<instance>/<seq>@<event> <text>"`: the publishing process's random
+//! instance id and the publish's number there (by which that node knows
+//! its echo, [`AwaitedEcho`]), the event id the script gave it, and the
+//! message line. Every node delivers a message under that event id: it is
+//! minted once. (A message without one, `"<origin> <text>"` from a node of
+//! a version before ids travelled, is delivered without an id.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -223,7 +224,7 @@ pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 const REMEMBER_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end return 0";
 
-/// What [`Cluster::publish_once`] found.
+/// What [`Cluster::publish`] found when Redis ran the publish script.
 #[derive(Debug)]
 pub(crate) enum Once {
     /// The key was new: published to `nodes` other nodes; `here` says
@@ -246,7 +247,7 @@ pub(crate) enum Once {
     Mismatch,
 }
 
-/// A keyed publish on the node that made it.
+/// A fleet publish on the node that made it.
 #[derive(Debug)]
 pub(crate) enum Here {
     /// Its echo came back and this node's streams got it:
@@ -259,7 +260,7 @@ pub(crate) enum Here {
     NotHere,
 }
 
-/// Why a PUBLISH ([`Cluster::publish`], [`Cluster::publish_once`]) failed.
+/// Why a publish ([`Cluster::publish`]) failed.
 #[derive(Debug)]
 pub(crate) enum PublishFailed {
     /// The bus is down: nothing was sent, nothing is delivered anywhere.
@@ -286,11 +287,11 @@ pub(crate) enum PublishFailed {
 /// holding a million ids is a hundred of them).
 const PRESENCE_BATCH: usize = 10_000;
 
-/// Most keyed publishes one node waits for the echo of at once (each a few
+/// Most publishes one node waits for the echo of at once (each a few
 /// dozen bytes; one per attempt while Redis does not answer).
 const MAX_PENDING: usize = 100_000;
 
-/// One of this node's keyed publishes, waiting for its echo: this node's
+/// One of this node's publishes, waiting for its echo: this node's
 /// own streams get the message when Redis hands it back, so that they get
 /// it exactly when (and only if) the other nodes do.
 pub(crate) struct AwaitedEcho {
@@ -688,10 +689,12 @@ pub(crate) struct Cluster {
     /// How the command connection is made (for a new master).
     conn_config: ConnectionManagerConfig,
     /// Ids whose last local stream left, still subscribed until the time
-    /// given (the Bus keeps it; `/send` asks whether this node is among
-    /// PUBLISH's receivers).
+    /// given. Here, not in the Bus, because two actors use it: the Bus fills
+    /// it (`Interest::Released`), empties it (the id back, or its time up)
+    /// and resubscribes it after a reconnect; the Hub asks it whether this
+    /// node is among a publish's receivers ([`Cluster::is_lingering`]).
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
-    /// Keyed publishes of this node waiting for their echo, by sequence
+    /// Publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
     awaited: Mutex<BTreeMap<u64, AwaitedEcho>>,
     /// The last sequence number given to a publish of this node.
@@ -957,7 +960,7 @@ impl Cluster {
         );
     }
 
-    /// Takes the keyed publish `seq` of this node whose echo just came, if
+    /// Takes the publish `seq` of this node whose echo just came, if
     /// it is still waited for.
     pub(crate) fn take_awaited(&self, seq: u64) -> Option<AwaitedEcho> {
         self.awaited().remove(&seq).filter(|p| p.expires > Instant::now())

@@ -2,19 +2,25 @@
 //! resumes. Route handlers call [`Hub::publish`]; nothing above this module
 //! touches the bus, the lingering table or the history.
 //!
-//! - [`router`]: the Router actor, id -> this node's streams. It mints a
-//!   message's event id, records it in the [`history`] and hands it to the
-//!   streams in one step (one actor, so no locks), and answers a resuming
-//!   stream's login from the history (`Router::resume`, the one call the
-//!   fleet's shared history will replace).
-//! - [`cluster`]: cluster mode's command connection to Redis (PUBLISH, the
-//!   fleet's `/dispatcher` count, heartbeats, `/cluster`); [`bus`] with
-//!   `link`: the supervised Bus actor holding this node's subscriptions and
-//!   handing other nodes' messages to the Router.
+//! - [`router`]: the Router actor, id -> this node's streams. It hands a
+//!   message to the streams of its id (one actor, so no locks) and answers
+//!   a resuming stream's login with what it missed. In a single process it
+//!   also mints the message's event id and records it in the [`history`],
+//!   in the same step as the deliveries.
+//! - [`cluster`]: cluster mode's command connection to Redis (the publish
+//!   script, the fleet's history reads, the fleet's `/dispatcher` count,
+//!   heartbeats, `/cluster`); [`bus`] with `link`: the supervised Bus actor
+//!   holding this node's subscriptions and handing the fleet's messages,
+//!   this node's own echoes included, to the Router.
 //!
-//! An event id is minted once, by the Router of the node that accepted the
-//! message, and travels with it on the bus: every node's Router records
-//! and delivers it under that id. A broadcast has no event id.
+//! An event id is minted once per message. In a single process the Router
+//! mints it. In cluster mode the Redis publish script
+//! (`cluster::PUBLISH_SCRIPT`, run by [`Cluster::publish`]) mints it from
+//! the fleet's clock, keeps the message in the fleet's history under it,
+//! and PUBLISHes it with the id; every node's Router, the accepting node's
+//! included, delivers it under that id. (While the bus is down, a publish
+//! without an `Idempotency-Key` reaches this node's streams alone, without
+//! an id.) A broadcast has an event id only in cluster mode.
 
 pub(crate) mod bus;
 pub(crate) mod cluster;
@@ -437,9 +443,9 @@ impl<S: StreamActor> Hub<S> {
         .await
     }
 
-    /// Waits while this node's publish backlog is full, for a keyed
-    /// cluster publish, whose delivery here comes from its echo and cannot
-    /// be refused then. Approximate: keyed publishes that find room at the
+    /// Waits while this node's publish backlog is full, for a cluster
+    /// publish, whose delivery here comes from its echo and cannot be
+    /// refused then. Approximate: publishes that find room at the
     /// same moment may carry the backlog past the bound together.
     async fn wait_for_room(&self) -> Result<(), ApiError> {
         self.with_room(1, async || Ok(if self.has_room(1) { Ok(()) } else { Err(Busy) }))

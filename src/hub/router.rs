@@ -14,9 +14,12 @@
 //! type-erased recipient: a `WeakRecipient` is a boxed trait object, one
 //! more allocation for every idle stream.
 //!
-//! It also mints event ids and keeps the [`History`] (see
-//! [`crate::hub::history`]), so a message's id, its history entry and its
-//! deliveries are one step of one actor.
+//! In a single process it also mints event ids and keeps the [`History`]
+//! (see [`crate::hub::history`]), so a message's id, its history entry and
+//! its deliveries are one step of one actor. In cluster mode the publish
+//! script in Redis mints the id and keeps the fleet's history; the Router
+//! delivers under the id the message came with, and resumes a stream by
+//! reading the fleet's history (subscribe first, read, merge by id).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
