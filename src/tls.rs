@@ -487,11 +487,10 @@ const MAX_CIPHERTEXT: usize = MAX_FRAGMENT + 256;
 /// (`dangerous_into_kernel_connection`), and nothing of the connection
 /// object.
 ///
-/// Hand-written on purpose: keeping rustls' connection costs an idle
-/// stream 3,298 bytes (1,088 inline, 2,210 on the heap, mostly the two
-/// expanded keys; `examples/tls-session-memory.rs`), nearly three times
-/// the rest of the stream; this keeps the two secrets ([`Key`]), and the
-/// stream measured 328-1,029 bytes over a plain one (BENCHMARKS.md).
+/// Hand-written on purpose: keeping rustls' connection would cost an idle
+/// stream nearly three times the rest of the stream, mostly the two
+/// expanded keys; this keeps the two secrets ([`Key`]) (see
+/// docs/design-notes.md, section "TLS streams").
 /// What is written here is the 5-byte record framing and what a record
 /// after the handshake means: data is data, an alert ends the stream,
 /// anything else (a client's KeyUpdate, which browsers do not send) ends
@@ -515,10 +514,10 @@ pub(crate) struct Records {
 }
 
 /// One direction's key. A 32-byte key (AES-256-GCM, ChaCha20-Poly1305) is
-/// kept as the secret and expanded for each batch of records: ring's
-/// expanded AES-GCM key is 1,088 bytes, and an idle stream keeps two
-/// (`examples/tls-session-memory.rs`); expanding costs each write some
-/// CPU (a tick chunk 1.1-1.4× plain's, BENCHMARKS.md). A 16-byte key
+/// kept as the secret and expanded for each batch of records: an expanded
+/// key is several times the secret's size and an idle stream would keep
+/// two, while expanding costs each write a little CPU (see
+/// docs/design-notes.md, section "TLS streams"). A 16-byte key
 /// (AES-128-GCM) is kept expanded, because
 /// rustls' public API cannot build one back from its bytes; the server
 /// prefers the other suites (`Acceptor::new`).
