@@ -456,8 +456,8 @@ impl Session {
 
     /// Reads until more plaintext has arrived, by `deadline`.
     pub(crate) async fn read_plain(&mut self, io: &TcpStream, deadline: Instant) -> Result<(), HeadError> {
-        let had = self.plain.len();
-        while self.plain.len() == had {
+        let plain_before = self.plain.len();
+        while self.plain.len() == plain_before {
             if self.peer_closed {
                 return Err(HeadError::Gone);
             }
@@ -1135,9 +1135,9 @@ mod tests {
         for m in mutations {
             let n = wire.len().max(1);
             match m {
-                Mutation::Flip(at, x) => {
+                Mutation::Flip(at, mask) => {
                     if let Some(b) = wire.get_mut(at % n) {
-                        *b ^= x;
+                        *b ^= mask;
                     }
                 }
                 Mutation::Length(at, v) => {
@@ -1192,7 +1192,7 @@ mod tests {
     fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
         use proptest::prelude::*;
         prop_oneof![
-            (any::<usize>(), 1u8..).prop_map(|(a, x)| Mutation::Flip(a, x)),
+            (any::<usize>(), 1u8..).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
             (any::<usize>(), any::<u32>()).prop_map(|(a, v)| Mutation::Length(a, v)),
             any::<usize>().prop_map(Mutation::Truncate),
             (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..48))

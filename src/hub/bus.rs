@@ -238,7 +238,7 @@ impl Bus {
                 return;
             }
             match opened {
-                Ok(conn) => bus.up(conn, ctx),
+                Ok(conn) => bus.link_established(conn, ctx),
                 Err(cause) => {
                     bus.cluster.stats.errors.fetch_add(1, Relaxed);
                     if bus.attempts == 0 || bus.attempts.is_power_of_two() {
@@ -257,7 +257,7 @@ impl Bus {
 
     /// The link is made: start its task, mark the node ready, and subscribe
     /// to every id held here or lingering.
-    fn up(&mut self, conn: Conn, ctx: &mut Context<Self>) {
+    fn link_established(&mut self, conn: Conn, ctx: &mut Context<Self>) {
         let generation = self.generation;
         let (ops, rx) = mpsc::unbounded_channel();
         // A task of the runtime, not of this arbiter's local set: the
@@ -422,7 +422,7 @@ async fn run_link(
     router: Recipient<Subscribed>,
     generation: u64,
 ) {
-    let why = drive(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
+    let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
     bus.do_send(LinkLost { generation, why });
 }
 
@@ -433,7 +433,7 @@ async fn run_link(
 /// [`MAX_BATCH`] channels of one kind). So the slower Redis answers, the
 /// larger and fewer the commands (why not pipelined: docs/design-notes.md,
 /// "The cluster bus under load"). PINGs go at once.
-async fn drive(
+async fn relay_until_lost(
     conn: &mut Conn,
     rx: &mut mpsc::UnboundedReceiver<Op>,
     cluster: &Cluster,

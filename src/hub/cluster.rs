@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 use crate::config::{ClusterSettings, HistorySettings, redact_url};
 use crate::error::ApiError;
-use crate::hub::history::{FleetRead, Kept, KeptIn};
+use crate::hub::history::{FleetHistory, FleetRead, KeptMessage};
 use crate::stats::Stats;
 
 /// How far behind its expiry time a stale name is pruned from the node set;
@@ -226,14 +226,14 @@ const REMEMBER_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
 
 /// What [`Cluster::publish`] found when Redis ran the publish script.
 #[derive(Debug)]
-pub(crate) enum Once {
-    /// The key was new: published to `nodes` other nodes; `here` says
+pub(crate) enum PublishOutcome {
+    /// The key was new: published to `nodes` other nodes; `local` says
     /// what became of it on this node.
     Fresh {
         /// Other nodes that received it.
         nodes: u64,
         /// This node's part.
-        here: Here,
+        local: LocalDelivery,
         /// With an `Idempotency-Key`: what it holds until the answer
         /// replaces it.
         claim: Option<String>,
@@ -249,7 +249,7 @@ pub(crate) enum Once {
 
 /// A fleet publish on the node that made it.
 #[derive(Debug)]
-pub(crate) enum Here {
+pub(crate) enum LocalDelivery {
     /// Its echo came back and this node's streams got it:
     /// `{"delivered": n}` (+ `"event_id"`).
     Delivered(Value),
@@ -257,7 +257,7 @@ pub(crate) enum Here {
     /// stream of the id, or its streams are still waiting for their
     /// SUBSCRIBE): its streams did not get it (nor will they: no echo is
     /// delivered after this answer).
-    NotHere,
+    NotSubscribed,
 }
 
 /// Why a publish ([`Cluster::publish`]) failed.
@@ -689,7 +689,7 @@ pub(crate) struct Cluster {
     /// How the command connection is made (for a new master).
     conn_config: ConnectionManagerConfig,
     /// Ids whose last local stream left, still subscribed until the time
-    /// given. Here, not in the Bus, because two actors use it: the Bus fills
+    /// given. LocalDelivery, not in the Bus, because two actors use it: the Bus fills
     /// it (`Interest::Released`), empties it (the id back, or its time up)
     /// and resubscribes it after a reconnect; the Hub asks it whether this
     /// node is among a publish's receivers ([`Cluster::is_lingering`]).
@@ -983,7 +983,7 @@ impl Cluster {
         once: Option<(&str, &str)>,
         key_ttl: Duration,
         subscribed_here: impl Future<Output = bool>,
-    ) -> Result<Once, PublishFailed> {
+    ) -> Result<PublishOutcome, PublishFailed> {
         if self.fail_fast().is_err() {
             self.stats.publish_errors.fetch_add(1, Relaxed);
             return Err(PublishFailed::NotSent);
@@ -1095,9 +1095,9 @@ impl Cluster {
                 .unwrap_or_default();
             let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
             if Some(bound_to) != once.map(|(_, request)| request) {
-                return Ok(Once::Mismatch);
+                return Ok(PublishOutcome::Mismatch);
             }
-            return Ok(Once::Repeat(serde_json::from_str(rest).ok()));
+            return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));
         }
         let event: u64 = reply
             .next()
@@ -1154,15 +1154,15 @@ impl Cluster {
                  with a new epoch: resumes from before it are told a gap"
             );
         }
-        let fresh = |nodes, here| Once::Fresh {
+        let fresh = |nodes, local| PublishOutcome::Fresh {
             nodes,
-            here,
+            local,
             claim: claim.clone(),
             event,
         };
         let mut rx = rx;
         if subscribed_here && let Ok(Ok(done)) = tokio::time::timeout(self.timeout(), &mut rx).await {
-            return Ok(fresh(receivers.saturating_sub(1), Here::Delivered(done)));
+            return Ok(fresh(receivers.saturating_sub(1), LocalDelivery::Delivered(done)));
         }
         // No echo: this node was not among the receivers, unless the echo
         // took the entry just now and is delivering it.
@@ -1173,10 +1173,10 @@ impl Cluster {
                 .and_then(Result::ok);
             return Ok(fresh(
                 receivers.saturating_sub(1),
-                Here::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
+                LocalDelivery::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
             ));
         }
-        Ok(fresh(receivers, Here::NotHere))
+        Ok(fresh(receivers, LocalDelivery::NotSubscribed))
     }
 
     /// Reads the fleet's history for a stream of `id` that resumes after
@@ -1264,7 +1264,7 @@ impl Cluster {
         &self,
         histories: Vec<String>,
         since: Option<u64>,
-    ) -> Result<(u64, u64, Vec<KeptIn>), ApiError> {
+    ) -> Result<(u64, u64, Vec<FleetHistory>), ApiError> {
         let started = Instant::now();
         let script = self.read_script.clone();
         let fleet = self.names.fleet_key();
@@ -1929,20 +1929,20 @@ pub(crate) struct CaughtUp {
     pub(crate) clock: u64,
     pub(crate) epoch: u64,
     /// Broadcasts after the position.
-    pub(crate) broadcasts: KeptIn,
+    pub(crate) broadcasts: FleetHistory,
     /// Each id's messages after it, in the order asked.
-    pub(crate) ids: Vec<KeptIn>,
+    pub(crate) ids: Vec<FleetHistory>,
 }
 
 /// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for each history
 /// `lost_upto, entries`. An entry whose text is not one line of at most
 /// `max_bytes` (anyone who shares the Redis can write there) is left out;
 /// `None` if the answer is not in this shape at all.
-fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, Vec<KeptIn>)> {
+fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, Vec<FleetHistory>)> {
     fn number(v: redis::Value) -> Option<u64> {
         redis::from_redis_value::<String>(v).ok()?.parse().ok()
     }
-    fn entries(v: redis::Value, max_bytes: usize) -> Option<Vec<Kept>> {
+    fn entries(v: redis::Value, max_bytes: usize) -> Option<Vec<KeptMessage>> {
         let raw: Vec<(String, Vec<String>)> = redis::from_redis_value(v).ok()?;
         Some(
             raw.into_iter()
@@ -1963,7 +1963,7 @@ fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, V
     let (clock, epoch) = (number(reply.next()?)?, number(reply.next()?)?);
     let mut kept = Vec::new();
     while let Some(lost) = reply.next() {
-        kept.push(KeptIn {
+        kept.push(FleetHistory {
             lost_upto: number(lost)?,
             entries: entries(reply.next()?, max_bytes)?,
         });

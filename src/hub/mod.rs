@@ -43,7 +43,7 @@ use crate::error::ApiError;
 use crate::idempotency::{self, Begin, Keys};
 use crate::stats::Stats;
 use bus::Bus;
-use cluster::{Cluster, Here, Once, PublishFailed};
+use cluster::{Cluster, LocalDelivery, PublishFailed, PublishOutcome};
 use router::{Attach, Broadcast, Busy, Count, Publish, Published, Router, StreamActor};
 
 /// How often a publish that found the backlog full looks again.
@@ -343,15 +343,15 @@ impl<S: StreamActor> Hub<S> {
             .publish(cluster.names.of(id), msg, once, ttl, subscribed_here)
             .await
         {
-            Ok(Once::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
-            Ok(Once::Repeat(first)) => {
+            Ok(PublishOutcome::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
+            Ok(PublishOutcome::Repeat(first)) => {
                 return Ok(self.replayed(first.unwrap_or_else(|| {
                     json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
                 })));
             }
-            Ok(Once::Fresh {
+            Ok(PublishOutcome::Fresh {
                 nodes,
-                here,
+                local,
                 claim,
                 event,
             }) => {
@@ -359,9 +359,9 @@ impl<S: StreamActor> Hub<S> {
                 // it, so none of its streams had started (a stream that
                 // starts later reads it from the fleet's history if it
                 // resumes from before it).
-                let mut body = match here {
-                    Here::Delivered(body) => body,
-                    Here::NotHere => json!({ "delivered": 0 }),
+                let mut body = match local {
+                    LocalDelivery::Delivered(body) => body,
+                    LocalDelivery::NotSubscribed => json!({ "delivered": 0 }),
                 };
                 if let Some(id) = id {
                     body["id"] = id.into();
