@@ -1,5 +1,7 @@
 //! https:// and wss:// served natively (`server.tls_cert_file`,
-//! `server.tls_key_file`, `server.tls_ports`).
+//! `server.tls_key_file`, `server.tls_ports`): this module owns every TLS
+//! connection's session, the record layer an idle TLS 1.3 stream keeps,
+//! and the certificate that SIGHUP reloads.
 //!
 //! Every TLS connection starts as a rustls [`UnbufferedServerConnection`]:
 //! the buffered `ServerConnection` keeps a deframer buffer of at least 4 KiB

@@ -1,5 +1,7 @@
-//! Event ids and the per-id history a reconnecting client resumes from,
-//! both kept by the Router (one actor, so ids and rings need no locks).
+//! Event ids and the per-id history a reconnecting client resumes from: in
+//! a single process both kept here, by the Router (one actor, so ids and
+//! rings need no locks); in cluster mode the shapes of the fleet's history
+//! as read from Redis, and the resume computed from them.
 //!
 //! **Event ids** are the Router's clock in microseconds since the Unix
 //! epoch, made unique: a message gets `max(previous + 1, now)`. So they

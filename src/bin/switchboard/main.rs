@@ -1,4 +1,7 @@
-//! The switchboard server. `cargo run --release`; see README.md.
+//! The switchboard server binary: parses the command line, then prints a
+//! subscriber token (`token`), runs the fleet parent (`--processes`, see
+//! [`fleet`]), or binds one [`Server`] and runs it until SIGINT or SIGTERM.
+//! `cargo run --release`; see README.md.
 
 mod fleet;
 
