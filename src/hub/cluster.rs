@@ -969,7 +969,7 @@ impl Cluster {
     /// Publishes `msg` fleet-wide on `channel`, kept in `history` (see
     /// [`Names::of`]), with [`PUBLISH_SCRIPT`]: one
     /// event id, kept in the fleet's history, PUBLISHed in that order; with
-    /// `once` (an `Idempotency-Key` and the request's fingerprint), only if
+    /// `keyed` (an `Idempotency-Key` and the request's fingerprint), only if
     /// the key was not used within `key_ttl`. This node's streams get it
     /// from its echo (see [`AwaitedEcho`]), as every other node's do, so
     /// they see the id's messages in the same order; `subscribed_here`
@@ -980,7 +980,7 @@ impl Cluster {
         &self,
         (channel, history): (String, String),
         msg: &str,
-        once: Option<(&str, &str)>,
+        keyed: Option<(&str, &str)>,
         key_ttl: Duration,
         subscribed_here: impl Future<Output = bool>,
     ) -> Result<PublishOutcome, PublishFailed> {
@@ -1013,8 +1013,8 @@ impl Cluster {
                 },
             );
         }
-        let claim = once.map(|(_, request)| format!("{request} {publish_id}"));
-        let key = once.map_or_else(
+        let claim = keyed.map(|(_, request)| format!("{request} {publish_id}"));
+        let key = keyed.map_or_else(
             || self.names.fleet_key(),
             |(key, _)| self.names.idempotency_key(key),
         );
@@ -1094,7 +1094,7 @@ impl Cluster {
                 .and_then(|v| redis::from_redis_value(v).ok())
                 .unwrap_or_default();
             let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
-            if Some(bound_to) != once.map(|(_, request)| request) {
+            if Some(bound_to) != keyed.map(|(_, request)| request) {
                 return Ok(PublishOutcome::Mismatch);
             }
             return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));

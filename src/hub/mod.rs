@@ -235,8 +235,8 @@ impl<S: StreamActor> Hub<S> {
             let request = key
                 .as_ref()
                 .map(|_| idempotency::fingerprint(&target.name(), msg));
-            let once = key.as_deref().zip(request.as_deref());
-            return self.publish_fleet(cluster, &target, msg, once).await;
+            let keyed = key.as_deref().zip(request.as_deref());
+            return self.publish_fleet(cluster, &target, msg, keyed).await;
         }
         let Some(key) = key else {
             return self.publish_here(&target, msg).await;
@@ -308,7 +308,7 @@ impl<S: StreamActor> Hub<S> {
     /// A publish in cluster mode: the fleet gives it its event id and keeps
     /// it, and every node's streams, this node's included, get it from
     /// Redis, in the order of the ids ([`Cluster::publish`]). With an
-    /// `Idempotency-Key` (`once`: the key and the request's fingerprint),
+    /// `Idempotency-Key` (`keyed`: the key and the request's fingerprint),
     /// the key is claimed in the same script, so a retry with the key never
     /// delivers it twice, whichever node it reaches.
     ///
@@ -322,7 +322,7 @@ impl<S: StreamActor> Hub<S> {
         cluster: &Cluster,
         target: &Target,
         msg: &Arc<str>,
-        once: Option<(&str, &str)>,
+        keyed: Option<(&str, &str)>,
     ) -> Result<Answer, ApiError> {
         self.wait_for_room().await?;
         let id = match target {
@@ -340,7 +340,7 @@ impl<S: StreamActor> Hub<S> {
         };
         let ttl = Duration::from_millis(self.publish.idempotency_ttl_ms);
         let failed = match cluster
-            .publish(cluster.names.of(id), msg, once, ttl, subscribed_here)
+            .publish(cluster.names.of(id), msg, keyed, ttl, subscribed_here)
             .await
         {
             Ok(PublishOutcome::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
@@ -368,14 +368,14 @@ impl<S: StreamActor> Hub<S> {
                 }
                 body["event_id"] = event.into();
                 body["nodes"] = nodes.into();
-                if let (Some((key, _)), Some(claim)) = (once, claim) {
+                if let (Some((key, _)), Some(claim)) = (keyed, claim) {
                     cluster.remember_answer(key, claim, &body).await;
                 }
                 return Ok(Answer::Done(body));
             }
             Err(failed) => failed,
         };
-        if let (PublishFailed::NotSent, None) = (&failed, once) {
+        if let (PublishFailed::NotSent, None) = (&failed, keyed) {
             // The bus is down: this node's streams still get it.
             let Answer::Done(mut body) = self.publish_here(target, msg).await? else {
                 unreachable!("publish_here answers Done or an error")
@@ -391,7 +391,7 @@ impl<S: StreamActor> Hub<S> {
             },
             _ => ApiError::BusUnavailable,
         };
-        let outcome = match (failed, once) {
+        let outcome = match (failed, keyed) {
             (PublishFailed::NotSent, _) => "not delivered anywhere: the bus is down; retry",
             (PublishFailed::Refused(_), _) => {
                 "not delivered anywhere: Redis refused the publish script before it published; \
