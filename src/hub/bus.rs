@@ -200,7 +200,7 @@ impl Bus {
     }
 
     /// Opens a pub/sub connection and subscribes to the broadcast channel;
-    /// then [`Bus::up`].
+    /// then [`Bus::link_established`].
     fn connect(&mut self, ctx: &mut Context<Self>) {
         self.generation += 1;
         let generation = self.generation;

@@ -8,7 +8,7 @@
 //!   ([`Cluster::publish`]), which gives the message its event id, keeps it
 //!   in the fleet's history and PUBLISHes it; every node's streams get it
 //!   from Redis, this node's from its own echo. The subscriptions live on
-//!   one connection owned by the supervised [`bus::Bus`] actor.
+//!   one connection owned by the supervised [`super::bus::Bus`] actor.
 //! - Commands (PUBLISH, INCRBY, heartbeats, `/cluster`) go over a second,
 //!   multiplexed connection that redis-rs's `ConnectionManager` reconnects
 //!   by itself ([`Cluster`]).
@@ -220,7 +220,7 @@ pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
 /// Replaces a claimed key's publish id with the first answer, keeping its
 /// TTL (`KEEPTTL`: Redis 6.0 or later).
-/// KEYS[1] key; ARGV: `<request> <publish id>`, `<request> <answer>`.
+/// `KEYS[1]`: key; ARGV: `<request> <publish id>`, `<request> <answer>`.
 const REMEMBER_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end return 0";
 

@@ -159,7 +159,7 @@ impl Drop for Deliver {
 /// The stream may write its welcome line: the Router has it in its table
 /// (in cluster mode, once its id is subscribed on the bus, or the bus is
 /// down and waiting would gain nothing). Sent to every stream in cluster
-/// mode, and to the streams that asked ([`Login::welcome`]) otherwise.
+/// mode, and to the streams that asked ([`LoginAt`]) otherwise.
 ///
 /// It carries where the stream is in its id's event ids and, for one that
 /// resumes, the kept messages it missed; those are counted delivered, and
