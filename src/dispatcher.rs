@@ -2,10 +2,9 @@
 //! are all plain `GET /dispatcher HTTP/1.1` are answered here, without
 //! actix-web, and their numbers come from the Counter actor in batches.
 //!
-//! Where the time went on actix-web's path (wrk -t1 -c64, same run, nginx's
-//! `return 200` = 1.0): `/healthz`, no actor, 0.83; `/dispatcher` 0.54. So
-//! both the framework and the hop to the Counter's thread for every request
-//! cost. Here:
+//! On actix-web's path both the framework and the hop to the Counter's
+//! thread for every request cost (see docs/design-notes.md, section "The
+//! lean /dispatcher path"). Here:
 //!
 //! - A request that is not the plain form (another path, a body, `Expect`,
 //!   `Upgrade`, bare LF, a head larger than [`MAX_HEAD_BYTES`]) hands the

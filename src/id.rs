@@ -1,4 +1,6 @@
 //! Stream ids: what a client names its stream and a publisher addresses.
+//! Also connection ids ([`ConnId`], which carry their start time) and the
+//! shrink rule of every table keyed by id ([`shrink_if_sparse`]).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};

@@ -31,29 +31,39 @@
 //!   place its response head is decided, its sink and the per-worker tick
 //!   wheel.
 //! - `hub`: where a message is published and a stream resumes: the Router
-//!   (id -> streams, event ids, history), and in cluster mode the Redis
-//!   command connection and the supervised Bus that holds this node's
-//!   subscriptions. Route handlers publish through `Hub::publish`; nothing
+//!   (id -> streams; in a single process also event ids and history), and
+//!   in cluster mode the Redis command connection (its publish script mints
+//!   the fleet's event ids and keeps its history) and the supervised Bus
+//!   that holds this node's subscriptions. Route handlers publish through `Hub::publish`; nothing
 //!   above the hub touches the bus, the lingering table or the history.
-//! - `classify`: peeks a new connection's request line (lean stream, lean
-//!   `/dispatcher`, or actix-web) and reads a lean stream's head.
+//! - `edge`: the client's real address (PROXY protocol, `X-Forwarded-For`
+//!   from a trusted proxy) and the limits per client address.
 //! - `handshake`: what a stream request asks for beyond its id (transport,
 //!   HTTP version, resume point, token, origin).
 //! - `token`: subscriber tokens (HS256 JWTs), bearer credentials, the
 //!   constant-time compare.
+//! - `socket`: socket helpers for the lean paths (refusing, writing, handing
+//!   a connection to actix-web with bytes put back in front).
 //! - `idempotency`: `Idempotency-Key`s of publishes in one process.
 //! - `supervision`: how a panic in a Router, Counter or Bus handler becomes
 //!   a restart that keeps the actor's state.
-//! - `socket`: socket helpers for the lean paths (refusing, writing, handing
-//!   a connection to actix-web with bytes put back in front).
-//! - `error`: the one error vocabulary, for actix-web and the lean paths.
 //! - `stats`: the counters behind `/stats`.
-//! - `id`: stream id rules, connection ids, the shrink rule of tables keyed
-//!   by id.
-//! - [`config`]: typed settings from `config/default.toml`, a file, and
-//!   `SWITCHBOARD__*` environment variables.
 //! - [`telemetry`]: logging setup for the binary, with the `event` field
 //!   names and the per-statement rate limit.
+//! - [`config`]: typed settings from `config/default.toml`, a file, and
+//!   `SWITCHBOARD__*` environment variables.
+//! - `tls`: https:// and wss:// served natively: the compact rustls
+//!   session every TLS connection starts with, the record layer an idle
+//!   TLS 1.3 stream keeps, and the certificate SIGHUP reloads.
+//! - `wire`: writing a whole buffer to a non-blocking socket, for the lean
+//!   paths and TLS.
+//! - `classify`: peeks a new connection's request line (lean stream, lean
+//!   `/dispatcher`, or actix-web) and reads a lean stream's head.
+//! - `error`: the one error vocabulary, for actix-web and the lean paths.
+//! - `http_date`: the `Date` header of the responses the lean paths write,
+//!   formatted once a second per worker.
+//! - `id`: stream id rules, connection ids, the shrink rule of tables keyed
+//!   by id.
 //!
 //! Measurements behind constants and choices in the code:
 //! `docs/design-notes.md`.

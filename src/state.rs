@@ -1,4 +1,6 @@
-//! What every worker and handler of one server shares.
+//! What every worker and handler of one server shares ([`ServerState`]),
+//! and the one admission decision for every stream, lean or fallback
+//! ([`ServerState::admit_stream`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! https:// and wss:// served natively (`server.tls_cert_file`,
-//! `server.tls_key_file`, `server.tls_ports`).
+//! `server.tls_key_file`, `server.tls_ports`): this module owns every TLS
+//! connection's session, the record layer an idle TLS 1.3 stream keeps,
+//! and the certificate that SIGHUP reloads.
 //!
 //! Every TLS connection starts as a rustls [`UnbufferedServerConnection`]:
 //! the buffered `ServerConnection` keeps a deframer buffer of at least 4 KiB
@@ -456,8 +458,8 @@ impl Session {
 
     /// Reads until more plaintext has arrived, by `deadline`.
     pub(crate) async fn read_plain(&mut self, io: &TcpStream, deadline: Instant) -> Result<(), HeadError> {
-        let had = self.plain.len();
-        while self.plain.len() == had {
+        let plain_before = self.plain.len();
+        while self.plain.len() == plain_before {
             if self.peer_closed {
                 return Err(HeadError::Gone);
             }
@@ -487,11 +489,10 @@ const MAX_CIPHERTEXT: usize = MAX_FRAGMENT + 256;
 /// (`dangerous_into_kernel_connection`), and nothing of the connection
 /// object.
 ///
-/// Hand-written on purpose: keeping rustls' connection costs an idle
-/// stream 3,298 bytes (1,088 inline, 2,210 on the heap, mostly the two
-/// expanded keys; `examples/tls-session-memory.rs`), nearly three times
-/// the rest of the stream; this keeps the two secrets ([`Key`]), and the
-/// stream measured 328-1,029 bytes over a plain one (BENCHMARKS.md).
+/// Hand-written on purpose: keeping rustls' connection would cost an idle
+/// stream nearly three times the rest of the stream, mostly the two
+/// expanded keys; this keeps the two secrets ([`Key`]) (see
+/// docs/design-notes.md, section "TLS streams").
 /// What is written here is the 5-byte record framing and what a record
 /// after the handshake means: data is data, an alert ends the stream,
 /// anything else (a client's KeyUpdate, which browsers do not send) ends
@@ -515,10 +516,10 @@ pub(crate) struct Records {
 }
 
 /// One direction's key. A 32-byte key (AES-256-GCM, ChaCha20-Poly1305) is
-/// kept as the secret and expanded for each batch of records: ring's
-/// expanded AES-GCM key is 1,088 bytes, and an idle stream keeps two
-/// (`examples/tls-session-memory.rs`); expanding costs each write some
-/// CPU (a tick chunk 1.1-1.4× plain's, BENCHMARKS.md). A 16-byte key
+/// kept as the secret and expanded for each batch of records: an expanded
+/// key is several times the secret's size and an idle stream would keep
+/// two, while expanding costs each write a little CPU (see
+/// docs/design-notes.md, section "TLS streams"). A 16-byte key
 /// (AES-128-GCM) is kept expanded, because
 /// rustls' public API cannot build one back from its bytes; the server
 /// prefers the other suites (`Acceptor::new`).
@@ -1136,9 +1137,9 @@ mod tests {
         for m in mutations {
             let n = wire.len().max(1);
             match m {
-                Mutation::Flip(at, x) => {
+                Mutation::Flip(at, mask) => {
                     if let Some(b) = wire.get_mut(at % n) {
-                        *b ^= x;
+                        *b ^= mask;
                     }
                 }
                 Mutation::Length(at, v) => {
@@ -1193,7 +1194,7 @@ mod tests {
     fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
         use proptest::prelude::*;
         prop_oneof![
-            (any::<usize>(), 1u8..).prop_map(|(a, x)| Mutation::Flip(a, x)),
+            (any::<usize>(), 1u8..).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
             (any::<usize>(), any::<u32>()).prop_map(|(a, v)| Mutation::Length(a, v)),
             any::<usize>().prop_map(Mutation::Truncate),
             (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..48))

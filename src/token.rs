@@ -221,7 +221,11 @@ pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
 /// Compares without an early exit, so timing does not leak a secret (the
 /// publish token).
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .fold(0u8, |acc, (byte_a, byte_b)| acc | (byte_a ^ byte_b))
+            == 0
 }
 
 #[cfg(test)]

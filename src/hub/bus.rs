@@ -21,8 +21,9 @@
 //! restarts it (see [`crate::supervision`]), which drops the link and makes
 //! it again, resubscribing the same way.
 //!
-//! Bookkeeping per id: the lingering table holds only ids that left
-//! recently; the held ids are the Router's table keys, asked for on
+//! Bookkeeping per id: the lingering table ([`Cluster::lingering`], shared
+//! with the Hub, which asks it whether a publish's echo comes here; only the
+//! Bus writes it) holds only ids that left recently; the held ids are the Router's table keys, asked for on
 //! reconnect; a SUBSCRIBE's ids are kept only until Redis confirms it. No
 //! set of subscribed channel names is kept anywhere (see [`super::link`] for
 //! why the link is not redis-rs's pub/sub connection, which keeps one).
@@ -199,7 +200,7 @@ impl Bus {
     }
 
     /// Opens a pub/sub connection and subscribes to the broadcast channel;
-    /// then [`Bus::up`].
+    /// then [`Bus::link_established`].
     fn connect(&mut self, ctx: &mut Context<Self>) {
         self.generation += 1;
         let generation = self.generation;
@@ -237,7 +238,7 @@ impl Bus {
                 return;
             }
             match opened {
-                Ok(conn) => bus.up(conn, ctx),
+                Ok(conn) => bus.link_established(conn, ctx),
                 Err(cause) => {
                     bus.cluster.stats.errors.fetch_add(1, Relaxed);
                     if bus.attempts == 0 || bus.attempts.is_power_of_two() {
@@ -256,7 +257,7 @@ impl Bus {
 
     /// The link is made: start its task, mark the node ready, and subscribe
     /// to every id held here or lingering.
-    fn up(&mut self, conn: Conn, ctx: &mut Context<Self>) {
+    fn link_established(&mut self, conn: Conn, ctx: &mut Context<Self>) {
         let generation = self.generation;
         let (ops, rx) = mpsc::unbounded_channel();
         // A task of the runtime, not of this arbiter's local set: the
@@ -421,7 +422,7 @@ async fn run_link(
     router: Recipient<Subscribed>,
     generation: u64,
 ) {
-    let why = drive(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
+    let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
     bus.do_send(LinkLost { generation, why });
 }
 
@@ -432,7 +433,7 @@ async fn run_link(
 /// [`MAX_BATCH`] channels of one kind). So the slower Redis answers, the
 /// larger and fewer the commands (why not pipelined: docs/design-notes.md,
 /// "The cluster bus under load"). PINGs go at once.
-async fn drive(
+async fn relay_until_lost(
     conn: &mut Conn,
     rx: &mut mpsc::UnboundedReceiver<Op>,
     cluster: &Cluster,
@@ -834,8 +835,9 @@ impl Bus {
             );
             return;
         };
-        // `<instance>`, or `<instance>/<seq>` for a publish with an
-        // Idempotency-Key, whose echo is how this node's own streams get it.
+        // `<instance>/<seq>` (`<instance>` alone from a node of an older
+        // version): the echo of this node's own publish `seq` is how its
+        // own streams get it.
         let (instance, seq) = match origin.split_once('/') {
             Some((instance, seq)) => (instance, seq.parse::<u64>().ok()),
             None => (origin, None),
@@ -901,7 +903,7 @@ impl Bus {
 }
 
 impl Bus {
-    /// This node's own keyed publish, back from Redis: its streams get it
+    /// This node's own publish, back from Redis: its streams get it
     /// now, and the waiting `/send` or `/broadcast` is told what they got.
     fn deliver_here(&self, channel: &str, text: &str, event: Option<u64>, echo: AwaitedEcho) {
         let (msg, accepted, waiter) = (Arc::from(text), std::time::Instant::now(), echo.waiter);
@@ -951,7 +953,8 @@ impl Handler<Crash> for Bus {
 }
 
 /// The Bus with a fake Router and no Redis (its link never comes up): the
-/// unsubscribe linger, which lives in the Bus alone.
+/// unsubscribe linger, which the Bus alone decides (it fills and empties
+/// the lingering table, kept in [`Cluster`] so the Hub can read it).
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;

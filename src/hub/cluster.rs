@@ -4,10 +4,11 @@
 //!
 //! - Routing: a node SUBSCRIBEs to `<prefix>:id:<id>` while it holds a
 //!   stream of `id` (plus an unsubscribe linger), and every node to
-//!   `<prefix>:broadcast`. `/send` and `/broadcast` deliver to this node's
-//!   streams at once through the Router and PUBLISH for the others; a node
-//!   ignores its own publishes when they come back. The subscriptions live
-//!   on one connection owned by the supervised [`bus::Bus`] actor.
+//!   `<prefix>:broadcast`. `/send` and `/broadcast` run [`PUBLISH_SCRIPT`]
+//!   ([`Cluster::publish`]), which gives the message its event id, keeps it
+//!   in the fleet's history and PUBLISHes it; every node's streams get it
+//!   from Redis, this node's from its own echo. The subscriptions live on
+//!   one connection owned by the supervised [`super::bus::Bus`] actor.
 //! - Commands (PUBLISH, INCRBY, heartbeats, `/cluster`) go over a second,
 //!   multiplexed connection that redis-rs's `ConnectionManager` reconnects
 //!   by itself ([`Cluster`]).
@@ -16,13 +17,13 @@
 //! - `/dispatcher` numbers come from `INCRBY <prefix>:dispatcher n`, one
 //!   command per batch of requests.
 //!
-//! A message on the bus is `"<origin>@<event> <text>"`: the publishing
-//! process's random instance id (`<instance>/<seq>` for a keyed publish,
-//! whose echo delivers it on its own node), the event id it minted, and the
-//! message line; a broadcast, which has no event id, is `"<origin> <text>"`.
-//! Every node records and delivers a message under its event id: it is
-//! minted once. (A message without one on an id's channel, from a node of a
-//! version before ids travelled, gets one on arrival, as then.)
+//! A message on the bus, an id's or a broadcast, is
+//! `"<instance>/<seq>@<event> <text>"`: the publishing process's random
+//! instance id and the publish's number there (by which that node knows
+//! its echo, [`AwaitedEcho`]), the event id the script gave it, and the
+//! message line. Every node delivers a message under that event id: it is
+//! minted once. (A message without one, `"<origin> <text>"` from a node of
+//! a version before ids travelled, is delivered without an id.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -39,7 +40,7 @@ use serde_json::{Value, json};
 
 use crate::config::{ClusterSettings, HistorySettings, redact_url};
 use crate::error::ApiError;
-use crate::hub::history::{FleetRead, Kept, KeptIn};
+use crate::hub::history::{FleetHistory, FleetRead, KeptMessage};
 use crate::stats::Stats;
 
 /// How far behind its expiry time a stale name is pruned from the node set;
@@ -219,20 +220,20 @@ pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
 /// Replaces a claimed key's publish id with the first answer, keeping its
 /// TTL (`KEEPTTL`: Redis 6.0 or later).
-/// KEYS[1] key; ARGV: `<request> <publish id>`, `<request> <answer>`.
+/// `KEYS[1]`: key; ARGV: `<request> <publish id>`, `<request> <answer>`.
 const REMEMBER_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end return 0";
 
-/// What [`Cluster::publish_once`] found.
+/// What [`Cluster::publish`] found when Redis ran the publish script.
 #[derive(Debug)]
-pub(crate) enum Once {
-    /// The key was new: published to `nodes` other nodes; `here` says
+pub(crate) enum PublishOutcome {
+    /// The key was new: published to `nodes` other nodes; `local` says
     /// what became of it on this node.
     Fresh {
         /// Other nodes that received it.
         nodes: u64,
         /// This node's part.
-        here: Here,
+        local: LocalDelivery,
         /// With an `Idempotency-Key`: what it holds until the answer
         /// replaces it.
         claim: Option<String>,
@@ -246,9 +247,9 @@ pub(crate) enum Once {
     Mismatch,
 }
 
-/// A keyed publish on the node that made it.
+/// A fleet publish on the node that made it.
 #[derive(Debug)]
-pub(crate) enum Here {
+pub(crate) enum LocalDelivery {
     /// Its echo came back and this node's streams got it:
     /// `{"delivered": n}` (+ `"event_id"`).
     Delivered(Value),
@@ -256,10 +257,10 @@ pub(crate) enum Here {
     /// stream of the id, or its streams are still waiting for their
     /// SUBSCRIBE): its streams did not get it (nor will they: no echo is
     /// delivered after this answer).
-    NotHere,
+    NotSubscribed,
 }
 
-/// Why a PUBLISH ([`Cluster::publish`], [`Cluster::publish_once`]) failed.
+/// Why a publish ([`Cluster::publish`]) failed.
 #[derive(Debug)]
 pub(crate) enum PublishFailed {
     /// The bus is down: nothing was sent, nothing is delivered anywhere.
@@ -286,11 +287,11 @@ pub(crate) enum PublishFailed {
 /// holding a million ids is a hundred of them).
 const PRESENCE_BATCH: usize = 10_000;
 
-/// Most keyed publishes one node waits for the echo of at once (each a few
+/// Most publishes one node waits for the echo of at once (each a few
 /// dozen bytes; one per attempt while Redis does not answer).
 const MAX_PENDING: usize = 100_000;
 
-/// One of this node's keyed publishes, waiting for its echo: this node's
+/// One of this node's publishes, waiting for its echo: this node's
 /// own streams get the message when Redis hands it back, so that they get
 /// it exactly when (and only if) the other nodes do.
 pub(crate) struct AwaitedEcho {
@@ -688,10 +689,12 @@ pub(crate) struct Cluster {
     /// How the command connection is made (for a new master).
     conn_config: ConnectionManagerConfig,
     /// Ids whose last local stream left, still subscribed until the time
-    /// given (the Bus keeps it; `/send` asks whether this node is among
-    /// PUBLISH's receivers).
+    /// given. LocalDelivery, not in the Bus, because two actors use it: the Bus fills
+    /// it (`Interest::Released`), empties it (the id back, or its time up)
+    /// and resubscribes it after a reconnect; the Hub asks it whether this
+    /// node is among a publish's receivers ([`Cluster::is_lingering`]).
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
-    /// Keyed publishes of this node waiting for their echo, by sequence
+    /// Publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
     awaited: Mutex<BTreeMap<u64, AwaitedEcho>>,
     /// The last sequence number given to a publish of this node.
@@ -957,7 +960,7 @@ impl Cluster {
         );
     }
 
-    /// Takes the keyed publish `seq` of this node whose echo just came, if
+    /// Takes the publish `seq` of this node whose echo just came, if
     /// it is still waited for.
     pub(crate) fn take_awaited(&self, seq: u64) -> Option<AwaitedEcho> {
         self.awaited().remove(&seq).filter(|p| p.expires > Instant::now())
@@ -966,7 +969,7 @@ impl Cluster {
     /// Publishes `msg` fleet-wide on `channel`, kept in `history` (see
     /// [`Names::of`]), with [`PUBLISH_SCRIPT`]: one
     /// event id, kept in the fleet's history, PUBLISHed in that order; with
-    /// `once` (an `Idempotency-Key` and the request's fingerprint), only if
+    /// `keyed` (an `Idempotency-Key` and the request's fingerprint), only if
     /// the key was not used within `key_ttl`. This node's streams get it
     /// from its echo (see [`AwaitedEcho`]), as every other node's do, so
     /// they see the id's messages in the same order; `subscribed_here`
@@ -977,10 +980,10 @@ impl Cluster {
         &self,
         (channel, history): (String, String),
         msg: &str,
-        once: Option<(&str, &str)>,
+        keyed: Option<(&str, &str)>,
         key_ttl: Duration,
         subscribed_here: impl Future<Output = bool>,
-    ) -> Result<Once, PublishFailed> {
+    ) -> Result<PublishOutcome, PublishFailed> {
         if self.fail_fast().is_err() {
             self.stats.publish_errors.fetch_add(1, Relaxed);
             return Err(PublishFailed::NotSent);
@@ -1010,8 +1013,8 @@ impl Cluster {
                 },
             );
         }
-        let claim = once.map(|(_, request)| format!("{request} {publish_id}"));
-        let key = once.map_or_else(
+        let claim = keyed.map(|(_, request)| format!("{request} {publish_id}"));
+        let key = keyed.map_or_else(
             || self.names.fleet_key(),
             |(key, _)| self.names.idempotency_key(key),
         );
@@ -1091,10 +1094,10 @@ impl Cluster {
                 .and_then(|v| redis::from_redis_value(v).ok())
                 .unwrap_or_default();
             let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
-            if Some(bound_to) != once.map(|(_, request)| request) {
-                return Ok(Once::Mismatch);
+            if Some(bound_to) != keyed.map(|(_, request)| request) {
+                return Ok(PublishOutcome::Mismatch);
             }
-            return Ok(Once::Repeat(serde_json::from_str(rest).ok()));
+            return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));
         }
         let event: u64 = reply
             .next()
@@ -1151,15 +1154,15 @@ impl Cluster {
                  with a new epoch: resumes from before it are told a gap"
             );
         }
-        let fresh = |nodes, here| Once::Fresh {
+        let fresh = |nodes, local| PublishOutcome::Fresh {
             nodes,
-            here,
+            local,
             claim: claim.clone(),
             event,
         };
         let mut rx = rx;
         if subscribed_here && let Ok(Ok(done)) = tokio::time::timeout(self.timeout(), &mut rx).await {
-            return Ok(fresh(receivers.saturating_sub(1), Here::Delivered(done)));
+            return Ok(fresh(receivers.saturating_sub(1), LocalDelivery::Delivered(done)));
         }
         // No echo: this node was not among the receivers, unless the echo
         // took the entry just now and is delivering it.
@@ -1170,10 +1173,10 @@ impl Cluster {
                 .and_then(Result::ok);
             return Ok(fresh(
                 receivers.saturating_sub(1),
-                Here::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
+                LocalDelivery::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
             ));
         }
-        Ok(fresh(receivers, Here::NotHere))
+        Ok(fresh(receivers, LocalDelivery::NotSubscribed))
     }
 
     /// Reads the fleet's history for a stream of `id` that resumes after
@@ -1261,7 +1264,7 @@ impl Cluster {
         &self,
         histories: Vec<String>,
         since: Option<u64>,
-    ) -> Result<(u64, u64, Vec<KeptIn>), ApiError> {
+    ) -> Result<(u64, u64, Vec<FleetHistory>), ApiError> {
         let started = Instant::now();
         let script = self.read_script.clone();
         let fleet = self.names.fleet_key();
@@ -1926,20 +1929,20 @@ pub(crate) struct CaughtUp {
     pub(crate) clock: u64,
     pub(crate) epoch: u64,
     /// Broadcasts after the position.
-    pub(crate) broadcasts: KeptIn,
+    pub(crate) broadcasts: FleetHistory,
     /// Each id's messages after it, in the order asked.
-    pub(crate) ids: Vec<KeptIn>,
+    pub(crate) ids: Vec<FleetHistory>,
 }
 
 /// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for each history
 /// `lost_upto, entries`. An entry whose text is not one line of at most
 /// `max_bytes` (anyone who shares the Redis can write there) is left out;
 /// `None` if the answer is not in this shape at all.
-fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, Vec<KeptIn>)> {
+fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, Vec<FleetHistory>)> {
     fn number(v: redis::Value) -> Option<u64> {
         redis::from_redis_value::<String>(v).ok()?.parse().ok()
     }
-    fn entries(v: redis::Value, max_bytes: usize) -> Option<Vec<Kept>> {
+    fn entries(v: redis::Value, max_bytes: usize) -> Option<Vec<KeptMessage>> {
         let raw: Vec<(String, Vec<String>)> = redis::from_redis_value(v).ok()?;
         Some(
             raw.into_iter()
@@ -1960,7 +1963,7 @@ fn parse_read(reply: Vec<redis::Value>, max_bytes: usize) -> Option<(u64, u64, V
     let (clock, epoch) = (number(reply.next()?)?, number(reply.next()?)?);
     let mut kept = Vec::new();
     while let Some(lost) = reply.next() {
-        kept.push(KeptIn {
+        kept.push(FleetHistory {
             lost_upto: number(lost)?,
             entries: entries(reply.next()?, max_bytes)?,
         });

@@ -1,5 +1,7 @@
-//! Event ids and the per-id history a reconnecting client resumes from,
-//! both kept by the Router (one actor, so ids and rings need no locks).
+//! Event ids and the per-id history a reconnecting client resumes from: in
+//! a single process both kept here, by the Router (one actor, so ids and
+//! rings need no locks); in cluster mode the shapes of the fleet's history
+//! as read from Redis, and the resume computed from them.
 //!
 //! **Event ids** are the Router's clock in microseconds since the Unix
 //! epoch, made unique: a message gets `max(previous + 1, now)`. So they
@@ -31,12 +33,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One message kept: its event id and text.
-pub(crate) type Kept = (u64, Arc<str>);
+pub(crate) type KeptMessage = (u64, Arc<str>);
 
 /// The recent messages of one id.
 struct Ring {
     /// Oldest first.
-    entries: VecDeque<Kept>,
+    entries: VecDeque<KeptMessage>,
     /// Messages with ids up to this one may be gone (evicted or expired, or
     /// sent before the ring was made).
     lost_before: u64,
@@ -48,7 +50,7 @@ pub(crate) struct Resume {
     /// The event id the stream is at once it has these (its welcome's id).
     pub(crate) position: u64,
     /// Kept messages after the given id, oldest first.
-    pub(crate) replay: Vec<Kept>,
+    pub(crate) replay: Vec<KeptMessage>,
     /// Messages after the given id may be missing.
     pub(crate) gap: Option<Gap>,
 }
@@ -235,18 +237,18 @@ pub(crate) struct FleetRead {
     pub(crate) epoch: u64,
     /// The id's kept messages after the position, and the id below which
     /// messages may be gone (trimmed, expired, lost).
-    pub(crate) id: KeptIn,
+    pub(crate) id: FleetHistory,
     /// The same for broadcasts.
-    pub(crate) broadcasts: KeptIn,
+    pub(crate) broadcasts: FleetHistory,
 }
 
 /// Kept messages of one history in Redis.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct KeptIn {
+pub(crate) struct FleetHistory {
     /// Ids up to this one may have had messages that are gone.
     pub(crate) lost_upto: u64,
     /// After the position, oldest first.
-    pub(crate) entries: Vec<Kept>,
+    pub(crate) entries: Vec<KeptMessage>,
 }
 
 /// Why a resume was told of a gap, for `/stats` (`history.gaps_by_cause`).
@@ -298,17 +300,17 @@ pub(crate) fn fleet_resume(read: FleetRead, since: Option<u64>) -> (Resume, Opti
         None
     };
     // Both are in id order: merge them.
-    let (mut a, mut b) = (
+    let (mut of_id, mut of_broadcasts) = (
         read.id.entries.into_iter().peekable(),
         read.broadcasts.entries.into_iter().peekable(),
     );
-    let mut replay = Vec::with_capacity(a.len() + b.len());
+    let mut replay = Vec::with_capacity(of_id.len() + of_broadcasts.len());
     loop {
-        let next = match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) if x.0 <= y.0 => a.next(),
-            (Some(_), Some(_)) => b.next(),
-            (Some(_), None) => a.next(),
-            (None, _) => b.next(),
+        let next = match (of_id.peek(), of_broadcasts.peek()) {
+            (Some(mine), Some(broadcast)) if mine.0 <= broadcast.0 => of_id.next(),
+            (Some(_), Some(_)) => of_broadcasts.next(),
+            (Some(_), None) => of_id.next(),
+            (None, _) => of_broadcasts.next(),
         };
         match next {
             Some(kept) if kept.0 > since => replay.push(kept),
@@ -337,7 +339,7 @@ pub(crate) fn failed_read(since: Option<u64>, position: u64) -> (Resume, Option<
 impl Resume {
     /// A stream at `since` gets `replay`; `lost`: messages after `since`
     /// may be gone, a gap named by the first id it gets.
-    fn after(since: u64, replay: Vec<Kept>, lost: bool) -> Resume {
+    fn after(since: u64, replay: Vec<KeptMessage>, lost: bool) -> Resume {
         let gap = lost.then(|| Gap {
             after: since,
             next: replay.first().map(|(ev, _)| *ev),
@@ -481,11 +483,11 @@ mod tests {
         let read = |id_lost, b_lost, epoch| FleetRead {
             clock: 100,
             epoch,
-            id: KeptIn {
+            id: FleetHistory {
                 lost_upto: id_lost,
                 entries: kept(&[20, 40, 60]),
             },
-            broadcasts: KeptIn {
+            broadcasts: FleetHistory {
                 lost_upto: b_lost,
                 entries: kept(&[30, 50]),
             },

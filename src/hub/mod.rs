@@ -2,19 +2,25 @@
 //! resumes. Route handlers call [`Hub::publish`]; nothing above this module
 //! touches the bus, the lingering table or the history.
 //!
-//! - [`router`]: the Router actor, id -> this node's streams. It mints a
-//!   message's event id, records it in the [`history`] and hands it to the
-//!   streams in one step (one actor, so no locks), and answers a resuming
-//!   stream's login from the history (`Router::resume`, the one call the
-//!   fleet's shared history will replace).
-//! - [`cluster`]: cluster mode's command connection to Redis (PUBLISH, the
-//!   fleet's `/dispatcher` count, heartbeats, `/cluster`); [`bus`] with
-//!   `link`: the supervised Bus actor holding this node's subscriptions and
-//!   handing other nodes' messages to the Router.
+//! - [`router`]: the Router actor, id -> this node's streams. It hands a
+//!   message to the streams of its id (one actor, so no locks) and answers
+//!   a resuming stream's login with what it missed. In a single process it
+//!   also mints the message's event id and records it in the [`history`],
+//!   in the same step as the deliveries.
+//! - [`cluster`]: cluster mode's command connection to Redis (the publish
+//!   script, the fleet's history reads, the fleet's `/dispatcher` count,
+//!   heartbeats, `/cluster`); [`bus`] with `link`: the supervised Bus actor
+//!   holding this node's subscriptions and handing the fleet's messages,
+//!   this node's own echoes included, to the Router.
 //!
-//! An event id is minted once, by the Router of the node that accepted the
-//! message, and travels with it on the bus: every node's Router records
-//! and delivers it under that id. A broadcast has no event id.
+//! An event id is minted once per message. In a single process the Router
+//! mints it. In cluster mode the Redis publish script
+//! (`cluster::PUBLISH_SCRIPT`, run by [`Cluster::publish`]) mints it from
+//! the fleet's clock, keeps the message in the fleet's history under it,
+//! and PUBLISHes it with the id; every node's Router, the accepting node's
+//! included, delivers it under that id. (While the bus is down, a publish
+//! without an `Idempotency-Key` reaches this node's streams alone, without
+//! an id.) A broadcast has an event id only in cluster mode.
 
 pub(crate) mod bus;
 pub(crate) mod cluster;
@@ -37,7 +43,7 @@ use crate::error::ApiError;
 use crate::idempotency::{self, Begin, Keys};
 use crate::stats::Stats;
 use bus::Bus;
-use cluster::{Cluster, Here, Once, PublishFailed};
+use cluster::{Cluster, LocalDelivery, PublishFailed, PublishOutcome};
 use router::{Attach, Broadcast, Busy, Count, Publish, Published, Router, StreamActor};
 
 /// How often a publish that found the backlog full looks again.
@@ -237,8 +243,8 @@ impl<S: StreamActor> Hub<S> {
             let request = key
                 .as_ref()
                 .map(|_| idempotency::fingerprint(&target.name(), msg));
-            let once = key.as_deref().zip(request.as_deref());
-            return self.publish_fleet(cluster, &target, msg, once).await;
+            let keyed = key.as_deref().zip(request.as_deref());
+            return self.publish_fleet(cluster, &target, msg, keyed).await;
         }
         let Some(key) = key else {
             return self.publish_here(&target, msg).await;
@@ -310,7 +316,7 @@ impl<S: StreamActor> Hub<S> {
     /// A publish in cluster mode: the fleet gives it its event id and keeps
     /// it, and every node's streams, this node's included, get it from
     /// Redis, in the order of the ids ([`Cluster::publish`]). With an
-    /// `Idempotency-Key` (`once`: the key and the request's fingerprint),
+    /// `Idempotency-Key` (`keyed`: the key and the request's fingerprint),
     /// the key is claimed in the same script, so a retry with the key never
     /// delivers it twice, whichever node it reaches.
     ///
@@ -324,7 +330,7 @@ impl<S: StreamActor> Hub<S> {
         cluster: &Cluster,
         target: &Target,
         msg: &Arc<str>,
-        once: Option<(&str, &str)>,
+        keyed: Option<(&str, &str)>,
     ) -> Result<Answer, ApiError> {
         self.wait_for_room().await?;
         let id = match target {
@@ -342,18 +348,18 @@ impl<S: StreamActor> Hub<S> {
         };
         let ttl = Duration::from_millis(self.publish.idempotency_ttl_ms);
         let failed = match cluster
-            .publish(cluster.names.of(id), msg, once, ttl, subscribed_here)
+            .publish(cluster.names.of(id), msg, keyed, ttl, subscribed_here)
             .await
         {
-            Ok(Once::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
-            Ok(Once::Repeat(first)) => {
+            Ok(PublishOutcome::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
+            Ok(PublishOutcome::Repeat(first)) => {
                 return Ok(self.replayed(first.unwrap_or_else(|| {
                     json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
                 })));
             }
-            Ok(Once::Fresh {
+            Ok(PublishOutcome::Fresh {
                 nodes,
-                here,
+                local,
                 claim,
                 event,
             }) => {
@@ -361,23 +367,23 @@ impl<S: StreamActor> Hub<S> {
                 // it, so none of its streams had started (a stream that
                 // starts later reads it from the fleet's history if it
                 // resumes from before it).
-                let mut body = match here {
-                    Here::Delivered(body) => body,
-                    Here::NotHere => json!({ "delivered": 0 }),
+                let mut body = match local {
+                    LocalDelivery::Delivered(body) => body,
+                    LocalDelivery::NotSubscribed => json!({ "delivered": 0 }),
                 };
                 if let Some(id) = id {
                     body["id"] = id.into();
                 }
                 body["event_id"] = event.into();
                 body["nodes"] = nodes.into();
-                if let (Some((key, _)), Some(claim)) = (once, claim) {
+                if let (Some((key, _)), Some(claim)) = (keyed, claim) {
                     cluster.remember_answer(key, claim, &body).await;
                 }
                 return Ok(Answer::Done(body));
             }
             Err(failed) => failed,
         };
-        if let (PublishFailed::NotSent, None) = (&failed, once) {
+        if let (PublishFailed::NotSent, None) = (&failed, keyed) {
             // The bus is down: this node's streams still get it.
             let Answer::Done(mut body) = self.publish_here(target, msg).await? else {
                 unreachable!("publish_here answers Done or an error")
@@ -393,7 +399,7 @@ impl<S: StreamActor> Hub<S> {
             },
             _ => ApiError::BusUnavailable,
         };
-        let outcome = match (failed, once) {
+        let outcome = match (failed, keyed) {
             (PublishFailed::NotSent, _) => "not delivered anywhere: the bus is down; retry",
             (PublishFailed::Refused(_), _) => {
                 "not delivered anywhere: Redis refused the publish script before it published; \
@@ -445,9 +451,9 @@ impl<S: StreamActor> Hub<S> {
         .await
     }
 
-    /// Waits while this node's publish backlog is full, for a keyed
-    /// cluster publish, whose delivery here comes from its echo and cannot
-    /// be refused then. Approximate: keyed publishes that find room at the
+    /// Waits while this node's publish backlog is full, for a cluster
+    /// publish, whose delivery here comes from its echo and cannot be
+    /// refused then. Approximate: publishes that find room at the
     /// same moment may carry the backlog past the bound together.
     async fn wait_for_room(&self) -> Result<(), ApiError> {
         self.with_room(1, async || Ok(if self.has_room(1) { Ok(()) } else { Err(Busy) }))

@@ -14,9 +14,12 @@
 //! type-erased recipient: a `WeakRecipient` is a boxed trait object, one
 //! more allocation for every idle stream.
 //!
-//! It also mints event ids and keeps the [`History`] (see
-//! [`crate::hub::history`]), so a message's id, its history entry and its
-//! deliveries are one step of one actor.
+//! In a single process it also mints event ids and keeps the [`History`]
+//! (see [`crate::hub::history`]), so a message's id, its history entry and
+//! its deliveries are one step of one actor. In cluster mode the publish
+//! script in Redis mints the id and keeps the fleet's history; the Router
+//! delivers under the id the message came with, and resumes a stream by
+//! reading the fleet's history (subscribe first, read, merge by id).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -30,7 +33,7 @@ use actix::{
 use smallvec::SmallVec;
 
 use crate::hub::cluster::{CaughtUp, Cluster};
-use crate::hub::history::{FleetRead, GapCause, History, Kept, Resume, failed_read, fleet_resume};
+use crate::hub::history::{FleetRead, GapCause, History, KeptMessage, Resume, failed_read, fleet_resume};
 use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
 use crate::supervision::{Crash, guarded};
@@ -156,7 +159,7 @@ impl Drop for Deliver {
 /// The stream may write its welcome line: the Router has it in its table
 /// (in cluster mode, once its id is subscribed on the bus, or the bus is
 /// down and waiting would gain nothing). Sent to every stream in cluster
-/// mode, and to the streams that asked ([`Login::welcome`]) otherwise.
+/// mode, and to the streams that asked ([`LoginAt`]) otherwise.
 ///
 /// It carries where the stream is in its id's event ids and, for one that
 /// resumes, the kept messages it missed; those are counted delivered, and
@@ -222,7 +225,7 @@ pub(crate) struct Close;
 /// The table holds weak addresses: a strong `Addr` allocates two small `Arc`s
 /// of sender state per clone, ~100 bytes for every idle stream. Upgrading
 /// costs those allocations only while a message is being sent.
-fn tell<S, M>(stream: &WeakAddr<S>, m: M)
+fn send_if_alive<S, M>(stream: &WeakAddr<S>, m: M)
 where
     S: StreamActor + Handler<M>,
     M: Message + Send + 'static,
@@ -236,7 +239,7 @@ where
 /// Hands one broadcast delivery to `target` (counted in `window` if
 /// given); one whose stream is gone since the broadcast came is counted
 /// dropped, as it would have been had it been in its mailbox.
-fn hand<S: StreamActor>(
+fn deliver_broadcast_to<S: StreamActor>(
     target: &WeakAddr<S>,
     f: &Fanout<S>,
     stats: &Arc<Stats>,
@@ -292,7 +295,7 @@ struct Reading<S: Actor> {
     stream: Waiting<S>,
     /// The id's messages (and broadcasts) that came while the read was
     /// out, in order: merged with what it finds by event id.
-    buffered: Vec<Kept>,
+    buffered: Vec<KeptMessage>,
 }
 
 /// Routes messages to streams by id.
@@ -401,7 +404,7 @@ impl<S: StreamActor> Router<S> {
         self.pumping = false;
         while let Some(f) = self.fanouts.front_mut() {
             while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < FANOUT_WINDOW {
-                hand(&f.targets[f.next], f, &self.stats, Some(&self.window));
+                deliver_broadcast_to(&f.targets[f.next], f, &self.stats, Some(&self.window));
                 f.next += 1;
             }
             if f.next < f.targets.len() {
@@ -453,7 +456,7 @@ impl<S: StreamActor> Router<S> {
             return;
         }
         let resume = self.resume(&id, w.since);
-        tell(&w.addr, Welcome::new(resume, &self.stats));
+        send_if_alive(&w.addr, Welcome::new(resume, &self.stats));
         self.join(id, w.conn, w.addr);
     }
 
@@ -562,12 +565,14 @@ impl<S: StreamActor> Router<S> {
         stream: Waiting<S>,
         (mut resume, cause): (Resume, Option<GapCause>),
         upto: u64,
-        buffered: Vec<Kept>,
+        buffered: Vec<KeptMessage>,
         again: bool,
     ) {
-        let had = self.floors.get(&stream.conn).map_or(0, |(floor, _)| *floor);
-        resume.replay.retain(|(ev, _)| *ev > had);
-        let after = upto.max(had).max(resume.replay.last().map_or(0, |(ev, _)| *ev));
+        let prior_floor = self.floors.get(&stream.conn).map_or(0, |(floor, _)| *floor);
+        resume.replay.retain(|(ev, _)| *ev > prior_floor);
+        let after = upto
+            .max(prior_floor)
+            .max(resume.replay.last().map_or(0, |(ev, _)| *ev));
         resume
             .replay
             .extend(buffered.into_iter().filter(|(ev, _)| *ev > after));
@@ -579,9 +584,9 @@ impl<S: StreamActor> Router<S> {
         }
         self.count_gap(cause);
         if !again {
-            tell(&stream.addr, Welcome::new(resume, &self.stats));
+            send_if_alive(&stream.addr, Welcome::new(resume, &self.stats));
         } else if !resume.replay.is_empty() || resume.gap.is_some() {
-            tell(&stream.addr, Welcome::again(resume, &self.stats));
+            send_if_alive(&stream.addr, Welcome::again(resume, &self.stats));
         }
         self.floors.insert(stream.conn, (floor, Instant::now()));
         self.join(Arc::clone(id), stream.conn, stream.addr);
@@ -730,7 +735,7 @@ impl<S: StreamActor> Router<S> {
 
     /// Whether `conn`, which joined after a read, had message `event`
     /// already; a message above its floor ends the guard.
-    fn had(floors: &mut HashMap<ConnId, (u64, Instant)>, conn: ConnId, event: Option<u64>) -> bool {
+    fn already_had(floors: &mut HashMap<ConnId, (u64, Instant)>, conn: ConnId, event: Option<u64>) -> bool {
         let (Some(event), Some((floor, _))) = (event, floors.get(&conn)) else {
             return false;
         };
@@ -1085,7 +1090,7 @@ impl<S: StreamActor> Handler<CutId> for Router<S> {
         guarded(self, ctx, |r, _| {
             let streams = r.table.get(id.as_str()).map_or(&[][..], |s| &s[..]);
             for (_, stream) in streams {
-                tell(stream, Cut { panic });
+                send_if_alive(stream, Cut { panic });
             }
             streams.len()
         })
@@ -1251,7 +1256,7 @@ impl<S: StreamActor> Router<S> {
     /// its [`Welcome`] even without a bus).
     fn login(&mut self, m: Login<S>, since: Option<u64>, welcome: bool, ctx: &mut Context<Self>) {
         if self.closing {
-            tell(&m.addr, Close);
+            send_if_alive(&m.addr, Close);
         }
         let w = Waiting {
             conn: m.conn,
@@ -1275,7 +1280,7 @@ impl<S: StreamActor> Router<S> {
         }
         if welcome {
             let resume = self.resume(&m.id, since);
-            tell(&w.addr, Welcome::new(resume, &self.stats));
+            send_if_alive(&w.addr, Welcome::new(resume, &self.stats));
         }
         self.table.entry(m.id).or_default().push((w.conn, w.addr));
         self.streams += 1;
@@ -1301,7 +1306,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
                 }
             }
             if let Some(readers) = r.reading.get_mut(&*m.id) {
-                readers.retain(|x| x.stream.conn != m.conn);
+                readers.retain(|reader| reader.stream.conn != m.conn);
                 if readers.is_empty() {
                     r.reading.remove(&*m.id);
                     left = true;
@@ -1371,12 +1376,12 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let floors = &mut r.floors;
             let delivered = streams
                 .iter()
-                .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event))
+                .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event))
                 .count();
             r.stats.publish_backlog.fetch_add(delivered as u64, Relaxed);
             let targets = streams
                 .iter()
-                .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event));
+                .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event));
             if r.shared.is_some() && !r.fanouts.is_empty() {
                 // A broadcast ahead of it is still being handed out: it
                 // goes behind, so every stream gets the fleet's messages in
@@ -1393,7 +1398,7 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
                 }
             } else {
                 for (_, stream) in targets {
-                    tell(stream, Deliver::new(&m.msg, event, m.accepted, &r.stats));
+                    send_if_alive(stream, Deliver::new(&m.msg, event, m.accepted, &r.stats));
                 }
             }
             r.stats.messages_delivered.fetch_add(delivered as u64, Relaxed);
@@ -1425,7 +1430,7 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
                 r.table
                     .values()
                     .flatten()
-                    .filter(|(conn, _)| !Router::<S>::had(floors, *conn, event))
+                    .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event))
                     .map(|(_, s)| s.clone())
                     .collect()
             };
@@ -1458,17 +1463,17 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
             // the final chunk, as they did before broadcasts were paced.
             for f in std::mem::take(&mut r.fanouts) {
                 for target in &f.targets[f.next..] {
-                    hand(target, &f, &r.stats, None);
+                    deliver_broadcast_to(target, &f, &r.stats, None);
                 }
             }
             for (_, stream) in r.table.values().flatten() {
-                tell(stream, Close);
+                send_if_alive(stream, Close);
             }
             for w in r.awaiting.values().flatten() {
-                tell(&w.addr, Close);
+                send_if_alive(&w.addr, Close);
             }
-            for x in r.reading.values().flatten() {
-                tell(&x.stream.addr, Close);
+            for reader in r.reading.values().flatten() {
+                send_if_alive(&reader.stream.addr, Close);
             }
             r.streams
                 + r.awaiting.values().map(SmallVec::len).sum::<usize>()

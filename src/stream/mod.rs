@@ -343,10 +343,10 @@ impl Stream {
         counted: Counted,
         line: fmt::Arguments<'_>,
     ) -> bool {
-        if self.tracking.as_ref().is_some_and(|x| x.closing) {
+        if self.tracking.as_ref().is_some_and(|tracking| tracking.closing) {
             return false;
         }
-        let position = self.tracking.as_ref().map_or(0, |x| x.position);
+        let position = self.tracking.as_ref().map_or(0, |tracking| tracking.position);
         let (transport, ids, framing) = (self.transport, self.ids, self.framing);
         let max = self.core.shared.settings.max_pending_bytes;
         let (sink, stats) = (&mut self.sink, &self.core.shared.stats);
@@ -404,11 +404,12 @@ impl Stream {
     fn end(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, line: Option<&str>) {
         if self.transport == Transport::Ws {
             let frame = ws::close(code, reason);
-            if self.tracking.as_ref().is_some_and(|x| x.closing) || !self.emit_raw(ctx, &frame) {
+            if self.tracking.as_ref().is_some_and(|tracking| tracking.closing) || !self.emit_raw(ctx, &frame)
+            {
                 return;
             }
-            if let Some(x) = &mut self.tracking {
-                x.closing = true;
+            if let Some(tracking) = &mut self.tracking {
+                tracking.closing = true;
             }
             ctx.run_later(WS_CLOSE_WAIT, |_, ctx| ctx.stop());
             return;
@@ -422,16 +423,16 @@ impl Stream {
 
     /// Bytes a WebSocket client sent. Returns whether to keep reading.
     fn ws_input(&mut self, ctx: &mut Context<Self>, bytes: &[u8]) -> bool {
-        let Some(x) = self.tracking.as_mut() else {
+        let Some(tracking) = self.tracking.as_mut() else {
             return true;
         };
-        let inbox = x.ws.get_or_insert_with(Box::default);
+        let inbox = tracking.ws.get_or_insert_with(Box::default);
         let mut actions = Vec::new();
         inbox.feed(bytes, &mut actions);
         if inbox.is_idle() {
-            x.ws = None;
+            tracking.ws = None;
         }
-        let closing = x.closing;
+        let closing = tracking.closing;
         let stats = Arc::clone(&self.core.shared.stats);
         for action in actions {
             match action {
@@ -511,9 +512,9 @@ impl Actor for Stream {
         };
         match &self.tracking {
             None => self.core.shared.router.do_send(login),
-            Some(x) => self.core.shared.router.do_send(LoginAt {
+            Some(tracking) => self.core.shared.router.do_send(LoginAt {
                 login,
-                since: x.since,
+                since: tracking.since,
             }),
         }
         ctx.spawn(Watch);
@@ -552,8 +553,8 @@ impl Stream {
     /// messages it missed, and starts the ticks (`me`: this actor, for the
     /// tick wheel; one address made per stream start, not two).
     fn welcome(&mut self, ctx: &mut Context<Self>, me: WeakAddr<Self>, resume: Resume) {
-        if let Some(x) = &mut self.tracking {
-            x.position = resume.position;
+        if let Some(tracking) = &mut self.tracking {
+            tracking.position = resume.position;
         }
         let id = Arc::clone(&self.core.id);
         let ok = self.emit(
@@ -617,8 +618,8 @@ impl Stream {
         event: Option<u64>,
         accepted: Option<Instant>,
     ) -> bool {
-        if let (Some(x), Some(event)) = (&mut self.tracking, event) {
-            x.position = x.position.max(event);
+        if let (Some(tracking), Some(event)) = (&mut self.tracking, event) {
+            tracking.position = tracking.position.max(event);
         }
         self.core.seq += 1;
         let seq = self.core.seq;

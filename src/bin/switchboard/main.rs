@@ -1,4 +1,7 @@
-//! The switchboard server. `cargo run --release`; see README.md.
+//! The switchboard server binary: parses the command line, then prints a
+//! subscriber token (`token`), runs the fleet parent (`--processes`, see
+//! [`fleet`]), or binds one [`Server`] and runs it until SIGINT or SIGTERM.
+//! `cargo run --release`; see README.md.
 
 mod fleet;
 
@@ -44,16 +47,12 @@ enum Command {
     },
 }
 
-/// Every stream's socket registration (tokio's, 256 B, 128-byte aligned)
-/// and several of its small allocations come and go in the same heap as
-/// short-lived request state. docs/tools.md's floodtest command, this build and
-/// the glibc one alternating in one run, server bytes per stream at 1,000 /
-/// 10,000 / 19,000: glibc 1,658 / 1,277 / 1,252, mimalloc 1,630 / 1,156 /
-/// 1,139. `no_thp` (mimalloc then never asks for huge pages; a host whose
-/// `transparent_hugepage/enabled` is `always` still gives them: there set
-/// `MIMALLOC_ALLOW_THP=0`): with transparent huge pages mimalloc's arenas came back
-/// in 2 MiB pages, an idle server had 17.6 MB of RSS (glibc 6.8, mimalloc
-/// without THP 8.2) and 1,000 streams cost 4,260 B each.
+/// mimalloc: every stream's small allocations share a heap with
+/// short-lived request state, and it leaves fewer bytes per idle stream
+/// than glibc's. `no_thp`: huge pages about doubled an idle server's RSS
+/// (a host whose `transparent_hugepage/enabled` is `always` gives them
+/// anyway: there set `MIMALLOC_ALLOW_THP=0`). See docs/design-notes.md,
+/// section "Allocator".
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
