@@ -15,7 +15,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use actix_web::HttpRequest;
-use serde_json::Value;
 
 use crate::error::ApiError;
 
@@ -64,7 +63,7 @@ pub(crate) fn key_of(req: &HttpRequest) -> Result<Option<String>, ApiError> {
 }
 
 /// What became of a key.
-enum Entry {
+enum Entry<A> {
     /// A request with it is being served.
     InFlight {
         /// The request's [`fingerprint`].
@@ -76,30 +75,30 @@ enum Entry {
         request: String,
         /// When the key is forgotten.
         expires: Instant,
-        /// The first answer's body (its status was 200).
-        answer: Value,
+        /// The first answer (its status was 200).
+        answer: A,
     },
 }
 
-/// The keys of one process.
-pub(crate) struct Keys {
+/// The keys of one process, each with its first answer (an `A`).
+pub(crate) struct Keys<A> {
     /// How long an answered key is remembered.
     ttl: Duration,
     /// The keys, and the answered ones in the order they expire.
-    inner: Mutex<Inner>,
+    inner: Mutex<Inner<A>>,
 }
 
-struct Inner {
-    map: HashMap<String, Entry>,
+struct Inner<A> {
+    map: HashMap<String, Entry<A>>,
     expiry: VecDeque<(Instant, String)>,
 }
 
 /// What [`Keys::begin`] found.
-pub(crate) enum Begin<'a> {
+pub(crate) enum Begin<'a, A> {
     /// A new key: serve the request, then [`Ticket::finish`].
-    New(Ticket<'a>),
+    New(Ticket<'a, A>),
     /// Answered before: replay this answer.
-    Replay(Value),
+    Replay(A),
     /// A request with this key is being served right now.
     InFlight,
     /// The key was used for another request.
@@ -108,7 +107,7 @@ pub(crate) enum Begin<'a> {
     Full,
 }
 
-impl Keys {
+impl<A: Clone> Keys<A> {
     /// No keys; answered ones are remembered for `ttl`.
     pub(crate) fn new(ttl: Duration) -> Self {
         Keys {
@@ -122,7 +121,7 @@ impl Keys {
 
     /// Looks `key` up for the request whose [`fingerprint`] is `request`,
     /// claiming it if it is new.
-    pub(crate) fn begin(&self, key: &str, request: &str) -> Begin<'_> {
+    pub(crate) fn begin(&self, key: &str, request: &str) -> Begin<'_, A> {
         // unwrap: the lock is never held across a panic (no user code runs under it).
         let mut inner = self.inner.lock().expect("idempotency keys lock");
         inner.forget_expired(Instant::now());
@@ -154,7 +153,7 @@ impl Keys {
     }
 }
 
-impl Inner {
+impl<A> Inner<A> {
     fn forget_expired(&mut self, now: Instant) {
         while let Some((at, _)) = self.expiry.front()
             && *at <= now
@@ -175,16 +174,16 @@ impl Inner {
 /// A claimed key. [`Ticket::finish`] keeps the answer for the key's time;
 /// dropped without it (the request failed), the key is released, so a
 /// retry is a first attempt.
-pub(crate) struct Ticket<'a> {
-    keys: &'a Keys,
+pub(crate) struct Ticket<'a, A> {
+    keys: &'a Keys<A>,
     key: Option<String>,
     /// The request's [`fingerprint`].
     request: String,
 }
 
-impl Ticket<'_> {
+impl<A> Ticket<'_, A> {
     /// The request succeeded with `answer`: replay it for the key's time.
-    pub(crate) fn finish(mut self, answer: &Value) {
+    pub(crate) fn finish(mut self, answer: A) {
         // unwrap: only `finish` and `drop` take it, once.
         let key = self.key.take().expect("a ticket finishes once");
         let expires = Instant::now() + self.keys.ttl;
@@ -195,13 +194,13 @@ impl Ticket<'_> {
             Entry::Done {
                 request: std::mem::take(&mut self.request),
                 expires,
-                answer: answer.clone(),
+                answer,
             },
         );
     }
 }
 
-impl Drop for Ticket<'_> {
+impl<A> Drop for Ticket<'_, A> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             self.keys
@@ -216,21 +215,19 @@ impl Drop for Ticket<'_> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     #[test]
     fn a_key_is_answered_once_then_replayed_until_it_expires() {
-        let keys = Keys::new(Duration::from_millis(50));
+        let keys = Keys::<u64>::new(Duration::from_millis(50));
         let Begin::New(ticket) = keys.begin("k", "r1") else {
             panic!("a new key")
         };
         assert!(matches!(keys.begin("k", "r1"), Begin::InFlight));
         assert!(matches!(keys.begin("k", "r2"), Begin::Mismatch));
-        ticket.finish(&json!({"delivered": 3}));
+        ticket.finish(3);
         match keys.begin("k", "r1") {
-            Begin::Replay(answer) => assert_eq!(answer, json!({"delivered": 3})),
+            Begin::Replay(answer) => assert_eq!(answer, 3),
             _ => panic!("replayed"),
         }
         assert!(matches!(keys.begin("k", "r2"), Begin::Mismatch));
@@ -241,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_failed_request_releases_its_key() {
-        let keys = Keys::new(Duration::from_secs(60));
+        let keys = Keys::<u64>::new(Duration::from_secs(60));
         match keys.begin("k", "r") {
             Begin::New(ticket) => drop(ticket),
             _ => panic!("a new key"),

@@ -39,7 +39,7 @@ use crate::counter::Take;
 use crate::edge::Client;
 use crate::error::{ApiError, Cors};
 use crate::hub::router::CutId;
-use crate::hub::{Answer, Target};
+use crate::hub::{Answer, Target, Undelivered};
 use crate::id::{self, IdError};
 use crate::idempotency;
 use crate::socket::{CloseHandle, Internal};
@@ -273,17 +273,41 @@ async fn publish(
     key: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
     Ok(match state.hub.publish(target, msg, key).await? {
-        Answer::Done(body) => HttpResponse::Ok().json(body),
-        Answer::Replayed(body) => HttpResponse::Ok()
-            .insert_header(("idempotent-replayed", "true"))
-            .json(body),
-        Answer::Partial(body) => HttpResponse::ServiceUnavailable().json(body),
-        Answer::NotDelivered(body) => HttpResponse::ServiceUnavailable()
-            .insert_header((
-                header::RETRY_AFTER,
-                body["retry_after_s"].as_u64().unwrap_or(1).to_string(),
-            ))
-            .json(body),
+        Answer::Done(receipt) => HttpResponse::Ok().json(receipt),
+        Answer::Replayed(first) => {
+            let mut res = HttpResponse::Ok();
+            res.insert_header(("idempotent-replayed", "true"));
+            match first {
+                Some(receipt) => res.json(receipt),
+                None => res.json(json!({
+                    "idempotent_replay": true,
+                    "note": "accepted once before; its first answer is not recorded (yet)",
+                })),
+            }
+        }
+        Answer::LocalOnly(receipt) => {
+            // unwrap: a Receipt always serializes, to an object.
+            let mut body = serde_json::to_value(receipt).expect("a receipt serializes");
+            body["error"] = ApiError::BusUnavailable.to_string().into();
+            body["other_nodes"] = "not sent: the bus is down".into();
+            HttpResponse::ServiceUnavailable().json(body)
+        }
+        Answer::NotDelivered(Undelivered { id, error, outcome }) => {
+            let mut body = json!({ "error": error.to_string(), "delivered": 0, "outcome": outcome });
+            let retry_after_s = match error {
+                ApiError::FleetClockAhead { ahead_s } => {
+                    body["retry_after_s"] = ahead_s.max(1).into();
+                    ahead_s.max(1)
+                }
+                _ => 1,
+            };
+            if let Some(id) = id {
+                body["id"] = id.into();
+            }
+            HttpResponse::ServiceUnavailable()
+                .insert_header((header::RETRY_AFTER, retry_after_s.to_string()))
+                .json(body)
+        }
     })
 }
 

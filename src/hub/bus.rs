@@ -916,7 +916,7 @@ impl Bus {
             });
             actix_rt::spawn(async move {
                 if let (Ok(Some(Ok(n))), Some(waiter)) = (done.await, waiter) {
-                    let _ = waiter.send(serde_json::json!({ "delivered": n, "event_id": event }));
+                    let _ = waiter.send(n as u64);
                 }
             });
         } else if let Some(id) = self.cluster.names.id_of(channel) {
@@ -929,7 +929,7 @@ impl Bus {
             });
             actix_rt::spawn(async move {
                 if let (Ok(Some(Ok(p))), Some(waiter)) = (done.await, waiter) {
-                    let _ = waiter.send(serde_json::json!({ "delivered": p.delivered, "event_id": p.event }));
+                    let _ = waiter.send(p.delivered as u64);
                 }
             });
         }

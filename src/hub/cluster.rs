@@ -242,7 +242,7 @@ pub(crate) enum PublishOutcome {
     },
     /// The key was used before for this request: the first answer, if it
     /// was recorded.
-    Repeat(Option<Value>),
+    Repeat(Option<super::Receipt>),
     /// The key was used before for another request.
     Mismatch,
 }
@@ -250,9 +250,8 @@ pub(crate) enum PublishOutcome {
 /// A fleet publish on the node that made it.
 #[derive(Debug)]
 pub(crate) enum LocalDelivery {
-    /// Its echo came back and this node's streams got it:
-    /// `{"delivered": n}` (+ `"event_id"`).
-    Delivered(Value),
+    /// Its echo came back and this many of this node's streams got it.
+    Delivered(u64),
     /// This node was not subscribed when Redis published it (it holds no
     /// stream of the id, or its streams are still waiting for their
     /// SUBSCRIBE): its streams did not get it (nor will they: no echo is
@@ -296,7 +295,7 @@ const MAX_PENDING: usize = 100_000;
 /// it exactly when (and only if) the other nodes do.
 pub(crate) struct AwaitedEcho {
     /// Told what this node's streams got.
-    pub(crate) waiter: Option<tokio::sync::oneshot::Sender<Value>>,
+    pub(crate) waiter: Option<tokio::sync::oneshot::Sender<u64>>,
     /// Forgotten after this (the key's TTL): an echo later than that is
     /// not delivered here.
     expires: Instant,
@@ -1173,7 +1172,7 @@ impl Cluster {
                 .and_then(Result::ok);
             return Ok(fresh(
                 receivers.saturating_sub(1),
-                LocalDelivery::Delivered(done.unwrap_or_else(|| json!({ "delivered": 0 }))),
+                LocalDelivery::Delivered(done.unwrap_or(0)),
             ));
         }
         Ok(fresh(receivers, LocalDelivery::NotSubscribed))
@@ -1300,8 +1299,10 @@ impl Cluster {
     /// Records `answer` as the first answer of `key`, which holds `claim`,
     /// for repeats on any node. Best effort: a repeat that finds only the
     /// claim still is not delivered again.
-    pub(crate) async fn remember_answer(&self, key: &str, claim: String, answer: &Value) {
+    pub(crate) async fn remember_answer(&self, key: &str, claim: String, answer: &super::Receipt) {
         let request = claim.split(' ').next().unwrap_or_default();
+        // unwrap: a Receipt is numbers and a string; it always serializes.
+        let answer = serde_json::to_string(answer).expect("a receipt serializes");
         let (redis_key, answer) = (self.names.idempotency_key(key), format!("{request} {answer}"));
         let publish_id = claim;
         let _ = self

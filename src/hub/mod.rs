@@ -35,7 +35,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use actix::{Addr, ArbiterHandle, Supervisor};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{PublishSettings, Settings};
@@ -76,20 +77,52 @@ impl Target {
     }
 }
 
-/// What became of a publish, as `/send` and `/broadcast` answer it.
+/// What a publish reached: the body of a 200 to `/send` or `/broadcast`,
+/// kept for a repeat of its `Idempotency-Key` (in cluster mode in Redis, as
+/// this JSON). The fields are in the order the answer has always listed
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Receipt {
+    /// This node's streams that got it.
+    pub(crate) delivered: u64,
+    /// Its event id: every publish in cluster mode, a single process's
+    /// `/send` (a single process's broadcast has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) event_id: Option<u64>,
+    /// The id, for `/send`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) id: Option<String>,
+    /// Cluster mode: the other nodes Redis handed it to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) nodes: Option<u64>,
+}
+
+/// A publish that reached no stream: why, and what the publisher may do.
+#[derive(Debug)]
+pub(crate) struct Undelivered {
+    /// The id, for `/send`.
+    pub(crate) id: Option<String>,
+    /// What failed.
+    pub(crate) error: ApiError,
+    /// What became of the message, and whether a retry is safe.
+    pub(crate) outcome: &'static str,
+}
+
+/// What became of a publish; `routes` turns it into the HTTP answer.
 #[derive(Debug)]
 pub(crate) enum Answer {
-    /// Published everywhere it could go: 200 with this body.
-    Done(Value),
+    /// Published everywhere it could go: 200.
+    Done(Receipt),
     /// A repeat of an `Idempotency-Key`: its first answer (200, marked
-    /// replayed); nothing delivered again.
-    Replayed(Value),
-    /// This node's streams got it, the other nodes' part failed (503; the
-    /// body says which way, see [`Hub::publish`]).
-    Partial(Value),
-    /// Delivered nowhere (a keyed publish while the bus failed): 503 with
-    /// `Retry-After`.
-    NotDelivered(Value),
+    /// replayed), or `None` when the first was accepted and its answer not
+    /// recorded (yet); nothing delivered again.
+    Replayed(Option<Receipt>),
+    /// Cluster mode with the bus down: this node's streams got it, no
+    /// other node was sent it (503).
+    LocalOnly(Receipt),
+    /// Delivered nowhere, or not known to be (503 with `Retry-After`; see
+    /// [`Hub::publish`]).
+    NotDelivered(Undelivered),
 }
 
 /// This node's Router and, in cluster mode, its bus: see the module docs.
@@ -106,7 +139,7 @@ pub(crate) struct Hub<S: StreamActor> {
     publish: PublishSettings,
     /// `Idempotency-Key`s of a single process (in cluster mode they live in
     /// Redis).
-    keys: Keys,
+    keys: Keys<Receipt>,
     /// Cancelled at shutdown: a publish waiting for room gives up.
     shutdown: CancellationToken,
 }
@@ -247,11 +280,11 @@ impl<S: StreamActor> Hub<S> {
             return self.publish_fleet(cluster, &target, msg, keyed).await;
         }
         let Some(key) = key else {
-            return self.publish_here(&target, msg).await;
+            return self.publish_here(&target, msg).await.map(Answer::Done);
         };
         let request = idempotency::fingerprint(&target.name(), msg);
         match self.keys.begin(&key, &request) {
-            Begin::Replay(answer) => Ok(self.replayed(answer)),
+            Begin::Replay(answer) => Ok(self.replayed(Some(answer))),
             Begin::InFlight => Err(ApiError::IdempotencyInFlight),
             Begin::Mismatch => Err(ApiError::IdempotencyKeyReused),
             Begin::Full => Err(ApiError::TooManyKeys),
@@ -259,17 +292,15 @@ impl<S: StreamActor> Hub<S> {
                 // A failure (an error, or a full backlog) releases the key:
                 // nothing was delivered, so a retry is a first attempt. One
                 // process has no bus, so what it answers is a success.
-                let outcome = self.publish_here(&target, msg).await?;
-                if let Answer::Done(body) = &outcome {
-                    ticket.finish(body);
-                }
-                Ok(outcome)
+                let receipt = self.publish_here(&target, msg).await?;
+                ticket.finish(receipt.clone());
+                Ok(Answer::Done(receipt))
             }
         }
     }
 
     /// The first answer to an `Idempotency-Key`, again.
-    fn replayed(&self, answer: Value) -> Answer {
+    fn replayed(&self, answer: Option<Receipt>) -> Answer {
         self.stats.publish_replayed.fetch_add(1, Relaxed);
         Answer::Replayed(answer)
     }
@@ -278,9 +309,9 @@ impl<S: StreamActor> Hub<S> {
     /// full one means nothing was delivered), with an event id this node's
     /// Router gives it: a single process, or cluster mode while the bus is
     /// down.
-    async fn publish_here(&self, target: &Target, msg: &Arc<str>) -> Result<Answer, ApiError> {
+    async fn publish_here(&self, target: &Target, msg: &Arc<str>) -> Result<Receipt, ApiError> {
         let accepted = Instant::now();
-        let body = match target {
+        Ok(match target {
             Target::Id(id) => {
                 let Published { delivered, event } = self
                     .admitted(1, |limit| Publish {
@@ -291,11 +322,12 @@ impl<S: StreamActor> Hub<S> {
                         limit,
                     })
                     .await?;
-                let mut body = json!({ "id": id, "delivered": delivered });
-                if let Some(event) = event {
-                    body["event_id"] = event.into();
+                Receipt {
+                    delivered: delivered as u64,
+                    event_id: event,
+                    id: Some(id.clone()),
+                    nodes: None,
                 }
-                body
             }
             Target::All => {
                 let streams = self.stats.streams_active() as u64;
@@ -307,10 +339,14 @@ impl<S: StreamActor> Hub<S> {
                         limit,
                     })
                     .await?;
-                json!({ "delivered": delivered })
+                Receipt {
+                    delivered: delivered as u64,
+                    event_id: None,
+                    id: None,
+                    nodes: None,
+                }
             }
-        };
-        Ok(Answer::Done(body))
+        })
     }
 
     /// A publish in cluster mode: the fleet gives it its event id and keeps
@@ -352,11 +388,7 @@ impl<S: StreamActor> Hub<S> {
             .await
         {
             Ok(PublishOutcome::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
-            Ok(PublishOutcome::Repeat(first)) => {
-                return Ok(self.replayed(first.unwrap_or_else(|| {
-                    json!({ "idempotent_replay": true, "note": "accepted once before; its first answer is not recorded (yet)" })
-                })));
-            }
+            Ok(PublishOutcome::Repeat(first)) => return Ok(self.replayed(first)),
             Ok(PublishOutcome::Fresh {
                 nodes,
                 local,
@@ -367,30 +399,25 @@ impl<S: StreamActor> Hub<S> {
                 // it, so none of its streams had started (a stream that
                 // starts later reads it from the fleet's history if it
                 // resumes from before it).
-                let mut body = match local {
-                    LocalDelivery::Delivered(body) => body,
-                    LocalDelivery::NotSubscribed => json!({ "delivered": 0 }),
+                let receipt = Receipt {
+                    delivered: match local {
+                        LocalDelivery::Delivered(n) => n,
+                        LocalDelivery::NotSubscribed => 0,
+                    },
+                    event_id: Some(event),
+                    id: id.map(str::to_owned),
+                    nodes: Some(nodes),
                 };
-                if let Some(id) = id {
-                    body["id"] = id.into();
-                }
-                body["event_id"] = event.into();
-                body["nodes"] = nodes.into();
                 if let (Some((key, _)), Some(claim)) = (keyed, claim) {
-                    cluster.remember_answer(key, claim, &body).await;
+                    cluster.remember_answer(key, claim, &receipt).await;
                 }
-                return Ok(Answer::Done(body));
+                return Ok(Answer::Done(receipt));
             }
             Err(failed) => failed,
         };
         if let (PublishFailed::NotSent, None) = (&failed, keyed) {
             // The bus is down: this node's streams still get it.
-            let Answer::Done(mut body) = self.publish_here(target, msg).await? else {
-                unreachable!("publish_here answers Done or an error")
-            };
-            body["error"] = ApiError::BusUnavailable.to_string().into();
-            body["other_nodes"] = "not sent: the bus is down".into();
-            return Ok(Answer::Partial(body));
+            return self.publish_here(target, msg).await.map(Answer::LocalOnly);
         }
         let error = match &failed {
             PublishFailed::Refused(why) => ApiError::RedisRefused(why.clone()),
@@ -422,14 +449,11 @@ impl<S: StreamActor> Hub<S> {
                  delivers it then, this one included; retry only with an Idempotency-Key"
             }
         };
-        let mut body = json!({ "error": error.to_string(), "delivered": 0, "outcome": outcome });
-        if let ApiError::FleetClockAhead { ahead_s } = error {
-            body["retry_after_s"] = ahead_s.max(1).into();
-        }
-        if let Some(id) = id {
-            body["id"] = id.into();
-        }
-        Ok(Answer::NotDelivered(body))
+        Ok(Answer::NotDelivered(Undelivered {
+            id: id.map(str::to_owned),
+            error,
+            outcome,
+        }))
     }
 
     /// Hands a publish (`make(limit)`) to the Router, waiting while the
@@ -504,5 +528,55 @@ impl<S: StreamActor> Hub<S> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body a 200 to `/send` and `/broadcast` has always had: the keys
+    /// in this order, absent ones left out (not `null`).
+    #[test]
+    fn a_receipt_is_the_answer_publishers_parse() {
+        let send = Receipt {
+            delivered: 2,
+            event_id: Some(7),
+            id: Some("a".to_owned()),
+            nodes: Some(3),
+        };
+        assert_eq!(
+            serde_json::to_string(&send).unwrap(),
+            r#"{"delivered":2,"event_id":7,"id":"a","nodes":3}"#
+        );
+        let broadcast = Receipt {
+            delivered: 5,
+            event_id: None,
+            id: None,
+            nodes: None,
+        };
+        assert_eq!(serde_json::to_string(&broadcast).unwrap(), r#"{"delivered":5}"#);
+    }
+
+    /// A first answer kept in Redis reads back as it was written, and what
+    /// is not a receipt (another build's or a hand-edited value) reads as
+    /// "not recorded", never as a made-up answer.
+    #[test]
+    fn a_kept_receipt_reads_back_and_anything_else_is_refused() {
+        let kept = r#"{"delivered":1,"event_id":9,"id":"x","nodes":0}"#;
+        let receipt: Receipt = serde_json::from_str(kept).unwrap();
+        assert_eq!(serde_json::to_string(&receipt).unwrap(), kept);
+        assert!(serde_json::from_str::<Receipt>(r#"{"delivered":-1}"#).is_err());
+        assert!(serde_json::from_str::<Receipt>(r#"{"id":"x"}"#).is_err());
+        assert!(serde_json::from_str::<Receipt>("not json").is_err());
+    }
+
+    #[test]
+    fn the_backlog_takes_anything_when_empty_and_up_to_its_bound_otherwise() {
+        assert!(fits_backlog(0, 1_000_000, 10));
+        assert!(fits_backlog(4, 6, 10));
+        assert!(!fits_backlog(4, 7, 10));
+        // No overflow near the top.
+        assert!(!fits_backlog(u64::MAX, 1, u64::MAX - 1));
     }
 }
