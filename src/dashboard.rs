@@ -114,7 +114,7 @@ async fn sample(state: &Arc<ServerState>) -> Value {
     let cluster = match state.hub.cluster() {
         // Shared by every open dashboard: one read from Redis a second.
         Some(c) => match c.recent_view(VIEW_MAX_AGE).await {
-            Ok(v) => v,
+            Ok(view) => serde_json::to_value(view).unwrap_or(Value::Null),
             Err(e) => json!({ "error": e.to_string() }),
         },
         None => Value::Null,

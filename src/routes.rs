@@ -351,7 +351,9 @@ async fn cluster_view(state: Data<ServerState>) -> Result<HttpResponse, ApiError
         Some(cluster) => cluster.view().await?,
         None => crate::hub::cluster::single_view(&state.stats, &state.addr),
     };
-    Ok(HttpResponse::Ok().json(view))
+    // Through a Value, whose keys are sorted: the nodes' fields in the
+    // order /cluster has always listed them.
+    Ok(HttpResponse::Ok().json(serde_json::to_value(view).map_err(|_| ApiError::Crashed("cluster view"))?))
 }
 
 /// `GET /presence/{id}`: the id's open streams, per node.

@@ -672,7 +672,7 @@ pub(crate) struct Cluster {
     /// The last [`Cluster::view`] for the dashboard and when it was read:
     /// every open dashboard reads the view once a second, and they share
     /// one read from Redis a second rather than one each.
-    view_cache: tokio::sync::Mutex<Option<(Instant, Value)>>,
+    view_cache: tokio::sync::Mutex<Option<(Instant, ClusterView)>>,
     /// The Redis this node speaks to: its client (the Bus opens its
     /// pub/sub links with it) and the command connection. Replaced when
     /// the sentinels name another master.
@@ -1493,7 +1493,7 @@ impl Cluster {
     /// `/presence/{id}` in cluster mode: the id's streams on every live
     /// node, from their presence hashes (this node's own from `here`, its
     /// live count).
-    pub(crate) async fn presence(&self, id: &str, here: usize) -> Result<Value, ApiError> {
+    pub(crate) async fn presence(&self, id: &str, here: usize) -> Result<Presence, ApiError> {
         self.fail_fast()?;
         let nodes = self.live_nodes().await?;
         let others: Vec<&NodeInfo> = nodes.iter().filter(|n| n.instance != self.instance).collect();
@@ -1524,7 +1524,7 @@ impl Cluster {
             list.push((self.node.clone(), here as u64));
         }
         list.sort();
-        Ok(presence_json(id, &list))
+        Ok(Presence::of(id, list))
     }
 
     /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
@@ -1730,10 +1730,10 @@ impl Cluster {
 
     /// Every live node (its heartbeat key has not expired), by name, and
     /// the totals.
-    pub(crate) async fn view(&self) -> Result<Value, ApiError> {
+    pub(crate) async fn view(&self) -> Result<ClusterView, ApiError> {
         self.fail_fast()?;
         let nodes = self.live_nodes().await?;
-        Ok(view_json("cluster", &self.node, &nodes))
+        Ok(ClusterView::of("cluster", &self.node, nodes))
     }
 
     /// Every live node's heartbeat entry, by name.
@@ -1784,7 +1784,7 @@ impl Cluster {
     }
 
     /// [`Cluster::view`], at most `max_age` old (for the dashboard).
-    pub(crate) async fn recent_view(&self, max_age: Duration) -> Result<Value, ApiError> {
+    pub(crate) async fn recent_view(&self, max_age: Duration) -> Result<ClusterView, ApiError> {
         let mut cache = self.view_cache.lock().await;
         if let Some((at, view)) = cache.as_ref()
             && at.elapsed() < max_age
@@ -1833,7 +1833,7 @@ impl Cluster {
 }
 
 /// `/cluster` of a server without a bus: just itself.
-pub(crate) fn single_view(stats: &Stats, addr: &str) -> Value {
+pub(crate) fn single_view(stats: &Stats, addr: &str) -> ClusterView {
     let host = hostname();
     let pid = std::process::id();
     let me = NodeInfo {
@@ -1846,39 +1846,84 @@ pub(crate) fn single_view(stats: &Stats, addr: &str) -> Value {
         addr: addr.to_owned(),
         figures: NodeFigures::of(stats, 0),
     };
-    view_json("single", &me.name.clone(), &[me])
+    ClusterView::of("single", &me.name.clone(), vec![me])
 }
 
 /// `/presence/{id}`'s answer: the id, its streams, and the nodes that
-/// have any, by name.
-pub(crate) fn presence_json(id: &str, nodes: &[(String, u64)]) -> Value {
-    let streams = nodes.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
-    let nodes: Vec<Value> = nodes
-        .iter()
-        .map(|(node, n)| json!({ "node": node, "streams": n }))
-        .collect();
-    json!({ "id": id, "streams": streams, "nodes": nodes })
+/// have any, by name. Fields in the order the answer has always had.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Presence {
+    pub(crate) id: String,
+    pub(crate) nodes: Vec<NodePresence>,
+    /// The sum over `nodes`.
+    pub(crate) streams: u64,
+}
+
+/// One node's streams of an id.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct NodePresence {
+    pub(crate) node: String,
+    pub(crate) streams: u64,
+}
+
+impl Presence {
+    /// From `(node, streams)` pairs, in their order.
+    fn of(id: &str, nodes: Vec<(String, u64)>) -> Presence {
+        let streams = nodes.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
+        let nodes = nodes
+            .into_iter()
+            .map(|(node, streams)| NodePresence { node, streams })
+            .collect();
+        Presence {
+            id: id.to_owned(),
+            nodes,
+            streams,
+        }
+    }
 }
 
 /// `/presence/{id}` of a server without a bus: this process alone.
-pub(crate) fn single_presence(id: &str, here: usize) -> Value {
+pub(crate) fn single_presence(id: &str, here: usize) -> Presence {
     let name = format!("{}-{}", hostname(), std::process::id());
     let nodes = if here > 0 {
         vec![(name, here as u64)]
     } else {
         Vec::new()
     };
-    presence_json(id, &nodes)
+    Presence::of(id, nodes)
 }
 
-fn view_json(mode: &str, node: &str, nodes: &[NodeInfo]) -> Value {
-    let streams = nodes.iter().fold(0u64, |sum, n| sum.saturating_add(n.streams));
-    json!({
-        "mode": mode,
-        "node": node,
-        "nodes": nodes,
-        "totals": { "nodes": nodes.len(), "streams": streams },
-    })
+/// `/cluster`'s answer: the live nodes by name, and the totals.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ClusterView {
+    /// "cluster", or "single" without a bus.
+    pub(crate) mode: &'static str,
+    /// The node that answers.
+    pub(crate) node: String,
+    pub(crate) nodes: Vec<NodeInfo>,
+    pub(crate) totals: ViewTotals,
+}
+
+/// [`ClusterView`]'s sums.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ViewTotals {
+    pub(crate) nodes: usize,
+    pub(crate) streams: u64,
+}
+
+impl ClusterView {
+    fn of(mode: &'static str, node: &str, nodes: Vec<NodeInfo>) -> ClusterView {
+        let streams = nodes.iter().fold(0u64, |sum, n| sum.saturating_add(n.streams));
+        ClusterView {
+            mode,
+            node: node.to_owned(),
+            totals: ViewTotals {
+                nodes: nodes.len(),
+                streams,
+            },
+            nodes,
+        }
+    }
 }
 
 /// A message as it travels on the bus (see the module docs).

@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 
 use actix::{Addr, ArbiterHandle, Supervisor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{PublishSettings, Settings};
@@ -229,7 +228,7 @@ impl<S: StreamActor> Hub<S> {
     /// `/presence/{id}`: the id's open streams on every live node (in
     /// cluster mode from the nodes' presence in Redis, written every
     /// heartbeat), or on this one.
-    pub(crate) async fn presence(&self, id: &str) -> Result<Value, ApiError> {
+    pub(crate) async fn presence(&self, id: &str) -> Result<cluster::Presence, ApiError> {
         let here = self
             .router
             .send(Count { id: id.to_owned() })
@@ -569,6 +568,23 @@ mod tests {
         assert!(serde_json::from_str::<Receipt>(r#"{"delivered":-1}"#).is_err());
         assert!(serde_json::from_str::<Receipt>(r#"{"id":"x"}"#).is_err());
         assert!(serde_json::from_str::<Receipt>("not json").is_err());
+    }
+
+    /// `/presence/{id}` as it has always been written.
+    #[test]
+    fn presence_is_the_answer_it_was() {
+        let p = cluster::Presence {
+            id: "a".to_owned(),
+            nodes: vec![cluster::NodePresence {
+                node: "n1".to_owned(),
+                streams: 2,
+            }],
+            streams: 2,
+        };
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"{"id":"a","nodes":[{"node":"n1","streams":2}],"streams":2}"#
+        );
     }
 
     #[test]
