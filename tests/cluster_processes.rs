@@ -16,6 +16,8 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use cluster::{
     BIN, WAIT, binary, cluster_pids, fleet_is_up, get, id_channel, open, parent_of, post, prefix, processes,
     wait_cluster_of, wait_until,
@@ -116,12 +118,7 @@ fn a_killed_child_process_is_restarted() {
     // The restarted child serves: streams spread over both again.
     let _streams: Vec<StreamClient> = (0..20).map(|i| open(addr, &format!("r{i}"))).collect();
     wait_cluster_of(&parent, addr, WAIT, "both children hold streams", |c| {
-        c["totals"]["streams"] == 20
-            && c["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|n| n["streams"].as_u64() > Some(0))
+        spread_over_every_node(c, 20)
     });
 }
 
@@ -135,12 +132,7 @@ fn sigterm_to_the_parent_ends_every_stream_and_exits_zero() {
     let (mut parent, addr) = processes(&redis, &p, 2);
     let mut streams: Vec<StreamClient> = (0..20).map(|i| open(addr, &format!("t{i}"))).collect();
     let cl = wait_cluster_of(&parent, addr, WAIT, "both children hold streams", |c| {
-        c["totals"]["streams"] == 20
-            && c["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|n| n["streams"].as_u64() > Some(0))
+        spread_over_every_node(c, 20)
     });
     let children = cluster_pids(&cl);
 
@@ -332,4 +324,12 @@ fn the_processes_flag_overrides_the_config_file() {
     let mut refused = Proc::spawn(cmd);
     assert!(!refused.wait_exit(Duration::from_secs(3)).success());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `/cluster` counts `streams` in all, and every node holds some of them.
+fn spread_over_every_node(cluster: &Value, streams: u64) -> bool {
+    cluster["totals"]["streams"] == streams
+        && cluster["nodes"]
+            .as_array()
+            .is_some_and(|nodes| nodes.iter().all(|n| n["streams"].as_u64() > Some(0)))
 }
