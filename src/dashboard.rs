@@ -92,11 +92,11 @@ pub(crate) async fn events(state: Data<ServerState>) -> HttpResponse {
     let body = futures_util::stream::unfold((state, true), |(state, first)| async move {
         if !first {
             tokio::select! {
-                () = state.shutdown.cancelled() => return None,
+                () = state.admission.shutdown.cancelled() => return None,
                 () = tokio::time::sleep(INTERVAL) => {}
             }
         }
-        if state.shutdown.is_cancelled() {
+        if state.admission.shutdown.is_cancelled() {
             return None;
         }
         let sample = sample(&state).await;

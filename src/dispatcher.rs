@@ -135,7 +135,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
     loop {
         let n = tokio::select! {
             biased;
-            () = state.shutdown.cancelled() => return Outcome::Done,
+            () = state.admission.shutdown.cancelled() => return Outcome::Done,
             r = read_by(&mut io, &mut buf[filled..], deadline) => match r {
                 Some(Ok(n)) if n > 0 => n,
                 None if filled > 0 => {
@@ -163,7 +163,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
             }
         }
         if count > 0 {
-            let close = close || keep_alive.is_zero() || state.shutdown.is_cancelled();
+            let close = close || keep_alive.is_zero() || state.admission.shutdown.is_cancelled();
             respond(&mut out, take(&state.counter, count).await, count, close);
             // A client that stops reading gets the head timeout to take its
             // answers, like a client that stops sending.

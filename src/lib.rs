@@ -18,13 +18,15 @@
 //! - `dispatcher`: the lean `GET /dispatcher` path, numbers taken from the
 //!   Counter in one message per worker per event-loop turn.
 //! - `routes`: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
-//!   `/stats`, the fallback `/test`), publish auth with protected mode, and
-//!   the guard of the operator pages (internal listener, `admin_public`,
-//!   `admin_token`); `dashboard`: the live
+//!   `/stats`, the fallback `/test`) and the guard of the operator pages
+//!   (internal listener, `admin_public`, `admin_token`); `dashboard`: the live
 //!   page at `/` and its feed; `metrics`: the counters in the Prometheus
 //!   text format (`/metrics`), with the latency and lifetime histograms.
-//! - `state`: what the workers and handlers of one server share, and the one
-//!   admission decision for every stream, lean or fallback.
+//! - `state`: what the workers and handlers of one server share.
+//! - `admission`: who gets in: the one admission decision for every stream,
+//!   lean or fallback, and for every publish; it owns their inputs (limits,
+//!   token verifier, trusted proxies, CORS rule, `stream.max_streams`
+//!   slots, publish token with protected mode, shutdown).
 //! - `counter`: the Counter actor behind `/dispatcher` (in cluster mode its
 //!   numbers come from Redis, through the hub's command connection).
 //! - `stream`: the Stream actor (one per streaming connection), the one
@@ -71,6 +73,7 @@
 //! There is no `unsafe` in this crate.
 #![forbid(unsafe_code)]
 
+mod admission;
 mod classify;
 
 pub mod config;

@@ -17,7 +17,7 @@
 //! | `POST /admin/cut/{id}` | fault injection: every stream of `id` drops its connection |
 //!
 //! Two guards decide who may use what, each in one function:
-//! [`authorize`] (publishing: the token, or protected mode) and
+//! [`Admission::authorize`](crate::admission::Admission::authorize) (publishing: the token, or protected mode) and
 //! [`operator_page`] (`/stats`, `/metrics`, `/cluster`, the dashboard and
 //! `/admin/*`: the internal listener, or `server.admin_public`, or the
 //! `auth.admin_token` bearer). `/healthz` and `/readyz` are served on every
@@ -35,8 +35,8 @@ use actix_web::{HttpRequest, HttpResponse, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
+use crate::admission::bearer_is;
 use crate::counter::Take;
-use crate::edge::Client;
 use crate::error::{ApiError, Cors};
 use crate::hub::router::CutId;
 use crate::hub::{Answer, Target, Undelivered};
@@ -46,7 +46,6 @@ use crate::socket::{CloseHandle, Internal};
 use crate::state::ServerState;
 use crate::stream::{Framing, Head, Stream, Via};
 use crate::supervision::Crash;
-use crate::token;
 
 /// Registers every route. `fault_injection` adds `/admin/crash/*`.
 pub(crate) fn routes(cfg: &mut ServiceConfig, fault_injection: bool) {
@@ -142,7 +141,7 @@ async fn fail(e: ApiError) -> Result<HttpResponse, ApiError> {
 /// (`Content-Length: 0` is no body). actix-http itself refuses a repeated
 /// `Content-Length`, which the lean path accepts when every value is 0.
 /// Then the same admission as a lean stream
-/// ([`ServerState::admit_stream`]), and the same head ([`Head`]), which
+/// ([`Admission::admit_stream`](crate::admission::Admission::admit_stream)), and the same head ([`Head`]), which
 /// actix-web writes.
 async fn stream(
     req: HttpRequest,
@@ -166,16 +165,17 @@ async fn stream(
             .map(|e| state.head_error(e))
     };
     if let Some(e) = refused {
-        return Err(state.refusal(e, Cors::default()).error);
+        return Err(state.admission.refusal(e, Cors::default()).error);
     }
     id::validate(&id, state.settings.stream.max_id_len)?;
     let open = state
+        .admission
         .admit_stream(
             &id,
             &rebuilt_head(&req),
             &[],
             Via::Fallback,
-            state.client_of(&req),
+            state.admission.client_of(&req),
         )
         .map_err(|refused| refused.error)?;
     let head = Head::of(&open);
@@ -238,8 +238,7 @@ async fn send(
     body: Payload,
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    state.streams.limits.admit_publish(state.client_of(&req))?;
+    state.admission.admit_publish(&req)?;
     let id = id.into_inner();
     id::validate(&id, state.settings.stream.max_id_len)?;
     let key = idempotency::key_of(&req)?;
@@ -253,8 +252,7 @@ async fn broadcast(
     body: Payload,
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    state.streams.limits.admit_publish(state.client_of(&req))?;
+    state.admission.admit_publish(&req)?;
     let key = idempotency::key_of(&req)?;
     let msg = read_message(&req, body, &state).await?;
     publish(&state, Target::All, &msg, key).await
@@ -327,8 +325,8 @@ async fn next_count(state: Data<ServerState>) -> Result<HttpResponse, ApiError> 
 /// too: the client addresses refused lately.
 async fn stats(req: HttpRequest, state: Data<ServerState>) -> HttpResponse {
     let mut doc = state.stats_document();
-    if authorize(&req, &state).is_ok() {
-        doc["limits"]["refusing"] = state.streams.limits.refusing();
+    if state.admission.authorize(&req).is_ok() {
+        doc["limits"]["refusing"] = state.admission.limits.refusing();
     }
     HttpResponse::Ok().json(doc)
 }
@@ -340,7 +338,7 @@ async fn metrics(state: Data<ServerState>) -> HttpResponse {
         .body(crate::metrics::render(
             &state.stats,
             state.hub.cluster(),
-            &state.streams.limits,
+            &state.admission.limits,
         ))
 }
 
@@ -363,7 +361,7 @@ async fn presence(
     id: Path<String>,
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+    state.admission.authorize(&req)?;
     let id = id.into_inner();
     id::validate(&id, state.settings.stream.max_id_len)?;
     Ok(HttpResponse::Ok().json(state.hub.presence(&id).await?))
@@ -379,7 +377,7 @@ async fn healthz() -> HttpResponse {
 /// `GET /readyz`: this node should get traffic: not shutting down and, in
 /// cluster mode, its bus link to Redis is up and subscribed.
 async fn readyz(state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
-    if state.shutdown.is_cancelled() {
+    if state.admission.shutdown.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
     if let Some(cluster) = state.hub.cluster() {
@@ -399,7 +397,7 @@ async fn crash(
     actor: Path<String>,
     state: Data<ServerState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+    state.admission.authorize(&req)?;
     // The answer is `None` (the handler panicked) or a mailbox error; either
     // way the actor is now restarting.
     match actor.as_str() {
@@ -421,7 +419,7 @@ async fn crash(
 /// With `?panic=1` each stream panics in its handler instead, as a bug would:
 /// its slot, counters and Router entry must be given back all the same.
 async fn cut(req: HttpRequest, id: Path<String>, state: Data<ServerState>) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+    state.admission.authorize(&req)?;
     let panic = req.query_string().split('&').any(|p| p == "panic=1");
     let n = state
         .router()
@@ -434,37 +432,6 @@ async fn cut(req: HttpRequest, id: Path<String>, state: Data<ServerState>) -> Re
         .flatten()
         .ok_or(ApiError::Crashed("router"))?;
     Ok(HttpResponse::Ok().json(json!({ "cut": n })))
-}
-
-/// Who may publish (and see `/presence`, `/admin/*`, `/stats`'
-/// `limits.refusing`): with `auth.publish_token` set, a request with
-/// `Authorization: Bearer <token>` (401 otherwise); without one, anyone,
-/// except in protected mode ([`ServerState::publish_protected`]), where a
-/// client that is not loopback is refused 403 with the two ways out.
-///
-/// The client is the one the `[limits]` see ([`ServerState::client_of`]):
-/// behind a proxy that passes it on (PROXY protocol, a trusted
-/// `X-Forwarded-For`), the real client, not the proxy on loopback.
-fn authorize(req: &HttpRequest, state: &ServerState) -> Result<(), ApiError> {
-    let token = &state.settings.auth.publish_token;
-    if token.is_empty() {
-        if state.publish_protected && !is_loopback(state.client_of(req)) {
-            return Err(ApiError::PublishProtected);
-        }
-        return Ok(());
-    }
-    if bearer_is(req, token)? {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
-}
-
-/// A loopback client: its socket's peer is a loopback address. An
-/// address a PROXY header or `X-Forwarded-For` claims never counts (as
-/// for the limits' exemptions): whoever reaches the proxy could claim it.
-fn is_loopback(client: Client) -> bool {
-    client.ip.is_loopback() && !client.claimed
 }
 
 /// Whether an operator page may be served here: on the internal listener,
@@ -497,24 +464,6 @@ async fn operator_only(
     }
 }
 
-/// Whether the request's `Authorization: Bearer` credentials are `token`
-/// (compared in constant time).
-///
-/// The scheme is case-insensitive (RFC 9110 §11.1), spaces after it are
-/// allowed; two `Authorization` headers are refused (400) rather than one
-/// of them checked.
-fn bearer_is(req: &HttpRequest, token: &str) -> Result<bool, ApiError> {
-    let mut given = req.headers().get_all(header::AUTHORIZATION);
-    let (first, second) = (given.next(), given.next());
-    if second.is_some() {
-        return Err(ApiError::RepeatedAuthorization);
-    }
-    let credentials = first
-        .and_then(|v| token::bearer_credentials(v.as_bytes()))
-        .unwrap_or_default();
-    Ok(token::constant_time_eq(credentials, token.as_bytes()))
-}
-
 /// Reads a message body: at most `max` bytes, UTF-8, one non-empty line.
 ///
 /// The whole body must arrive within `server.body_timeout_ms` of the head
@@ -542,7 +491,7 @@ async fn read_message(req: &HttpRequest, body: Payload, state: &ServerState) -> 
     };
     let bytes = tokio::select! {
         biased;
-        () = state.shutdown.cancelled() => return cut(ApiError::ShuttingDown),
+        () = state.admission.shutdown.cancelled() => return cut(ApiError::ShuttingDown),
         read = tokio::time::timeout(Duration::from_millis(ms), read_body(body, max)) => match read {
             Ok(bytes) => bytes?,
             Err(_) => return cut(ApiError::BodyTimeout { ms }),

@@ -16,7 +16,7 @@
 //! operator pages are served (`routes`).
 //!
 //! Shutdown is one future passed to [`Server::run`]. When it resolves:
-//! 1. `ServerState::shutdown` is cancelled: accept loops return and close
+//! 1. `Admission::shutdown` is cancelled: accept loops return and close
 //!    their sockets, actix-web connections drain (idle keep-alives close,
 //!    in-flight requests finish), new streams are refused;
 //! 2. the Router tells every stream to end: each writes the final zero-length
@@ -43,11 +43,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
 use crate::classify::{self, Class, HeadError};
-use crate::config::{Nets, ProxyProtocol, Settings};
+use crate::config::{ProxyProtocol, Settings};
 use crate::counter::Counter;
 use crate::dispatcher;
-use crate::edge::{self, Client, Limits, ProxyError};
+use crate::edge::{self, Client, ProxyError};
 use crate::error::ApiError;
 use crate::hub::Hub;
 use crate::hub::router::CloseAll;
@@ -189,21 +190,10 @@ impl Server {
             let (stats, cluster) = (Arc::clone(&stats), hub.cluster().cloned());
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats, cluster))
         };
-        let auth = &settings.auth;
-        let verifier = match auth.subscribe_secret.as_str() {
-            "" => None,
-            secret => Some(
-                crate::token::Verifier::new(secret, &auth.subscribe_audience, &auth.subscribe_issuer)
-                    .map_err(|e| {
-                        io::Error::new(io::ErrorKind::InvalidInput, format!("auth.subscribe_secret: {e}"))
-                    })?,
-            ),
-        };
+        let admission = Admission::new(&settings, Arc::clone(&stats), publish_protected, cancel.clone())?;
         let invalid =
             |key: &str, e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"));
-        let limits = Arc::new(Limits::new(&settings.limits).map_err(|e| invalid("limits.exempt", e))?);
-        let trusted_proxies =
-            Nets::parse(&settings.http.trusted_proxies).map_err(|e| invalid("http.trusted_proxies", e))?;
+        let limits = Arc::clone(&admission.limits);
         let public = settings
             .server
             .host
@@ -212,7 +202,7 @@ impl Server {
         if limits.enabled()
             && public
             && settings.server.proxy_protocol == ProxyProtocol::Off
-            && trusted_proxies.is_empty()
+            && !admission.trusts_proxies()
         {
             tracing::warn!(
                 event = "limits_by_peer",
@@ -234,7 +224,6 @@ impl Server {
             stats: Arc::clone(&stats),
             router: hub.router().clone(),
             await_welcome: hub.cluster().is_some(),
-            verifier,
             limits: Arc::clone(&limits),
         });
         // Rate states and log times no longer needed go every 10 s.
@@ -258,10 +247,8 @@ impl Server {
             counter,
             hub,
             addr: crate::hub::cluster::advertised(main_addr),
-            trusted_proxies,
-            publish_protected,
+            admission,
             tls,
-            shutdown: cancel,
         });
         // Installed before the server says it listens, so a SIGHUP sent
         // from then on is never the default action (exit), TLS or not: a
@@ -345,7 +332,7 @@ fn bind_admin(settings: &Settings) -> io::Result<std::net::TcpListener> {
     })
 }
 
-/// Decides protected mode once (see `ServerState::publish_protected`)
+/// Decides protected mode once (`Admission`'s `publish_protected`)
 /// from the addresses actually bound, and says which it is in one WARN
 /// line when a listener is beyond loopback and no publish token is set.
 fn publish_mode<'a>(settings: &Settings, bound: impl Iterator<Item = &'a SocketAddr>) -> bool {
@@ -410,7 +397,7 @@ async fn report_slow_disconnects(state: Arc<ServerState>) {
     tick.tick().await;
     loop {
         tokio::select! {
-            () = state.shutdown.cancelled() => return,
+            () = state.admission.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         let total = stats.slow_disconnects.load(Relaxed);
@@ -439,7 +426,7 @@ async fn reload_on_hangup(
 ) {
     loop {
         tokio::select! {
-            () = state.shutdown.cancelled() => return,
+            () = state.admission.shutdown.cancelled() => return,
             got = hangup.recv() => if got.is_none() { return },
         }
         let Some(tls) = &tls else {
@@ -480,7 +467,7 @@ async fn shut_down(state: &ServerState) {
         connections = state.stats.http_active(),
         "shutting down"
     );
-    state.shutdown.cancel();
+    state.admission.shutdown.cancel();
     let _ = tokio::time::timeout_at(deadline, state.router().send(CloseAll)).await;
     let gone = |s: &ServerState| s.stats.streams_active() == 0 && s.stats.http_active() == 0;
     while !gone(state) && Instant::now() < deadline {
@@ -600,7 +587,7 @@ fn http_service(
         .configure(move |cfg| crate::routes::routes(cfg, fault_injection))
         .into_factory()
         .map_err(|err: actix_web::Error| err.error_response());
-    let drain = state.shutdown.clone();
+    let drain = state.admission.shutdown.clone();
     let http = HttpService::build()
         .keep_alive(keep_alive)
         .client_request_timeout(state.settings.head_timeout())
@@ -653,7 +640,7 @@ async fn accept_loop<S>(
     loop {
         let permit = tokio::select! {
             biased;
-            () = state.shutdown.cancelled() => return,
+            () = state.admission.shutdown.cancelled() => return,
             p = Arc::clone(&slots).acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => return,
@@ -661,7 +648,7 @@ async fn accept_loop<S>(
         };
         let accepted = tokio::select! {
             biased;
-            () = state.shutdown.cancelled() => return,
+            () = state.admission.shutdown.cancelled() => return,
             r = socket.accept() => r,
         };
         match accepted {
@@ -777,7 +764,7 @@ async fn serve<S>(
         // the connection is closed unanswered (counted and logged there).
         // (No local: it would be kept in every connection's task.)
         if state
-            .streams
+            .admission
             .limits
             .admit_tls_handshake(Client::new(peer_ip(&state, &io, proxied), proxied.is_some()))
             .is_err()
@@ -820,7 +807,7 @@ async fn serve<S>(
 /// A lean stream request whose line has been classified (`http10`: its
 /// request line said HTTP/1.0, which changes what a valid head is): reads
 /// and checks its head, then starts the stream or refuses it
-/// ([`ServerState::admit_stream`], before any stream state exists).
+/// ([`Admission::admit_stream`], before any stream state exists).
 async fn serve_stream(
     io: TcpStream,
     id: Arc<str>,
@@ -833,8 +820,8 @@ async fn serve_stream(
     let max_head = state.settings.server.max_head_bytes;
     let peer = peer_ip(state, &io, proxied);
     let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
-        let client = state.client_of_head(peer, proxied.is_some(), head);
-        state.admit_stream(&id, head, early, Via::Lean, client)
+        let client = state.admission.client_of_head(peer, proxied.is_some(), head);
+        state.admission.admit_stream(&id, head, early, Via::Lean, client)
     })
     .await;
     match admitted {
@@ -950,8 +937,8 @@ async fn serve_tls_stream(
     let peer = peer_ip(state, &io, proxied);
     let admitted = {
         let (head, early) = session.plain.split_at(end);
-        let client = state.client_of_head(peer, proxied.is_some(), head);
-        state.admit_stream(&id, head, early, Via::Lean, client)
+        let client = state.admission.client_of_head(peer, proxied.is_some(), head);
+        state.admission.admit_stream(&id, head, early, Via::Lean, client)
     };
     match admitted {
         Ok(open) => {
@@ -990,7 +977,7 @@ async fn refuse_tls(io: TcpStream, mut session: Session, error: &ApiError, cors:
 /// source, else the socket's peer, asked for only when limits or trusted
 /// proxies need it (getpeername is a system call per stream).
 fn peer_ip(state: &ServerState, io: &TcpStream, proxied: Option<SocketAddr>) -> IpAddr {
-    let needed = state.streams.limits.enabled() || !state.trusted_proxies.is_empty();
+    let needed = state.admission.limits.enabled() || state.admission.trusts_proxies();
     match proxied {
         Some(client) => client.ip(),
         None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),

@@ -46,7 +46,6 @@ use crate::hub::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, We
 use crate::id::{ConnId, conn_age, next_conn_id};
 use crate::socket::CloseHandle;
 use crate::stats::Stats;
-use crate::token::Verifier;
 
 /// How long a WebSocket that sent its close frame waits for the client's.
 const WS_CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -69,10 +68,9 @@ pub(crate) struct Shared {
     /// welcome line; so a client that has read it gets every message
     /// published after, from any node.
     pub(crate) await_welcome: bool,
-    /// Checks subscriber tokens (`auth.subscribe_secret`); `None`: open.
-    pub(crate) verifier: Option<Verifier>,
-    /// The limits per client address (a counted stream gives its place
-    /// back when it stops).
+    /// The limits per client address, the same handle as the
+    /// [`Admission`](crate::admission::Admission)'s (a counted stream gives
+    /// its place back when it stops).
     pub(crate) limits: Arc<crate::edge::Limits>,
 }
 
@@ -185,7 +183,7 @@ struct Tracking {
 impl Stream {
     /// Starts a lean stream on the current worker: the actor owns `io`,
     /// whose request head has been read, and writes its response head. The
-    /// stream was admitted (`ServerState::admit_stream`).
+    /// stream was admitted (`Admission::admit_stream`).
     pub(crate) fn start_lean(io: TcpStream, id: Arc<str>, open: Open, shared: Arc<Shared>) {
         let _ = io.set_nodelay(true);
         Stream::launch(id, Sink::socket(io), open, shared, Via::Lean);
@@ -205,7 +203,7 @@ impl Stream {
 
     /// Starts a fallback stream feeding an actix-web streaming body, which it
     /// returns; actix-web writes the response head ([`Head`]). The stream
-    /// was admitted (`ServerState::admit_stream`).
+    /// was admitted (`Admission::admit_stream`).
     /// `close` closes the connection under the body if the stream is cut.
     pub(crate) fn start_body(
         id: Arc<str>,

@@ -1,0 +1,313 @@
+//! Who gets in: the one admission decision for every stream, lean or
+//! fallback ([`Admission::admit_stream`]), and for every publish
+//! ([`Admission::admit_publish`]).
+//!
+//! [`Admission`] owns every input those decisions read, so that a change
+//! to who may open a stream or publish is a change here: the limits per
+//! client address, the subscriber token verifier, the trusted proxies
+//! (who the client is), the CORS rule (`http.cors_origins`), the
+//! `stream.max_streams` slots, the publish token with protected mode, and
+//! shutdown. Streams keep only the limits' handle, to give a counted place
+//! back when they stop.
+
+use std::io;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use actix_web::HttpRequest;
+use actix_web::http::header;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{HttpSettings, Nets, Settings};
+use crate::edge::{self, Client, Limits};
+use crate::error::{ApiError, Cors, CorsAnswer};
+use crate::handshake::{self, Transport};
+use crate::stats::Stats;
+use crate::stream::{Open, Via};
+use crate::token::{self, Verifier};
+
+/// A stream request refused before any stream state exists.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// Why.
+    pub(crate) error: ApiError,
+    /// What CORS says to the page's origin, decided at admission (an
+    /// allowed origin is named, so the page can read why).
+    pub(crate) cors: CorsAnswer,
+}
+
+/// Every input of an admission, shared by `Arc` (in the server's state)
+/// between the workers and actix-web's handlers.
+pub(crate) struct Admission {
+    /// The limits per client address (streams, opening and publishing
+    /// rates, TLS handshakes); the streams hold the same handle to give a
+    /// counted place back.
+    pub(crate) limits: Arc<Limits>,
+    /// Checks subscriber tokens (`auth.subscribe_secret`); `None`: open.
+    verifier: Option<Verifier>,
+    /// `http.trusted_proxies`, parsed.
+    trusted_proxies: Nets,
+    /// The `[http]` settings: the CORS rule (`http.cors_origins`).
+    http: HttpSettings,
+    /// `stream.max_streams`: past it a stream request is refused 503.
+    max_streams: usize,
+    /// `auth.publish_token`; empty: none.
+    publish_token: String,
+    /// Protected mode, decided once at start-up: no `auth.publish_token`,
+    /// no `auth.publish_open`, and some listener bound beyond loopback.
+    /// Publishing is then open to loopback clients only
+    /// ([`Admission::authorize`]).
+    publish_protected: bool,
+    /// Counters for `/stats`: refusals, and the streams open (the
+    /// `stream.max_streams` slots).
+    stats: Arc<Stats>,
+    /// Cancelled once on SIGINT/SIGTERM (or the caller's shutdown future):
+    /// accept loops stop, actix-web connections drain, new streams are refused.
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Admission {
+    /// The admission inputs of `settings`; an invalid `auth.subscribe_secret`,
+    /// `limits.exempt` or `http.trusted_proxies` is an error naming its key.
+    /// `publish_protected` is protected mode as decided from the addresses
+    /// bound.
+    pub(crate) fn new(
+        settings: &Settings,
+        stats: Arc<Stats>,
+        publish_protected: bool,
+        shutdown: CancellationToken,
+    ) -> io::Result<Admission> {
+        let auth = &settings.auth;
+        let verifier = match auth.subscribe_secret.as_str() {
+            "" => None,
+            secret => Some(
+                Verifier::new(secret, &auth.subscribe_audience, &auth.subscribe_issuer).map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidInput, format!("auth.subscribe_secret: {e}"))
+                })?,
+            ),
+        };
+        let invalid =
+            |key: &str, e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"));
+        let limits = Arc::new(Limits::new(&settings.limits).map_err(|e| invalid("limits.exempt", e))?);
+        let trusted_proxies =
+            Nets::parse(&settings.http.trusted_proxies).map_err(|e| invalid("http.trusted_proxies", e))?;
+        Ok(Admission {
+            limits,
+            verifier,
+            trusted_proxies,
+            http: settings.http.clone(),
+            max_streams: settings.stream.max_streams,
+            publish_token: auth.publish_token.clone(),
+            publish_protected,
+            stats,
+            shutdown,
+        })
+    }
+
+    /// Whether `http.trusted_proxies` names any proxy.
+    pub(crate) fn trusts_proxies(&self) -> bool {
+        !self.trusted_proxies.is_empty()
+    }
+
+    /// The client's address for an actix-web request: the socket's peer
+    /// or the PROXY header's source ([`Rewound`]), or, from a trusted
+    /// proxy, what its `X-Forwarded-For` says.
+    ///
+    /// [`Rewound`]: crate::socket::Rewound
+    pub(crate) fn client_of(&self, req: &HttpRequest) -> Client {
+        let proxied = req.conn_data::<crate::socket::Proxied>().is_some();
+        let peer = req.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        let ip = edge::forwarded_for(
+            peer,
+            &self.trusted_proxies,
+            req.headers().get_all("x-forwarded-for").map(|v| v.as_bytes()),
+        );
+        Client::new(ip, proxied || ip.to_canonical() != peer.to_canonical())
+    }
+
+    /// The client's address for a lean stream: `peer` (the socket's, or
+    /// the PROXY header's source: `proxied`), or from a trusted proxy what
+    /// the head's `X-Forwarded-For` says.
+    pub(crate) fn client_of_head(&self, peer: IpAddr, proxied: bool, head: &[u8]) -> Client {
+        if self.trusted_proxies.is_empty() {
+            return Client::new(peer, proxied);
+        }
+        let ip = edge::forwarded_for(
+            peer,
+            &self.trusted_proxies,
+            edge::header_values(head, b"x-forwarded-for"),
+        );
+        Client::new(ip, proxied || ip.to_canonical() != peer.to_canonical())
+    }
+
+    /// The CORS headers of a stream's answer to a page from `origin`:
+    /// decided once per stream request, at its admission, and carried to
+    /// whichever answer it gets.
+    pub(crate) fn cors<'a>(&self, origin: Option<&'a str>) -> Cors<'a> {
+        Cors {
+            allow: origin.filter(|o| self.http.allows_origin(o.as_bytes())),
+            vary: self.http.cors_enabled(),
+        }
+    }
+
+    /// A refusal of a stream request, counted (`tokens_refused`,
+    /// `origins_refused`, or `bad_heads`), answered with `cors` (as
+    /// [`Admission::cors`] decided it).
+    pub(crate) fn refusal(&self, error: ApiError, cors: Cors<'_>) -> Refusal {
+        let counter = match error {
+            ApiError::BadToken(_) => Some(&self.stats.tokens_refused),
+            ApiError::OriginNotAllowed => Some(&self.stats.origins_refused),
+            // Counted where they are decided (`limits.refused`).
+            ApiError::ShuttingDown | ApiError::StreamLimit(_) | ApiError::OverLimit { .. } => None,
+            _ => Some(&self.stats.bad_heads),
+        };
+        if let Some(counter) = counter {
+            counter.fetch_add(1, Relaxed);
+        }
+        Refusal {
+            error,
+            cors: cors.into(),
+        }
+    }
+
+    /// The one admission decision for a stream of `id`, lean or fallback
+    /// (`via`), whose whole head (validated) is `head`, with `early` the
+    /// bytes the client sent right behind it, in this order: shutdown (503),
+    /// the client address's opening rate (429: every stream request spends
+    /// one, refused later or not), one `Origin` at most, its transport, HTTP
+    /// version and resume point ([`handshake::read_request`]), its page
+    /// origin (a WebSocket's, against `http.cors_origins`), its subscriber token
+    /// when `auth.subscribe_secret` is set, a WebSocket only as a
+    /// connection's first request (on the lean path), then a
+    /// `stream.max_streams` slot, which it takes (given back when the
+    /// stream stops). Refusals are counted ([`Admission::refusal`]).
+    pub(crate) fn admit_stream(
+        &self,
+        id: &str,
+        head: &[u8],
+        early: &[u8],
+        via: Via,
+        client: Client,
+    ) -> Result<Open, Refusal> {
+        // The origin first, read once, and what CORS says to it decided
+        // once, so that every answer after it, refusal or stream, names it.
+        // Two `Origin` headers leave the page unknown: none is named, and
+        // the request is refused after the opening rate.
+        let origin = handshake::origin(head);
+        let page = origin.as_ref().ok().copied().flatten();
+        let cors = self.cors(page);
+        let refused = |error: ApiError| self.refusal(error, cors);
+        // Shutting down: whatever else is wrong, the answer is "go elsewhere".
+        if self.shutdown.is_cancelled() {
+            return Err(refused(ApiError::ShuttingDown));
+        }
+        // The opening rate first: a flood of bad tokens counts too.
+        let limits = &self.limits;
+        limits.admit_open(client).map_err(refused)?;
+        if let Err(repeated) = origin {
+            return Err(refused(repeated));
+        }
+        let req = handshake::read_request(head).map_err(refused)?;
+        // Browsers apply no CORS to WebSockets: the server checks the
+        // origin itself, once a list is configured (`vary`).
+        if req.transport == Transport::Ws && cors.vary && page.is_some() && cors.allow.is_none() {
+            return Err(refused(ApiError::OriginNotAllowed));
+        }
+        let expires = match &self.verifier {
+            None => None,
+            Some(verifier) => {
+                let Some(token) = req.token.as_deref() else {
+                    return Err(refused(ApiError::BadToken(
+                        "none given: use ?token=<jwt> or Authorization: Bearer <jwt>".to_owned(),
+                    )));
+                };
+                Some(
+                    verifier
+                        .check(token, id)
+                        .map_err(|why| refused(ApiError::BadToken(why)))?,
+                )
+            }
+        };
+        if req.transport == Transport::Ws && via == Via::Fallback {
+            // Only a first request on a connection is peeked and can become a
+            // WebSocket (every WebSocket client opens a connection for it).
+            return Err(refused(ApiError::BadWebSocket(
+                "a WebSocket upgrade must be the first request on its connection".to_owned(),
+            )));
+        }
+        // The client's address: its count (429).
+        let counted = limits.count_stream(client).map_err(refused)?;
+        let max = self.max_streams;
+        if !self.stats.try_reserve_stream(max) {
+            if let Some(slot) = counted {
+                limits.stream_closed(slot);
+            }
+            return Err(refused(ApiError::StreamLimit(max)));
+        }
+        Ok(Open {
+            req,
+            cors: cors.into(),
+            expires,
+            early: early.to_vec(),
+            counted,
+        })
+    }
+
+    /// What a `/send` or `/broadcast` passes before its body is read, in
+    /// this order: who may publish ([`Admission::authorize`]: 400, 401,
+    /// 403), then the client address's publishing rate (429).
+    pub(crate) fn admit_publish(&self, req: &HttpRequest) -> Result<(), ApiError> {
+        self.authorize(req)?;
+        self.limits.admit_publish(self.client_of(req))
+    }
+
+    /// Who may publish (and see `/presence`, `/admin/*`, `/stats`'
+    /// `limits.refusing`): with `auth.publish_token` set, a request with
+    /// `Authorization: Bearer <token>` (401 otherwise); without one, anyone,
+    /// except in protected mode (`Admission::publish_protected`), where a
+    /// client that is not loopback is refused 403 with the two ways out.
+    ///
+    /// The client is the one the `[limits]` see ([`Admission::client_of`]):
+    /// behind a proxy that passes it on (PROXY protocol, a trusted
+    /// `X-Forwarded-For`), the real client, not the proxy on loopback.
+    pub(crate) fn authorize(&self, req: &HttpRequest) -> Result<(), ApiError> {
+        let token = &self.publish_token;
+        if token.is_empty() {
+            if self.publish_protected && !is_loopback(self.client_of(req)) {
+                return Err(ApiError::PublishProtected);
+            }
+            return Ok(());
+        }
+        if bearer_is(req, token)? {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthorized)
+        }
+    }
+}
+
+/// A loopback client: its socket's peer is a loopback address. An
+/// address a PROXY header or `X-Forwarded-For` claims never counts (as
+/// for the limits' exemptions): whoever reaches the proxy could claim it.
+fn is_loopback(client: Client) -> bool {
+    client.ip.is_loopback() && !client.claimed
+}
+
+/// Whether the request's `Authorization: Bearer` credentials are `token`
+/// (compared in constant time).
+///
+/// The scheme is case-insensitive (RFC 9110 §11.1), spaces after it are
+/// allowed; two `Authorization` headers are refused (400) rather than one
+/// of them checked.
+pub(crate) fn bearer_is(req: &HttpRequest, token: &str) -> Result<bool, ApiError> {
+    let mut given = req.headers().get_all(header::AUTHORIZATION);
+    let (first, second) = (given.next(), given.next());
+    if second.is_some() {
+        return Err(ApiError::RepeatedAuthorization);
+    }
+    let credentials = first
+        .and_then(|v| token::bearer_credentials(v.as_bytes()))
+        .unwrap_or_default();
+    Ok(token::constant_time_eq(credentials, token.as_bytes()))
+}
