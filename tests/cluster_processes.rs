@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use cluster::{
-    BIN, WAIT, binary, cluster_pids, fleet_is_up, get, id_channel, open, parent_of, post, prefix, processes,
-    wait_cluster_of, wait_until,
+    BIN, HeldPort, WAIT, binary, cluster_pids, fleet_is_up, get, id_channel, open, parent_of, post, prefix,
+    processes, wait_cluster_of, wait_until,
 };
 use common::process::{Proc, send_signal};
 use common::{RedisServer, StreamClient, request};
@@ -264,8 +264,8 @@ fn a_fleet_without_tls_survives_sighup_with_its_streams() {
 #[test]
 fn processes_without_redis_url_or_with_port_zero_are_refused() {
     // A port this test holds: the binary must refuse before it binds one.
-    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = held.local_addr().unwrap().port().to_string();
+    let held = HeldPort::new();
+    let port = held.port.to_string();
     let mut cmd = Command::new(BIN);
     cmd.args(["--processes", "2"])
         .env("SWITCHBOARD__SERVER__PORT", &port);
