@@ -405,7 +405,7 @@ impl std::fmt::Debug for ClusterCollector {
 impl Collector for ClusterCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0.stats;
-        let counters: [CounterSpec<'_>; 20] = [
+        let counters: [CounterSpec<'_>; 21] = [
             (
                 "cluster_bus_restarts",
                 "Supervised restarts of the cluster Bus actor after a crash.",
@@ -466,6 +466,11 @@ impl Collector for ClusterCollector {
                 "cluster_master_switches",
                 "Times this node moved to another Redis master the sentinels named.",
                 &s.master_switches,
+            ),
+            (
+                "cluster_stale_sentinel_answers",
+                "Sentinel answers naming a master other than the one +switch-master just announced, asked again.",
+                &s.stale_sentinel_answers,
             ),
             (
                 "cluster_readonly",

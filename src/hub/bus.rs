@@ -113,6 +113,8 @@ pub(crate) struct Bus {
     subscriptions: u64,
     /// Whether a link was ever up (the next one is a reconnect).
     was_up: bool,
+    /// A connect is in flight (between [`Bus::connect`] and its result).
+    connecting: bool,
 }
 
 impl Bus {
@@ -135,6 +137,7 @@ impl Bus {
             attempts: 0,
             subscriptions: 0,
             was_up: false,
+            connecting: false,
         }
     }
 
@@ -203,6 +206,7 @@ impl Bus {
     /// then [`Bus::link_established`].
     fn connect(&mut self, ctx: &mut Context<Self>) {
         self.generation += 1;
+        self.connecting = true;
         let generation = self.generation;
         let cluster = Arc::clone(&self.cluster);
         let broadcast = self.cluster.names.broadcast().to_owned();
@@ -237,6 +241,7 @@ impl Bus {
             if generation != bus.generation {
                 return;
             }
+            bus.connecting = false;
             match opened {
                 Ok(conn) => bus.link_established(conn, ctx),
                 Err(cause) => {
@@ -668,8 +673,12 @@ impl Handler<MasterSwitched> for Bus {
 
     fn handle(&mut self, MasterSwitched(to): MasterSwitched, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, ctx| {
-            if to == bus.cluster.master_addr() {
-                // Already there (another sentinel's announcement, late).
+            // From now on, for a while, a sentinel naming another master
+            // is one that has not heard yet (see `Cluster::find_master`).
+            let news = bus.cluster.announce_master(&to);
+            if to == bus.cluster.master_addr() || (!news && bus.link.is_none()) {
+                // Already there, or on the way: a connect that began after
+                // the first announcement goes nowhere else.
                 return;
             }
             tracing::warn!(
@@ -677,9 +686,15 @@ impl Handler<MasterSwitched> for Bus {
                 to = %to,
                 "the sentinels switched the master; the bus reconnects there"
             );
-            // Without a link a connect is pending, and it asks the sentinels.
             if bus.link.is_some() {
                 bus.lost(bus.generation, "the sentinels switched the master", ctx);
+            } else if std::mem::take(&mut bus.connecting) {
+                // A connect in flight may have asked a sentinel before the
+                // announcement and be linking to the old master (which,
+                // paused and resumed, still answers as one): void it and
+                // ask again. Otherwise the connect scheduled next asks.
+                bus.generation += 1;
+                bus.schedule_connect(ctx);
             }
         });
     }
@@ -700,10 +715,32 @@ async fn confirm_master(conn: &mut Conn) -> Result<(), String> {
     }
 }
 
-/// Follows the sentinels' `+switch-master` announcements for this fleet's
-/// master and tells the Bus, for as long as the Bus runs; reconnects (to
-/// the first sentinel that answers) after any failure.
+/// Follows every sentinel's `+switch-master` announcements for this
+/// fleet's master and tells the Bus, for as long as the Bus runs. Every
+/// sentinel, not one: the one that led the failover announces it at once,
+/// the others only once they hear of it (a hello period or more later),
+/// and until then they name the old master.
 async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
+    let sentinels = match cluster.sentinel_clients() {
+        Ok(sentinels) => sentinels,
+        Err(cause) => {
+            tracing::error!(
+                event = "sentinel_watch_lost",
+                cause,
+                "cannot follow the sentinels' +switch-master (link losses still make the node ask them)"
+            );
+            return;
+        }
+    };
+    let watches = sentinels
+        .into_iter()
+        .map(|(name, client)| watch_sentinel(Arc::clone(&cluster), bus.clone(), name, client));
+    futures_util::future::join_all(watches).await;
+}
+
+/// Follows one sentinel (see [`watch_sentinels`]); reconnects after any
+/// failure.
+async fn watch_sentinel(cluster: Arc<Cluster>, bus: Addr<Bus>, sentinel: String, client: redis::Client) {
     let master = cluster.settings.redis_sentinel_master.clone();
     let retry = Duration::from_millis(cluster.settings.reconnect_max_ms);
     let subscribe = redis::cmd("SUBSCRIBE").arg("+switch-master").get_packed_command();
@@ -711,8 +748,9 @@ async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
     while bus.connected() {
         let began = Instant::now();
         let watched = async {
-            let client = cluster.sentinel_client().await?;
-            let mut conn = Conn::open(&client, cluster.tls()).await?;
+            let mut conn = tokio::time::timeout(cluster.link_timeout(), Conn::open(&client, cluster.tls()))
+                .await
+                .map_err(|_| "connecting timed out".to_owned())??;
             conn.write(&subscribe).await.map_err(|e| e.to_string())?;
             loop {
                 match Received::of(conn.next().await?)? {
@@ -740,9 +778,10 @@ async fn watch_sentinels(cluster: Arc<Cluster>, bus: Addr<Bus>) {
         {
             tracing::warn!(
                 event = "sentinel_watch_lost",
+                sentinel,
                 cause,
                 failures,
-                "lost the sentinel this node follows +switch-master on; again shortly \
+                "lost a sentinel this node follows +switch-master on; again shortly \
                  (link losses still make it ask the sentinels)"
             );
         }
@@ -757,6 +796,7 @@ impl Supervised for Bus {
         self.cluster.stats.restarts.fetch_add(1, Relaxed);
         self.cluster.stats.connected.store(false, Relaxed);
         self.link = None;
+        self.connecting = false;
         self.generation += 1;
         self.attempts = 0;
         self.subscribed.do_send(Subscribed::LinkDown);

@@ -290,6 +290,12 @@ const PRESENCE_BATCH: usize = 10_000;
 /// dozen bytes; one per attempt while Redis does not answer).
 const MAX_PENDING: usize = 100_000;
 
+/// How long a `+switch-master` announcement outweighs what a sentinel
+/// answers (see [`Cluster::find_master`]): the sentinels learn a new
+/// master's configuration from each other within a few hello periods (2 s
+/// each), and an announcement this old has been heard by all of them.
+const ANNOUNCEMENT_TRUSTED: Duration = Duration::from_secs(10);
+
 /// One of this node's publishes, waiting for its echo: this node's
 /// own streams get the message when Redis hands it back, so that they get
 /// it exactly when (and only if) the other nodes do.
@@ -567,6 +573,10 @@ pub(crate) struct ClusterStats {
     pub(crate) name_conflicts: AtomicU64,
     /// Times this node moved to another master the sentinels named.
     pub(crate) master_switches: AtomicU64,
+    /// Times a sentinel named a master other than the one just announced
+    /// by `+switch-master` (one that had not heard of the failover yet),
+    /// and the node asked again rather than go there.
+    pub(crate) stale_sentinel_answers: AtomicU64,
     /// Commands a Redis refused with READONLY (a master that became a
     /// replica); each makes the node ask the sentinels again.
     pub(crate) readonly: AtomicU64,
@@ -685,6 +695,10 @@ pub(crate) struct Cluster {
     /// A command was refused with READONLY: the Bus asks the sentinels
     /// again at its next heartbeat (and drops a link that is on a replica).
     stale_master: AtomicBool,
+    /// The master the sentinels last announced (`+switch-master`), and
+    /// when: while it is fresh ([`ANNOUNCEMENT_TRUSTED`]),
+    /// [`Cluster::find_master`] refuses another one (see there).
+    announced: Mutex<Option<(String, Instant)>>,
     /// How the command connection is made (for a new master).
     conn_config: ConnectionManagerConfig,
     /// Ids whose last local stream left, still subscribed until the time
@@ -802,6 +816,7 @@ impl Cluster {
             sentinel: sentinel.map(tokio::sync::Mutex::new),
             tls,
             stale_master: AtomicBool::new(false),
+            announced: Mutex::new(None),
             conn_config: config,
             lingering: Mutex::new(HashMap::new()),
             awaited: Mutex::new(BTreeMap::new()),
@@ -863,17 +878,37 @@ impl Cluster {
         self.sentinel.is_some()
     }
 
-    /// A client for the first sentinel that answers (to follow
-    /// `+switch-master` on).
-    pub(crate) async fn sentinel_client(&self) -> Result<redis::Client, String> {
-        let Some(sentinel) = &self.sentinel else {
-            return Err("no sentinels are set".to_owned());
-        };
-        let mut sentinel = sentinel.lock().await;
-        tokio::time::timeout(self.link_timeout(), sentinel.async_get_sentinel_client())
-            .await
-            .map_err(|_| "no sentinel answered in time".to_owned())?
-            .map_err(|e| format!("no sentinel answered: {e}"))
+    /// Where each sentinel is, as a client the hand-written connections
+    /// open (`+switch-master` is followed on every one of them).
+    pub(crate) fn sentinel_clients(&self) -> Result<Vec<(String, redis::Client)>, String> {
+        self.settings
+            .sentinels()
+            .into_iter()
+            .map(|(host, port)| {
+                let name = format!("{host}:{port}");
+                let addr = if self.settings.redis_sentinel_tls {
+                    redis::ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: false,
+                        tls_params: None,
+                    }
+                } else {
+                    redis::ConnectionAddr::Tcp(host, port)
+                };
+                let mut redis = redis::RedisConnectionInfo::default();
+                if !self.settings.redis_sentinel_password.is_empty() {
+                    redis = redis.set_password(&self.settings.redis_sentinel_password);
+                }
+                let info = format!("redis://{name}")
+                    .into_connection_info()
+                    .map_err(|e| format!("sentinel {name}: {e}"))?
+                    .set_addr(addr)
+                    .set_redis_settings(redis);
+                let client = redis::Client::open(info).map_err(|e| format!("sentinel {name}: {e}"))?;
+                Ok((name, client))
+            })
+            .collect()
     }
 
     /// Whether a command was refused with READONLY since the last call.
@@ -908,6 +943,21 @@ impl Cluster {
                 )
             })?;
         let addr = addr_of(&client);
+        if let Some(announced) = self.announced_master()
+            && announced != addr
+        {
+            // A sentinel that has not heard of the failover yet names the
+            // old master, which answers ROLE as a master until the
+            // sentinels demote it (seconds after it runs again): a link
+            // made there gets nothing the fleet publishes on the new one,
+            // and what it misses is behind a new epoch (a gap), not
+            // replayed. Ask again until the sentinels agree.
+            self.stats.stale_sentinel_answers.fetch_add(1, Relaxed);
+            return Err(format!(
+                "a sentinel named {addr} as the master, but {announced} was just announced as the new one; \
+                 asking again"
+            ));
+        }
         let mut m = self.master();
         if m.found && addr_of(&m.client) == addr {
             return Ok(());
@@ -936,6 +986,37 @@ impl Cluster {
             );
         }
         Ok(())
+    }
+
+    /// Takes note of a `+switch-master` announcement naming `to` (see
+    /// [`Cluster::find_master`]). True when it is news: no announcement
+    /// within [`ANNOUNCEMENT_TRUSTED`] named it (every sentinel announces
+    /// a failover, one after another).
+    pub(crate) fn announce_master(&self, to: &str) -> bool {
+        let mut announced = self
+            .announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let news = !announced
+            .as_ref()
+            .is_some_and(|(was, at)| was == to && at.elapsed() < ANNOUNCEMENT_TRUSTED);
+        if news {
+            *announced = Some((to.to_owned(), Instant::now()));
+        }
+        news
+    }
+
+    /// The master last announced, if that was within
+    /// [`ANNOUNCEMENT_TRUSTED`].
+    fn announced_master(&self) -> Option<String> {
+        let announced = self
+            .announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        announced
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < ANNOUNCEMENT_TRUSTED)
+            .map(|(to, _)| to.clone())
     }
 
     /// The table of awaited echoes (a panic while it was held leaves it
@@ -1818,6 +1899,7 @@ impl Cluster {
             "restarts": get(&s.restarts),
             "name_conflicts": get(&s.name_conflicts),
             "master_switches": get(&s.master_switches),
+            "stale_sentinel_answers": get(&s.stale_sentinel_answers),
             "readonly": get(&s.readonly),
             "wait_short": get(&s.wait_short),
             "history_regressions": get(&s.history_regressions),
