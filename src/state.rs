@@ -46,7 +46,7 @@ impl ServerState {
         let mut snapshot = self.stats.snapshot();
         snapshot["limits"] = self.admission.limits.stats();
         if let Some(cluster) = self.hub.cluster() {
-            snapshot["cluster"] = cluster.snapshot();
+            snapshot["cluster"] = serde_json::to_value(cluster.snapshot()).unwrap_or_default();
         }
         snapshot
     }

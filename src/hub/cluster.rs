@@ -36,7 +36,6 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{AsyncCommands, IntoConnectionInfo};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::config::{ClusterSettings, HistorySettings, redact_url};
 use crate::error::ApiError;
@@ -1878,40 +1877,74 @@ impl Cluster {
     }
 
     /// The `cluster` section of `/stats`.
-    pub(crate) fn snapshot(&self) -> Value {
+    pub(crate) fn snapshot(&self) -> ClusterSnapshot {
         let s = &self.stats;
         let get = |a: &AtomicU64| a.load(Relaxed);
-        json!({
-            "node": self.node,
-            "instance": self.instance,
-            "connected": s.connected.load(Relaxed),
-            "subscriptions": get(&s.subscriptions),
-            "subscribe_commands": get(&s.subscribe_commands),
-            "publishes": get(&s.publishes),
-            "publish_errors": get(&s.publish_errors),
-            "received": get(&s.received),
-            "echoes": get(&s.echoes),
-            "malformed": get(&s.malformed),
-            "reconnects": get(&s.reconnects),
-            "resubscribed": get(&s.resubscribed),
-            "errors": get(&s.errors),
-            "heartbeats": get(&s.heartbeats),
-            "restarts": get(&s.restarts),
-            "name_conflicts": get(&s.name_conflicts),
-            "master_switches": get(&s.master_switches),
-            "stale_sentinel_answers": get(&s.stale_sentinel_answers),
-            "readonly": get(&s.readonly),
-            "wait_short": get(&s.wait_short),
-            "history_regressions": get(&s.history_regressions),
-            "clock_skew_ms": s.clock_skew_us.load(Relaxed) / 1000,
-            "clock_ahead": get(&s.clock_ahead),
-            "clock_resets": get(&s.clock_resets),
-            "ids_ahead": get(&s.ids_ahead),
-            "bad_state": get(&s.bad_state),
-            "redis": self.master_addr(),
-            "redis_version": self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
-        })
+        ClusterSnapshot {
+            node: self.node.clone(),
+            instance: self.instance.clone(),
+            connected: s.connected.load(Relaxed),
+            subscriptions: get(&s.subscriptions),
+            subscribe_commands: get(&s.subscribe_commands),
+            publishes: get(&s.publishes),
+            publish_errors: get(&s.publish_errors),
+            received: get(&s.received),
+            echoes: get(&s.echoes),
+            malformed: get(&s.malformed),
+            reconnects: get(&s.reconnects),
+            resubscribed: get(&s.resubscribed),
+            errors: get(&s.errors),
+            heartbeats: get(&s.heartbeats),
+            restarts: get(&s.restarts),
+            name_conflicts: get(&s.name_conflicts),
+            master_switches: get(&s.master_switches),
+            stale_sentinel_answers: get(&s.stale_sentinel_answers),
+            readonly: get(&s.readonly),
+            wait_short: get(&s.wait_short),
+            history_regressions: get(&s.history_regressions),
+            clock_skew_ms: s.clock_skew_us.load(Relaxed) / 1000,
+            clock_ahead: get(&s.clock_ahead),
+            clock_resets: get(&s.clock_resets),
+            ids_ahead: get(&s.ids_ahead),
+            bad_state: get(&s.bad_state),
+            redis: self.master_addr(),
+            redis_version: self.redis_version.lock().map(|v| v.clone()).unwrap_or_default(),
+        }
     }
+}
+
+/// The `cluster` section of `/stats`: this node's bus counters (see
+/// [`ClusterStats`], whose fields these are) and the Redis it speaks to.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ClusterSnapshot {
+    node: String,
+    instance: String,
+    connected: bool,
+    subscriptions: u64,
+    subscribe_commands: u64,
+    publishes: u64,
+    publish_errors: u64,
+    received: u64,
+    echoes: u64,
+    malformed: u64,
+    reconnects: u64,
+    resubscribed: u64,
+    errors: u64,
+    heartbeats: u64,
+    restarts: u64,
+    name_conflicts: u64,
+    master_switches: u64,
+    stale_sentinel_answers: u64,
+    readonly: u64,
+    wait_short: u64,
+    history_regressions: u64,
+    clock_skew_ms: i64,
+    clock_ahead: u64,
+    clock_resets: u64,
+    ids_ahead: u64,
+    bad_state: u64,
+    redis: String,
+    redis_version: String,
 }
 
 /// `/cluster` of a server without a bus: just itself.
