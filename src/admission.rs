@@ -311,3 +311,231 @@ pub(crate) fn bearer_is(req: &HttpRequest, token: &str) -> Result<bool, ApiError
         .unwrap_or_default();
     Ok(token::constant_time_eq(credentials, token.as_bytes()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, SocketAddr};
+    use std::time::Duration;
+
+    use actix_web::http::StatusCode;
+    use actix_web::{ResponseError, test::TestRequest};
+
+    use super::*;
+
+    /// A client on the documentation network: never exempt from limits.
+    const REMOTE: [u8; 4] = [192, 0, 2, 7];
+
+    fn remote() -> Client {
+        Client::new(IpAddr::from(REMOTE), false)
+    }
+
+    fn admission(edit: impl FnOnce(&mut Settings), protected: bool) -> Admission {
+        let mut settings = Settings::defaults();
+        edit(&mut settings);
+        Admission::new(
+            &settings,
+            Arc::new(Stats::new()),
+            protected,
+            CancellationToken::new(),
+        )
+        .unwrap()
+    }
+
+    fn head(path: &str, extra: &str) -> Vec<u8> {
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n").into_bytes()
+    }
+
+    fn refused(a: &Admission, head: &[u8], via: Via) -> (StatusCode, String) {
+        match a.admit_stream("a", head, b"", via, remote()) {
+            Ok(_) => panic!("admitted: {}", String::from_utf8_lossy(head)),
+            Err(r) => (r.error.status_code(), r.error.to_string()),
+        }
+    }
+
+    #[test]
+    fn shutdown_refuses_before_anything_else_is_read() {
+        let a = admission(|s| s.auth.subscribe_secret = "s".repeat(32), false);
+        a.shutdown.cancel();
+        // No token, two origins: still "go elsewhere".
+        let h = head("/test/a", "Origin: http://a\r\nOrigin: http://b\r\n");
+        assert_eq!(refused(&a, &h, Via::Lean).0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn a_refused_request_still_spends_its_opening_rate() {
+        let a = admission(
+            |s| {
+                s.auth.subscribe_secret = "s".repeat(32);
+                s.limits.stream_opens_per_ip_per_s = 1;
+                s.limits.stream_opens_burst = 1;
+            },
+            false,
+        );
+        let h = head("/test/a", "");
+        let (status, why) = refused(&a, &h, Via::Lean);
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{why}");
+        assert!(why.contains("none given"), "{why}");
+        // The second, within the second, is over the rate: 429, not 401.
+        assert_eq!(refused(&a, &h, Via::Lean).0, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[test]
+    fn two_origins_are_refused_and_no_origin_is_named() {
+        let a = admission(|s| s.http.cors_origins = "http://a".to_owned(), false);
+        let h = head("/test/a", "Origin: http://a\r\nOrigin: http://a\r\n");
+        let Err(r) = a.admit_stream("a", &h, b"", Via::Lean, remote()) else {
+            panic!("admitted");
+        };
+        assert_eq!(r.error.status_code(), StatusCode::BAD_REQUEST);
+        assert_eq!(r.cors.as_cors().allow, None);
+    }
+
+    #[test]
+    fn a_refusal_names_an_allowed_origin_and_only_an_allowed_one() {
+        let a = admission(
+            |s| {
+                s.http.cors_origins = "http://good".to_owned();
+                s.auth.subscribe_secret = "s".repeat(32);
+            },
+            false,
+        );
+        for (origin, named) in [("http://good", Some("http://good")), ("http://evil", None)] {
+            let h = head("/test/a", &format!("Origin: {origin}\r\n"));
+            let Err(r) = a.admit_stream("a", &h, b"", Via::Lean, remote()) else {
+                panic!("admitted without a token");
+            };
+            assert_eq!(r.error.status_code(), StatusCode::UNAUTHORIZED);
+            assert_eq!(r.cors.as_cors().allow, named, "{origin}");
+            assert!(r.cors.as_cors().vary);
+        }
+    }
+
+    #[test]
+    fn a_websocket_from_a_page_not_listed_is_refused_403() {
+        let a = admission(|s| s.http.cors_origins = "http://good".to_owned(), false);
+        let ws = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+                  Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+        let h = head("/test/a", &format!("{ws}Origin: http://evil\r\n"));
+        assert_eq!(refused(&a, &h, Via::Lean).0, StatusCode::FORBIDDEN);
+        // From a listed page, admitted; as a fallback request, refused.
+        let h = head("/test/a", &format!("{ws}Origin: http://good\r\n"));
+        assert!(a.admit_stream("a", &h, b"", Via::Lean, remote()).is_ok());
+        let (status, why) = refused(&a, &h, Via::Fallback);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{why}");
+        assert!(why.contains("first request"), "{why}");
+    }
+
+    #[test]
+    fn a_valid_token_admits_and_its_lifetime_is_carried() {
+        let secret = "s".repeat(32);
+        let a = admission(|s| s.auth.subscribe_secret = secret.clone(), false);
+        let token = token::mint(&secret, &["a".to_owned()], Duration::from_secs(60)).unwrap();
+        let h = head(&format!("/test/a?token={token}"), "");
+        let open = a.admit_stream("a", &h, b"tail", Via::Lean, remote()).unwrap();
+        let left = open.expires.expect("a token's lifetime");
+        assert!(
+            left <= Duration::from_secs(60) && left > Duration::from_secs(50),
+            "{left:?}"
+        );
+        assert_eq!(open.early, b"tail");
+        // The same token does not open another id.
+        let Err(r) = a.admit_stream("b", &h, b"", Via::Lean, remote()) else {
+            panic!("a token for a opened b");
+        };
+        assert_eq!(r.error.status_code(), StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn past_max_streams_a_stream_is_refused_and_its_address_count_given_back() {
+        let a = admission(
+            |s| {
+                s.stream.max_streams = 1;
+                s.limits.streams_per_ip = 1;
+            },
+            false,
+        );
+        let h = head("/test/a", "");
+        let first = a.admit_stream("a", &h, b"", Via::Lean, remote()).unwrap();
+        assert!(first.counted.is_some());
+        // Another address: the server-wide cap refuses it (503) ...
+        let other = Client::new(IpAddr::from([192, 0, 2, 8]), false);
+        let Err(r) = a.admit_stream("a", &h, b"", Via::Lean, other) else {
+            panic!("past max_streams");
+        };
+        assert_eq!(r.error.status_code(), StatusCode::SERVICE_UNAVAILABLE);
+        // ... and gives its address's place back: once the first stream's
+        // reservation is released, that address opens one.
+        a.stats.stream_closed(Duration::ZERO);
+        a.limits.stream_closed(first.counted.unwrap());
+        assert!(a.admit_stream("a", &h, b"", Via::Lean, other).is_ok());
+    }
+
+    fn publish(peer: [u8; 4], auth: Option<&str>) -> actix_web::HttpRequest {
+        let mut req = TestRequest::post()
+            .uri("/send/a")
+            .peer_addr(SocketAddr::from((peer, 40000)));
+        if let Some(auth) = auth {
+            req = req.insert_header(("Authorization", auth));
+        }
+        req.to_http_request()
+    }
+
+    #[test]
+    fn protected_mode_lets_only_loopback_publish() {
+        let a = admission(|_| {}, true);
+        assert!(a.admit_publish(&publish([127, 0, 0, 1], None)).is_ok());
+        let e = a.admit_publish(&publish(REMOTE, None)).unwrap_err();
+        assert_eq!(e.status_code(), StatusCode::FORBIDDEN);
+        assert!(e.to_string().contains("auth.publish_token"), "{e}");
+        // Not protected: anyone.
+        assert!(
+            admission(|_| {}, false)
+                .admit_publish(&publish(REMOTE, None))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_publish_token_is_asked_of_everyone_loopback_included() {
+        let a = admission(|s| s.auth.publish_token = "t0ken".to_owned(), true);
+        for peer in [[127, 0, 0, 1], REMOTE] {
+            assert_eq!(
+                a.admit_publish(&publish(peer, None)).unwrap_err().status_code(),
+                StatusCode::UNAUTHORIZED
+            );
+            assert_eq!(
+                a.admit_publish(&publish(peer, Some("Bearer wrong")))
+                    .unwrap_err()
+                    .status_code(),
+                StatusCode::UNAUTHORIZED
+            );
+            assert!(a.admit_publish(&publish(peer, Some("bearer  t0ken"))).is_ok());
+        }
+    }
+
+    #[test]
+    fn the_publishing_rate_applies_after_who_may_publish() {
+        let a = admission(
+            |s| {
+                s.auth.publish_token = "t0ken".to_owned();
+                s.limits.publishes_per_ip_per_s = 1;
+                s.limits.publishes_burst = 1;
+            },
+            false,
+        );
+        // Refused for its token: no rate spent.
+        for _ in 0..3 {
+            assert_eq!(
+                a.admit_publish(&publish(REMOTE, None)).unwrap_err().status_code(),
+                StatusCode::UNAUTHORIZED
+            );
+        }
+        assert!(a.admit_publish(&publish(REMOTE, Some("Bearer t0ken"))).is_ok());
+        assert_eq!(
+            a.admit_publish(&publish(REMOTE, Some("Bearer t0ken")))
+                .unwrap_err()
+                .status_code(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
