@@ -21,10 +21,11 @@
 //! restarts it (see [`crate::supervision`]), which drops the link and makes
 //! it again, resubscribing the same way.
 //!
-//! Bookkeeping per id: the lingering table ([`Cluster::lingering`], shared
-//! with the Hub, which asks it whether a publish's echo comes here; only the
-//! Bus writes it) holds only ids that left recently; the held ids are the Router's table keys, asked for on
-//! reconnect; a SUBSCRIBE's ids are kept only until Redis confirms it. No
+//! Bookkeeping per id: the lingering table (in [`Cluster`], shared with
+//! the Hub, which asks it whether a publish's echo comes here; only the
+//! Bus writes it, through [`Cluster::linger`] and its kin) holds only ids
+//! that left recently; the held ids are the Router's table keys, asked for
+//! on reconnect; a SUBSCRIBE's ids are kept only until Redis confirms it. No
 //! set of subscribed channel names is kept anywhere (see [`super::link`] for
 //! why the link is not redis-rs's pub/sub connection, which keeps one).
 
@@ -300,13 +301,7 @@ impl Bus {
                     return;
                 }
                 let held = held.unwrap_or_default();
-                let ids: Vec<Arc<str>> = {
-                    let lingering = bus.cluster.lingering();
-                    held.into_iter()
-                        .filter(|id| !lingering.contains_key(id))
-                        .chain(lingering.keys().cloned())
-                        .collect()
-                };
+                let ids = bus.cluster.to_subscribe(held);
                 for id in &ids {
                     bus.send(Op::Subscribe(Arc::clone(id)));
                 }
@@ -349,21 +344,7 @@ impl Bus {
 
     /// Unsubscribes the lingering ids whose time is up.
     fn sweep(&mut self, _ctx: &mut Context<Self>) {
-        let now = Instant::now();
-        let mut expired = Vec::new();
-        {
-            let mut lingering = self.cluster.lingering();
-            lingering.retain(|id, until| {
-                let keep = *until > now;
-                if !keep {
-                    expired.push(Arc::clone(id));
-                }
-                keep
-            });
-            if !expired.is_empty() {
-                crate::id::shrink_if_sparse(&mut lingering);
-            }
-        }
+        let expired = self.cluster.expired_lingers(Instant::now());
         for id in &expired {
             self.send(Op::Unsubscribe(self.cluster.names.id_channel(id)));
         }
@@ -814,7 +795,7 @@ impl Handler<Interest> for Bus {
     fn handle(&mut self, m: Interest, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, _| match m {
             Interest::Held(id) => {
-                let back = bus.cluster.lingering().remove(&id).is_some();
+                let back = bus.cluster.end_linger(&id);
                 if back && bus.link.is_some() {
                     // Back within the linger: still subscribed.
                     bus.subscribed.do_send(Subscribed::Ids(vec![id]));
@@ -832,7 +813,7 @@ impl Handler<Interest> for Bus {
             }
             Interest::Released(id) => {
                 let until = Instant::now() + bus.linger();
-                bus.cluster.lingering().insert(id, until);
+                bus.cluster.linger(id, until);
             }
         });
     }

@@ -701,10 +701,12 @@ pub(crate) struct Cluster {
     /// How the command connection is made (for a new master).
     conn_config: ConnectionManagerConfig,
     /// Ids whose last local stream left, still subscribed until the time
-    /// given. LocalDelivery, not in the Bus, because two actors use it: the Bus fills
-    /// it (`Interest::Released`), empties it (the id back, or its time up)
-    /// and resubscribes it after a reconnect; the Hub asks it whether this
-    /// node is among a publish's receivers ([`Cluster::is_lingering`]).
+    /// given. Here, not in the Bus, because two actors use it, each through
+    /// a method (no guard leaves this module): the Bus fills it
+    /// ([`Cluster::linger`]), empties it ([`Cluster::end_linger`],
+    /// [`Cluster::expired_lingers`]) and resubscribes it after a reconnect
+    /// ([`Cluster::to_subscribe`]); the Hub asks whether this node is among
+    /// a publish's receivers ([`Cluster::is_lingering`]).
     lingering: Mutex<HashMap<Arc<str>, tokio::time::Instant>>,
     /// Publishes of this node waiting for their echo, by sequence
     /// number (their publish id is `<instance>/<seq>`). Empty at rest.
@@ -1400,7 +1402,8 @@ impl Cluster {
     }
 
     /// The lingering table (a panic while it was held leaves it usable).
-    pub(crate) fn lingering(&self) -> MutexGuard<'_, HashMap<Arc<str>, tokio::time::Instant>> {
+    /// Private: the Bus and the Hub use it through the methods below.
+    fn lingering(&self) -> MutexGuard<'_, HashMap<Arc<str>, tokio::time::Instant>> {
         self.lingering
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1409,6 +1412,44 @@ impl Cluster {
     /// Whether this node is subscribed to `id` though it holds no stream.
     pub(crate) fn is_lingering(&self, id: &str) -> bool {
         self.lingering().contains_key(id)
+    }
+
+    /// `id` lost its last local stream: it stays subscribed until `until`.
+    pub(crate) fn linger(&self, id: Arc<str>, until: tokio::time::Instant) {
+        self.lingering().insert(id, until);
+    }
+
+    /// `id` has a local stream again: whether it was still lingering (and
+    /// so still subscribed).
+    pub(crate) fn end_linger(&self, id: &str) -> bool {
+        self.lingering().remove(id).is_some()
+    }
+
+    /// Takes the lingering ids whose time is up at `now` (to unsubscribe).
+    pub(crate) fn expired_lingers(&self, now: tokio::time::Instant) -> Vec<Arc<str>> {
+        let mut expired = Vec::new();
+        let mut lingering = self.lingering();
+        lingering.retain(|id, until| {
+            let keep = *until > now;
+            if !keep {
+                expired.push(Arc::clone(id));
+            }
+            keep
+        });
+        if !expired.is_empty() {
+            crate::id::shrink_if_sparse(&mut lingering);
+        }
+        expired
+    }
+
+    /// What a new link subscribes to: the ids `held` here and the
+    /// lingering ones, each once.
+    pub(crate) fn to_subscribe(&self, held: Vec<Arc<str>>) -> Vec<Arc<str>> {
+        let lingering = self.lingering();
+        held.into_iter()
+            .filter(|id| !lingering.contains_key(id))
+            .chain(lingering.keys().cloned())
+            .collect()
     }
 
     /// Redis's time now, as this node estimates it from its own clock and
