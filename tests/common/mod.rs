@@ -622,8 +622,10 @@ impl RedisServer {
             let file = dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &file,
+                // Its log beside it (`sentinel-PORT.log`), for a failed
+                // test to show what the sentinels did.
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\n{}",
+                    "port {port}\nbind 127.0.0.1\ndir {0}\nlogfile {0}/sentinel-{port}.log\n{1}",
                     dir.display(),
                     conf(tls_port.get())
                 ),
