@@ -17,11 +17,11 @@ use cluster::{
 };
 use common::{RedisServer, StreamClient, request};
 
-/// Issue 22: a message's event id is minted once, by the node that
-/// accepted it, and carried on the bus: the streams of its id on every
+/// Issue 22: a message's event id is minted once, by the fleet's publish
+/// script in Redis, and carried on the bus: the streams of its id on every
 /// node get it under the id `/send` answered, for a plain publish and for
-/// a keyed one (minted before Redis runs the publish, delivered here from
-/// its echo), and each node's history keeps it under that id.
+/// a keyed one (delivered on the accepting node from its echo, as on the
+/// others), and the fleet's history keeps it under that id.
 #[test]
 fn one_message_has_one_event_id_on_every_node() {
     let redis = RedisServer::start();
