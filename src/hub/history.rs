@@ -12,8 +12,11 @@
 //!
 //! **In cluster mode** the fleet gives ids and keeps the history, in Redis
 //! (see [`crate::hub::cluster`]); a node reads it with [`fleet_resume`].
-//! This node's clock then only follows the fleet's ([`History::witness`]),
-//! for the messages it delivers alone while the bus is down.
+//! This node's clock then only follows the fleet's ([`History::witness`]):
+//! it says up to where this node had every message of its ids, where a
+//! catch-up starts after the pub/sub link is lost. (While the bus is down
+//! a publish reaches this node's streams alone and without an id: an id
+//! from this node's clock could pass the fleet's.)
 //!
 //! **History**: an id gets a ring once a message is sent to it (an id that
 //! is only held costs nothing here), keeping its last `history.size`
@@ -74,8 +77,8 @@ pub(crate) struct History {
     /// from now on are larger.
     clock: u64,
     /// The largest id recorded (delivered): where a stream that does not
-    /// resume starts. Below `clock` while a keyed publish's id is minted
-    /// and its message not back yet.
+    /// resume starts. In cluster mode nothing is recorded here (the fleet
+    /// keeps the history) and only `clock` moves, by [`History::witness`].
     last: u64,
     rings: HashMap<Arc<str>, Ring>,
     /// Messages kept over all rings.
@@ -111,10 +114,11 @@ impl History {
         self.clock
     }
 
-    /// Takes note of `event`, given by the fleet, and returns it: ids this
-    /// node mints from now on (while the bus is down) are larger. (The bus
-    /// refuses ids far ahead of this node's clock, so one cannot push it
-    /// out of reach.)
+    /// Takes note of `event`, given by the fleet, and returns it: the clock
+    /// then says this node had every message of its ids up to it, which is
+    /// where a catch-up starts if the link is lost. (The bus refuses ids
+    /// far ahead of this node's clock, so one cannot push it out of
+    /// reach.)
     pub(crate) fn witness(&mut self, event: u64) -> u64 {
         self.clock = self.clock.max(event);
         event
