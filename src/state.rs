@@ -9,13 +9,13 @@ use actix::Addr;
 use actix_rt::net::TcpStream;
 
 use crate::admission::Admission;
-use crate::classify::HeadError;
 use crate::config::Settings;
+use crate::conn::classify::HeadError;
+use crate::conn::socket;
 use crate::counter::Counter;
 use crate::error::{ApiError, Cors};
 use crate::hub::Hub;
 use crate::hub::router::Router;
-use crate::socket;
 use crate::stats::Stats;
 use crate::stream::{self, Stream};
 
@@ -36,7 +36,7 @@ pub(crate) struct ServerState {
     /// Who gets in: every input of a stream's or a publish's admission.
     pub(crate) admission: Admission,
     /// The certificate and TLS settings of the TLS ports, if any.
-    pub(crate) tls: Option<Arc<crate::tls::Acceptor>>,
+    pub(crate) tls: Option<Arc<crate::conn::tls::Acceptor>>,
 }
 
 impl ServerState {
@@ -103,7 +103,7 @@ impl ServerState {
                 limit: server.max_head_bytes,
             },
             HeadError::TooManyHeaders => ApiError::TooManyHeaders {
-                limit: crate::classify::MAX_HEADERS,
+                limit: crate::conn::classify::MAX_HEADERS,
             },
             HeadError::Invalid(why) => ApiError::BadHead(why),
             HeadError::Tls(why) => ApiError::BadHead(why),

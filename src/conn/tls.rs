@@ -34,7 +34,7 @@ use rustls::{ServerConfig, crypto::CryptoProvider};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, timeout_at};
 
-use crate::classify::HeadError;
+use crate::conn::classify::HeadError;
 
 /// How much ciphertext one read takes from the socket: a whole TLS record
 /// (16 KiB of plaintext and its overhead) in at most two reads. A stack
@@ -431,7 +431,7 @@ impl Session {
         };
         if !out.is_empty() {
             // An alert for a bad record goes out too.
-            let _ = timeout_at(deadline, crate::wire::write_all(io, &out)).await;
+            let _ = timeout_at(deadline, crate::conn::wire::write_all(io, &out)).await;
         }
         stepped.map_err(|e| HeadError::Tls(tls_reason(&e)))
     }
@@ -442,7 +442,7 @@ impl Session {
             let mut out = Vec::new();
             let stop = self.step(&mut out, None);
             if !out.is_empty() {
-                match timeout_at(deadline, crate::wire::write_all(io, &out)).await {
+                match timeout_at(deadline, crate::conn::wire::write_all(io, &out)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return Err(HeadError::Gone),
                     Err(_) => return Err(HeadError::Timeout),
@@ -472,7 +472,7 @@ impl Session {
     pub(crate) async fn write_and_close(&mut self, io: &TcpStream, data: &[u8], deadline: Instant) {
         let mut out = Vec::new();
         if self.encrypt(data, true, &mut out).is_ok() {
-            let _ = timeout_at(deadline, crate::wire::write_all(io, &out)).await;
+            let _ = timeout_at(deadline, crate::conn::wire::write_all(io, &out)).await;
         }
     }
 }

@@ -29,10 +29,10 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
-use crate::classify::{DISPATCHER_LINE as REQUEST_LINE, HeadError, is_token};
+use crate::conn::classify::{DISPATCHER_LINE as REQUEST_LINE, HeadError, is_token};
+use crate::conn::socket::{self, Rewound};
 use crate::counter::{Counter, Take};
 use crate::error::ApiError;
-use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 
 /// Largest request head served here. It is also the read buffer every
@@ -169,7 +169,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
             // answers, like a client that stops sending.
             let sent = timeout_at(
                 Instant::now() + state.settings.head_timeout(),
-                crate::wire::write_all(&io, &out),
+                crate::conn::wire::write_all(&io, &out),
             )
             .await;
             if !matches!(sent, Ok(Ok(()))) {
@@ -204,7 +204,7 @@ async fn read_by(io: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Optio
     if Instant::now() >= deadline {
         // Not `try_read`: it answers from tokio's readiness, which says
         // nothing yet, without asking the kernel.
-        return crate::classify::look_now(io, buf, nix::sys::socket::MsgFlags::empty()).map(Ok);
+        return crate::conn::classify::look_now(io, buf, nix::sys::socket::MsgFlags::empty()).map(Ok);
     }
     timeout_at(deadline, io.read(buf)).await.ok()
 }
@@ -213,7 +213,7 @@ async fn read_by(io: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Optio
 /// on, or 503 for each if the Counter crashed handling the batch.
 pub(crate) fn respond(out: &mut Vec<u8>, first: Result<u64, ApiError>, count: u64, close: bool) {
     out.clear();
-    let date = crate::http_date::now();
+    let date = crate::conn::http_date::now();
     for i in 0..count {
         let last = i + 1 == count;
         let connection = if close && last {

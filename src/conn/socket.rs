@@ -14,8 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
+use crate::conn::tls::TlsIo;
 use crate::error::{ApiError, Cors};
-use crate::tls::TlsIo;
 
 /// How long a refused connection is drained before it is closed, so the
 /// client reads the error instead of a reset.
@@ -233,7 +233,7 @@ pub(crate) struct Internal;
 /// answer is out: for a request whose body stopped arriving, actix-web's
 /// HTTP/1 dispatcher would otherwise keep waiting for the rest of a chunked
 /// body, holding the socket. Put in each request's connection data; the
-/// connection's task in `server` acts on it.
+/// connection's task in `conn::serve` acts on it.
 #[derive(Clone, Default)]
 pub(crate) struct CloseHandle(Rc<Notify>);
 

@@ -1,5 +1,5 @@
 //! Writing a whole buffer to a non-blocking socket: below both the lean
-//! paths' socket helpers (`crate::socket`) and TLS (`crate::tls`), which
+//! paths' socket helpers (`crate::conn::socket`) and TLS (`crate::conn::tls`), which
 //! both need it.
 
 use std::io;

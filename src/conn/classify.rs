@@ -48,7 +48,7 @@ pub(crate) const PEEK_BACKOFF_MAX: Duration = Duration::from_millis(50);
 const STREAM_PREFIX: &[u8] = b"GET /test/";
 
 /// The request line the lean `/dispatcher` path serves (see
-/// [`crate::dispatcher`], which serves every later request on the
+/// [`crate::conn::dispatcher`], which serves every later request on the
 /// connection with the same line).
 pub(crate) const DISPATCHER_LINE: &[u8] = b"GET /dispatcher HTTP/1.1\r\n";
 
@@ -62,7 +62,7 @@ pub(crate) enum Class {
         /// HTTP/1.0: the response is close-delimited, not chunked.
         http10: bool,
     },
-    /// A plain `GET /dispatcher` first: [`crate::dispatcher`].
+    /// A plain `GET /dispatcher` first: [`crate::conn::dispatcher`].
     Dispatcher,
     /// actix-web.
     Http,
@@ -523,7 +523,7 @@ pub(crate) fn is_token(b: u8) -> bool {
 
 /// Reads and checks the request head (up to the blank line) of a connection
 /// taken for the lean path, and returns what `read` makes of the whole head
-/// and of the bytes read after it (see [`crate::handshake`]; a WebSocket
+/// and of the bytes read after it (see [`crate::conn::handshake`]; a WebSocket
 /// client may send its first frames right behind its handshake). Reads
 /// through a stack buffer not held across an await: a head that arrives in
 /// one read, as nearly every head does, is read without an allocation; one
