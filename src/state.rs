@@ -11,7 +11,8 @@ use actix_rt::net::TcpStream;
 use crate::admission::Admission;
 use crate::config::Settings;
 use crate::conn::classify::HeadError;
-use crate::conn::socket;
+use crate::conn::wire::Wire;
+use crate::conn::{socket, tls};
 use crate::counter::Counter;
 use crate::error::{ApiError, Cors};
 use crate::hub::Hub;
@@ -65,11 +66,15 @@ impl ServerState {
     }
 
     /// Answers a head a lean path refuses (400, 408, 431), counted in
-    /// `bad_heads`, and closes the connection; a client that is gone gets
-    /// nothing.
-    pub(crate) async fn refuse_head(&self, io: TcpStream, e: HeadError) {
+    /// `bad_heads`, and closes the connection, plain or TLS; a client that
+    /// is gone gets nothing, nor does a TLS connection whose records failed
+    /// ([`tls::refused`]).
+    pub(crate) async fn refuse_head(&self, wire: impl Wire, e: HeadError) {
+        if let HeadError::Tls(_) = e {
+            return tls::refused(&self.stats, e);
+        }
         if let Some(error) = self.refused_head(e) {
-            socket::refuse(io, &error, Cors::default()).await;
+            socket::refuse(wire, &error, Cors::default()).await;
         }
     }
 

@@ -20,15 +20,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep};
 
 use crate::config::ProxyProtocol;
-use crate::conn::classify::{self, Class, HeadError};
+use crate::conn::classify::{self, Class, HeadError, HeadSource, Peeked};
 use crate::conn::dispatcher;
 use crate::conn::edge::{self, Client, ProxyError};
 use crate::conn::socket::{self, Rewound};
-use crate::conn::tls::{Session, TlsIo};
-use crate::error::ApiError;
+use crate::conn::tls::{self, DecryptedHead, DecryptedLine, TlsIo, TlsWire};
+use crate::conn::wire::{CLOSE_AFTER_ANSWER, Wire};
 use crate::state::ServerState;
 use crate::stats::Stats;
-use crate::stream::{Stream, Via};
+use crate::stream::{self, Open, Stream, Via};
 
 /// Pause after `accept` fails for lack of file descriptors. The pending
 /// connection stays in the backlog and is accepted once descriptors free up.
@@ -36,11 +36,6 @@ const FD_LIMIT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Pause after any other unexpected `accept` failure.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
-
-/// How long a connection a handler asked to close (see
-/// [`socket::CloseHandle`]) keeps running so its answer, a few hundred
-/// bytes that the socket takes at once, goes out first.
-const CLOSE_AFTER_ANSWER: Duration = Duration::from_millis(100);
 
 /// Which listener a connection came in on, and so what it may become.
 #[derive(Debug, Clone, Copy)]
@@ -207,7 +202,13 @@ async fn serve<S>(
         // Boxed: a TLS session's handshake future is large.
         return Box::pin(serve_tls(io, http, state, permit, deadline, proxied)).await;
     }
-    match classify::classify(&io, deadline, settings.stream.max_id_len, max_line).await {
+    // A statement of its own: the peek buffers are gone before the match.
+    let class = classify::classify(
+        &mut Peeked::new(&io, deadline, max_line),
+        settings.stream.max_id_len,
+    )
+    .await;
+    match class {
         Class::Stream { id, http10 } => {
             // Boxed: reading and checking the head would otherwise grow
             // every connection's task (docs/design-notes.md).
@@ -230,19 +231,54 @@ async fn serve<S>(
         }
         Class::Timeout => state.refuse_head(io, HeadError::Timeout).await,
         Class::Fragment => {
-            let why = "a request target has no fragment (#); send it percent-escaped (%23)";
-            state.refuse_head(io, HeadError::Invalid(why)).await;
+            state
+                .refuse_head(io, HeadError::Invalid(classify::FRAGMENT))
+                .await
         }
         Class::Gone => {}
     }
 }
 
+/// A wire a lean stream can start on: the socket itself, or the socket with
+/// its TLS session.
+trait Lean: Wire + Sized {
+    /// Where its request head is read from.
+    fn head(&mut self) -> impl HeadSource + '_;
+
+    /// Starts the lean stream `id` on it.
+    fn start(self, id: Arc<str>, open: Open, shared: Arc<stream::Shared>);
+}
+
+impl Lean for TcpStream {
+    fn head(&mut self) -> impl HeadSource + '_ {
+        classify::Plain::new(self)
+    }
+
+    fn start(self, id: Arc<str>, open: Open, shared: Arc<stream::Shared>) {
+        Stream::start_lean(self, id, open, shared);
+    }
+}
+
+impl Lean for TlsWire {
+    fn head(&mut self) -> impl HeadSource + '_ {
+        DecryptedHead::new(&self.io, &mut self.session)
+    }
+
+    fn start(mut self, id: Arc<str>, open: Open, shared: Arc<stream::Shared>) {
+        // What followed the head was looked at by the admission, as on a
+        // plain connection; the stream reads on from the socket.
+        self.session.plain = Vec::new();
+        Stream::start_lean_tls(self.io, self.session, id, open, shared);
+    }
+}
+
 /// A lean stream request whose line has been classified (`http10`: its
-/// request line said HTTP/1.0, which changes what a valid head is): reads
-/// and checks its head, then starts the stream or refuses it
-/// ([`Admission::admit_stream`], before any stream state exists).
+/// request line said HTTP/1.0, which changes what a valid head is), plain
+/// or TLS: reads and checks its head, then starts the stream or refuses it
+/// ([`crate::admission::Admission::admit_stream`], before any stream state
+/// exists).
 async fn serve_stream(
-    io: TcpStream,
+    mut wire: impl Lean,
     id: Arc<str>,
     http10: bool,
     state: &Arc<ServerState>,
@@ -251,8 +287,8 @@ async fn serve_stream(
     proxied: Option<SocketAddr>,
 ) {
     let max_head = state.settings.server.max_head_bytes;
-    let peer = peer_ip(state, &io, proxied);
-    let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
+    let peer = peer_ip(state, wire.socket(), proxied);
+    let admitted = classify::consume_head(&mut wire.head(), deadline, max_head, http10, |head, early| {
         let client = state.admission.client_of_head(peer, proxied.is_some(), head);
         state.admission.admit_stream(&id, head, early, Via::Lean, client)
     })
@@ -262,10 +298,10 @@ async fn serve_stream(
             // A stream is not an HTTP connection: its slot is counted by
             // `stream.max_streams` from here on.
             drop(permit);
-            Stream::start_lean(io, id, open, Arc::clone(&state.streams));
+            wire.start(id, open, Arc::clone(&state.streams));
         }
-        Ok(Err(refused)) => socket::refuse(io, &refused.error, refused.cors.as_cors()).await,
-        Err(e) => state.refuse_head(io, e).await,
+        Ok(Err(refused)) => socket::refuse(wire, &refused.error, refused.cors.as_cors()).await,
+        Err(e) => state.refuse_head(wire, e).await,
     }
 }
 
@@ -298,32 +334,16 @@ async fn serve_tls<S>(
         state.stats.tls_handshakes.fetch_add(1, Relaxed);
     }
     if let Err(e) = shaken {
-        return count_tls_refusal(&state, e);
+        return tls::refused(&state.stats, e);
     }
     let settings = &state.settings;
-    let max_line = settings.server.max_head_bytes.max(classify::PEEK_BYTES);
-    let class = loop {
-        let full = session.plain.len() >= max_line;
-        match classify::decide(&session.plain, full, settings.stream.max_id_len) {
-            Some(Class::Http) if classify::has_fragment(&session.plain) => break Class::Fragment,
-            Some(class) => break class,
-            None => match session.read_plain(&io, deadline).await {
-                Ok(()) => {}
-                Err(HeadError::Timeout) => break Class::Timeout,
-                Err(e @ HeadError::Tls(_)) => {
-                    count_tls_refusal(&state, e);
-                    break Class::Gone;
-                }
-                Err(_) => break Class::Gone,
-            },
-        }
-    };
+    let max_line = settings.server.max_head_bytes;
+    let line = &mut DecryptedLine::new(&io, &mut session, &state.stats, deadline, max_line);
+    let class = classify::classify(line, settings.stream.max_id_len).await;
     match class {
         Class::Stream { id, http10 } => {
-            Box::pin(serve_tls_stream(
-                io, session, id, http10, &state, permit, deadline, proxied,
-            ))
-            .await;
+            let wire = TlsWire { io, session };
+            Box::pin(serve_stream(wire, id, http10, &state, permit, deadline, proxied)).await;
         }
         Class::Dispatcher | Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
@@ -331,79 +351,17 @@ async fn serve_tls<S>(
             let io = Rewound::tls(TlsIo::new(io, session), plain).with_client(proxied);
             Box::pin(serve_http(&*http, io)).await;
         }
-        Class::Timeout => refuse_tls_head(&state, io, session, HeadError::Timeout).await,
+        Class::Timeout => {
+            state
+                .refuse_head(TlsWire { io, session }, HeadError::Timeout)
+                .await
+        }
         Class::Fragment => {
-            let why = "a request target has no fragment (#); send it percent-escaped (%23)";
-            refuse_tls_head(&state, io, session, HeadError::Invalid(why)).await;
+            let why = HeadError::Invalid(classify::FRAGMENT);
+            state.refuse_head(TlsWire { io, session }, why).await;
         }
         Class::Gone => {}
     }
-}
-
-/// [`serve_stream`] on a TLS connection whose request line is decrypted.
-#[allow(clippy::too_many_arguments)]
-async fn serve_tls_stream(
-    io: TcpStream,
-    mut session: Session,
-    id: Arc<str>,
-    http10: bool,
-    state: &Arc<ServerState>,
-    permit: OwnedSemaphorePermit,
-    deadline: Instant,
-    proxied: Option<SocketAddr>,
-) {
-    let max_head = state.settings.server.max_head_bytes;
-    let mut check = classify::HeadCheck::new(http10);
-    let mut fed = 0;
-    let end = loop {
-        match check.feed(&session.plain[fed..], max_head) {
-            classify::Checked::More => {
-                fed = session.plain.len();
-                if let Err(e) = session.read_plain(&io, deadline).await {
-                    return refuse_tls_head(state, io, session, e).await;
-                }
-            }
-            classify::Checked::End(k) => break fed + k,
-            classify::Checked::Refused(e) => return refuse_tls_head(state, io, session, e).await,
-        }
-    };
-    let peer = peer_ip(state, &io, proxied);
-    let admitted = {
-        let (head, early) = session.plain.split_at(end);
-        let client = state.admission.client_of_head(peer, proxied.is_some(), head);
-        state.admission.admit_stream(&id, head, early, Via::Lean, client)
-    };
-    match admitted {
-        Ok(open) => {
-            // What followed the head was looked at by the admission, as on a
-            // plain connection; the stream reads on from the socket.
-            session.plain = Vec::new();
-            drop(permit);
-            Stream::start_lean_tls(io, session, id, open, Arc::clone(&state.streams));
-        }
-        Err(refused) => refuse_tls(io, session, &refused.error, refused.cors.as_cors()).await,
-    }
-}
-
-/// [`ServerState::refuse_head`] on a TLS connection.
-async fn refuse_tls_head(state: &ServerState, io: TcpStream, session: Session, e: HeadError) {
-    if let HeadError::Tls(_) = e {
-        return count_tls_refusal(state, e);
-    }
-    if let Some(error) = state.refused_head(e) {
-        refuse_tls(io, session, &error, crate::error::Cors::default()).await;
-    }
-}
-
-/// [`socket::refuse`] on a TLS connection: the answer, a close_notify, and
-/// a gentle close.
-async fn refuse_tls(io: TcpStream, mut session: Session, error: &ApiError, cors: crate::error::Cors<'_>) {
-    let mut response = Vec::new();
-    error.write_http1(&mut response, true, cors);
-    session
-        .write_and_close(&io, &response, Instant::now() + CLOSE_AFTER_ANSWER)
-        .await;
-    socket::close_gently(&io).await;
 }
 
 /// The client's address for a lean stream's limits: a PROXY header's
@@ -416,20 +374,6 @@ fn peer_ip(state: &ServerState, io: &TcpStream, proxied: Option<SocketAddr>) -> 
         None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
         None => IpAddr::from([0, 0, 0, 0]),
     }
-}
-
-/// Counts and logs a TLS connection refused before its head was read,
-/// which gets no HTTP answer (the client could not read one): a handshake
-/// out of time, or a handshake or record that failed. A client that went
-/// away is not counted.
-fn count_tls_refusal(state: &ServerState, e: HeadError) {
-    let counter = match e {
-        HeadError::Timeout => &state.stats.tls_handshake_timeouts,
-        HeadError::Gone => return,
-        _ => &state.stats.tls_handshake_failures,
-    };
-    counter.fetch_add(1, Relaxed);
-    tracing::debug!(event = "tls_refused", cause = ?e, "TLS connection refused before its head");
 }
 
 /// Serves a connection with actix-web until it ends, or until a handler

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
 use crate::conn::tls::TlsIo;
+use crate::conn::wire::Wire;
 use crate::error::{ApiError, Cors};
 
 /// How long a refused connection is drained before it is closed, so the
@@ -23,12 +24,13 @@ const LINGER: Duration = Duration::from_millis(500);
 
 /// Answers a request the lean path refuses with `error` (the same response
 /// actix-web would give it, with `cors` for a page), then closes the
-/// connection after draining what the client still sends.
-pub(crate) async fn refuse(io: TcpStream, error: &ApiError, cors: Cors<'_>) {
+/// connection after draining what the client still sends. The one refusal
+/// writer, plain or TLS ([`Wire::write_last`]).
+pub(crate) async fn refuse<W: Wire>(mut wire: W, error: &ApiError, cors: Cors<'_>) {
     let mut response = Vec::new();
     error.write_http1(&mut response, true, cors);
-    let _ = io.try_write(&response);
-    close_gently(&io).await;
+    wire.write_last(&response).await;
+    close_gently(wire.socket()).await;
 }
 
 /// Ends our side of `io` and drains what the client still sends for a short
