@@ -862,3 +862,63 @@ fn lean_heads_and_refusals_over_tls_answer_as_over_plain() {
     assert!(fragment.1.contains("fragment"), "{fragment:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `/dispatcher` over TLS answers as on the plain port (the lean path on
+/// both): the same status and headers, the Counter's next number, two
+/// requests on one kept-alive connection, a request of another kind after
+/// them still served, by actix-web, on that connection, and a client that
+/// asks to close getting a close_notify after its answer.
+#[test]
+fn dispatcher_over_tls_answers_as_over_plain_and_keeps_alive() {
+    let dir = temp_dir("dispatcher");
+    let certs = make_certificates(&dir, "dispatcher");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let (plain, tls) = (srv.addrs[0], srv.addrs[1]);
+    let ask = b"GET /dispatcher HTTP/1.1\r\nhost: t\r\n\r\n";
+    let sans_date = |r: &common::Response| -> Vec<(String, String)> {
+        let date = |k: &str| k.eq_ignore_ascii_case("date");
+        r.headers.iter().filter(|(k, _)| !date(k)).cloned().collect()
+    };
+    let tcp = TcpStream::connect(plain).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut on_plain = BufReader::new(tcp);
+    on_plain.get_mut().write_all(ask).unwrap();
+    let first = common::read_response(&mut on_plain).unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
+    let mut numbers = vec![first.text().parse::<u64>().unwrap()];
+    let mut on_tls = BufReader::new(tls_connect(tls, &certs.ca).unwrap());
+    for _ in 0..2 {
+        on_tls.get_mut().write_all(ask).unwrap();
+        on_tls.get_mut().flush().unwrap();
+        let r = common::read_response(&mut on_tls).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(sans_date(&r), sans_date(&first), "the plain port's headers");
+        numbers.push(r.text().parse().unwrap());
+    }
+    on_tls
+        .get_mut()
+        .write_all(b"GET /dispatcher?x HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    on_tls.get_mut().flush().unwrap();
+    let other = common::read_response(&mut on_tls).unwrap();
+    assert_eq!(other.status, 200, "{}", other.text());
+    numbers.push(other.text().parse().unwrap());
+    // A client that asks to close gets its answer, then a close_notify.
+    let mut closing = BufReader::new(tls_connect(tls, &certs.ca).unwrap());
+    let close = b"GET /dispatcher HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
+    closing.get_mut().write_all(close).unwrap();
+    closing.get_mut().flush().unwrap();
+    let last = common::read_response(&mut closing).unwrap();
+    assert_eq!(last.status, 200, "{}", last.text());
+    numbers.push(last.text().parse().unwrap());
+    let mut rest = Vec::new();
+    closing.read_to_end(&mut rest).expect("a clean TLS close");
+    assert!(rest.is_empty(), "{rest:?}");
+    let from = numbers[0];
+    assert_eq!(
+        numbers,
+        (from..from + 5).collect::<Vec<_>>(),
+        "each the next number"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

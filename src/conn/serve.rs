@@ -214,15 +214,7 @@ async fn serve<S>(
             // every connection's task (docs/design-notes.md).
             Box::pin(serve_stream(io, id, http10, &state, permit, deadline, proxied)).await;
         }
-        Class::Dispatcher => {
-            let _conn = HttpConn::new(permit, &state.stats);
-            // Boxed: every connection's task would otherwise carry this
-            // future's size while it is classified.
-            if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(io, &state, deadline)).await
-            {
-                Box::pin(serve_http(&*http, io.with_client(proxied))).await;
-            }
-        }
+        Class::Dispatcher => serve_dispatcher(io, &*http, &state, permit, deadline, proxied).await,
         Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
             // Boxed: actix-web's HTTP/1 dispatcher future is large, and every
@@ -345,7 +337,11 @@ async fn serve_tls<S>(
             let wire = TlsWire { io, session };
             Box::pin(serve_stream(wire, id, http10, &state, permit, deadline, proxied)).await;
         }
-        Class::Dispatcher | Class::Http => {
+        Class::Dispatcher => {
+            let wire = TlsWire { io, session };
+            serve_dispatcher(wire, &*http, &state, permit, deadline, proxied).await;
+        }
+        Class::Http => {
             let _conn = HttpConn::new(permit, &state.stats);
             let plain = std::mem::take(&mut session.plain);
             let io = Rewound::tls(TlsIo::new(io, session), plain).with_client(proxied);
@@ -361,6 +357,27 @@ async fn serve_tls<S>(
             state.refuse_head(TlsWire { io, session }, why).await;
         }
         Class::Gone => {}
+    }
+}
+
+/// A connection whose first request is a plain `GET /dispatcher`, plain or
+/// TLS: the lean path ([`dispatcher::serve`]) until a request of another
+/// kind hands the connection to actix-web.
+async fn serve_dispatcher<S>(
+    wire: impl dispatcher::Io,
+    http: &S,
+    state: &ServerState,
+    permit: OwnedSemaphorePermit,
+    deadline: Instant,
+    proxied: Option<SocketAddr>,
+) where
+    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
+{
+    let _conn = HttpConn::new(permit, &state.stats);
+    // Boxed: every connection's task would otherwise carry this future's
+    // size while it is classified.
+    if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(wire, state, deadline)).await {
+        Box::pin(serve_http(http, io.with_client(proxied))).await;
     }
 }
 
