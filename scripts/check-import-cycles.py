@@ -9,7 +9,12 @@ cycle (a uses b, b uses a, directly or through others) is a sign that a
 leaf hides inside one of them. A module is a file or folder directly under
 SRC_DIR (`hub/` with everything in it is one); it depends on every other
 module it names as `crate::<module>` outside comments and `#[cfg(test)]`
-blocks. The binaries under `bin/` and `lib.rs` itself are not modules here.
+blocks. `conn/` is the exception: it is the connection pipeline, whose
+steps sit at different heights (its socket, TLS and head-reading layers are
+used by the Stream actor, its accept loop uses the Stream actor), so each
+of its files is a module of its own (`conn::tls`, named as
+`crate::conn::tls`), and `conn/mod.rs` is `conn`. The binaries under
+`bin/` and `lib.rs` itself are not modules here.
 Prints each cycle and the edges inside it, then exits 1; exits 0 with
 "no import cycles" otherwise. `.ci/run` runs it.
 """
@@ -18,6 +23,9 @@ import collections
 import os
 import re
 import sys
+
+# Folders whose files are each a module of their own (see the docstring).
+LAYERED = ("conn",)
 
 
 def modules(src):
@@ -28,8 +36,11 @@ def modules(src):
             if not name.endswith(".rs"):
                 continue
             path = os.path.join(folder, name)
-            top = os.path.relpath(path, src).split(os.sep)[0]
-            top = top[:-3] if top.endswith(".rs") else top
+            parts = os.path.relpath(path, src).split(os.sep)
+            top = parts[0][:-3] if parts[0].endswith(".rs") else parts[0]
+            if top in LAYERED and len(parts) > 1 and parts[1] != "mod.rs":
+                inner = parts[1][:-3] if parts[1].endswith(".rs") else parts[1]
+                top = f"{top}::{inner}"
             if top not in ("bin", "lib"):
                 found[top].append(path)
     return found
@@ -47,7 +58,8 @@ def graph(found):
     edges = collections.defaultdict(set)
     for module, paths in found.items():
         for path in paths:
-            for used in re.findall(r"\bcrate::(\w+)", code_of(path)):
+            for outer, inner in re.findall(r"\bcrate::(\w+)(?:::(\w+))?", code_of(path)):
+                used = f"{outer}::{inner}" if f"{outer}::{inner}" in found else outer
                 if used in found and used != module:
                     edges[module].add(used)
     return edges
@@ -112,6 +124,31 @@ def self_test():
         print(f"self-test failed: with a cycle {with_cycle}, without one {without}")
         sys.exit(1)
     print("self-test: the cycle a -> b/ -> c -> a is found, and none once c.rs no longer uses a")
+
+    # conn/: its top step may use s while s uses its low step; once the
+    # low step uses s too, that is a cycle.
+    files = {
+        "lib.rs": "mod conn; mod s;",
+        "conn/mod.rs": "pub(crate) mod low; pub(crate) mod top;",
+        "conn/low.rs": "pub(crate) fn f() {}",
+        "conn/top.rs": "use crate::s::g;",
+        "s.rs": "use crate::conn::low::f;\npub(crate) fn g() {}",
+    }
+    with tempfile.TemporaryDirectory() as root:
+        for name, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+            with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        found = modules(root)
+        layered = cycles(found, graph(found))
+        with open(os.path.join(root, "conn/low.rs"), "w", encoding="utf-8") as f:
+            f.write("use crate::s::g;\n")
+        found = modules(root)
+        layered_cycle = cycles(found, graph(found))
+    if layered or layered_cycle != [["conn::low", "s"]]:
+        print(f"self-test failed: conn/ layered {layered}, with a cycle {layered_cycle}")
+        sys.exit(1)
+    print("self-test: conn/top -> s -> conn/low is no cycle; conn/low -> s -> conn/low is found")
 
 
 def main():

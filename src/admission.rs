@@ -20,9 +20,9 @@ use actix_web::http::header;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{HttpSettings, Nets, Settings};
-use crate::edge::{self, Client, Limits};
+use crate::conn::edge::{self, Client, Limits};
+use crate::conn::handshake::{self, Transport};
 use crate::error::{ApiError, Cors, CorsAnswer};
-use crate::handshake::{self, Transport};
 use crate::stats::Stats;
 use crate::stream::{Open, Via};
 use crate::token::{self, Verifier};
@@ -114,9 +114,9 @@ impl Admission {
     /// or the PROXY header's source ([`Rewound`]), or, from a trusted
     /// proxy, what its `X-Forwarded-For` says.
     ///
-    /// [`Rewound`]: crate::socket::Rewound
+    /// [`Rewound`]: crate::conn::socket::Rewound
     pub(crate) fn client_of(&self, req: &HttpRequest) -> Client {
-        let proxied = req.conn_data::<crate::socket::Proxied>().is_some();
+        let proxied = req.conn_data::<crate::conn::socket::Proxied>().is_some();
         let peer = req.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
         let ip = edge::forwarded_for(
             peer,

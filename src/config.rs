@@ -870,7 +870,7 @@ impl Settings {
                 &format!("port {p} is neither server.port nor in server.extra_ports"),
             );
         }
-        crate::tls::Acceptor::new(&s.tls_cert_file, &s.tls_key_file)
+        crate::conn::tls::Acceptor::new(&s.tls_cert_file, &s.tls_key_file)
             .map(drop)
             .map_err(|e| SettingsError::Invalid {
                 key: e.key,

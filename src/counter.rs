@@ -57,7 +57,7 @@ impl Supervised for Counter {
 }
 
 /// Add `n` (at least 1) and answer the first of the `n` new values: `Take(1)`
-/// for one request, more for a batch (see [`crate::dispatcher::take`]).
+/// for one request, more for a batch (see [`crate::conn::dispatcher::take`]).
 /// [`ApiError::Crashed`] if the handler crashed, [`ApiError::BusUnavailable`]
 /// if Redis did not answer in cluster mode.
 #[derive(Message)]

@@ -295,7 +295,7 @@ impl ApiError {
         if close {
             out.extend_from_slice(b"connection: close\r\n");
         }
-        write!(out, "date: {}\r\n\r\n{body}", crate::http_date::now()).expect("format into Vec");
+        write!(out, "date: {}\r\n\r\n{body}", crate::conn::http_date::now()).expect("format into Vec");
     }
 }
 

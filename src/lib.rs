@@ -12,11 +12,27 @@
 //! no modules import each other in a circle):
 //!
 //! - `server`: binding (the public listeners and the internal one for
-//!   operators), worker threads, the accept loop, graceful shutdown, the
-//!   start-up decision on protected mode, and the one `match` that decides
-//!   what becomes of a new connection.
-//! - `dispatcher`: the lean `GET /dispatcher` path, numbers taken from the
-//!   Counter in one message per worker per event-loop turn.
+//!   operators), worker threads, signals (SIGHUP reloads the TLS
+//!   certificate), graceful shutdown, and the start-up decision on
+//!   protected mode.
+//! - `conn`: the connection pipeline, over one wire (plain or TLS), its
+//!   steps in order: the accept loop and the one `match` that decides what
+//!   becomes of a new connection (`conn::serve`); the PROXY protocol, the
+//!   client's real address (`X-Forwarded-For` from a trusted proxy) and the
+//!   limits per client address (`conn::edge`); https:// and wss:// served
+//!   natively, with the compact rustls session every TLS connection starts
+//!   with, the record layer an idle TLS 1.3 stream keeps, and the
+//!   certificate SIGHUP reloads (`conn::tls`); the request line peeked
+//!   (lean stream, lean `/dispatcher`, or actix-web) and a lean stream's
+//!   head read (`conn::classify`); what a stream request asks for beyond its
+//!   id (`conn::handshake`); the lean `GET /dispatcher` path, numbers taken
+//!   from the Counter in one message per worker per event-loop turn
+//!   (`conn::dispatcher`); socket I/O for the lean paths (`conn::socket`,
+//!   `conn::wire`) and the `Date` header of the answers they write,
+//!   formatted once a second per worker (`conn::http_date`). Its lower
+//!   steps (`tls`, `classify`, `handshake`, `socket`, `edge`,
+//!   `http_date`) are leaves the modules below use; `.ci/run` checks its
+//!   files one by one.
 //! - `routes`: the actix-web routes (`/send`, `/broadcast`, `/dispatcher`,
 //!   `/stats`, the fallback `/test`) and the guard of the operator pages
 //!   (internal listener, `admin_public`, `admin_token`); `dashboard`: the live
@@ -38,14 +54,8 @@
 //!   the fleet's event ids and keeps its history) and the supervised Bus
 //!   that holds this node's subscriptions. Route handlers publish through `Hub::publish`; nothing
 //!   above the hub touches the bus, the lingering table or the history.
-//! - `edge`: the client's real address (PROXY protocol, `X-Forwarded-For`
-//!   from a trusted proxy) and the limits per client address.
-//! - `handshake`: what a stream request asks for beyond its id (transport,
-//!   HTTP version, resume point, token, origin).
 //! - `token`: subscriber tokens (HS256 JWTs), bearer credentials, the
 //!   constant-time compare.
-//! - `socket`: socket helpers for the lean paths (refusing, writing, handing
-//!   a connection to actix-web with bytes put back in front).
 //! - `idempotency`: `Idempotency-Key`s of publishes in one process.
 //! - `supervision`: how a panic in a Router, Counter or Bus handler becomes
 //!   a restart that keeps the actor's state.
@@ -54,16 +64,7 @@
 //!   names and the per-statement rate limit.
 //! - [`config`]: typed settings from `config/default.toml`, a file, and
 //!   `SWITCHBOARD__*` environment variables.
-//! - `tls`: https:// and wss:// served natively: the compact rustls
-//!   session every TLS connection starts with, the record layer an idle
-//!   TLS 1.3 stream keeps, and the certificate SIGHUP reloads.
-//! - `wire`: writing a whole buffer to a non-blocking socket, for the lean
-//!   paths and TLS.
-//! - `classify`: peeks a new connection's request line (lean stream, lean
-//!   `/dispatcher`, or actix-web) and reads a lean stream's head.
 //! - `error`: the one error vocabulary, for actix-web and the lean paths.
-//! - `http_date`: the `Date` header of the responses the lean paths write,
-//!   formatted once a second per worker.
 //! - `id`: stream id rules, connection ids, the shrink rule of tables keyed
 //!   by id.
 //!
@@ -74,32 +75,24 @@
 #![forbid(unsafe_code)]
 
 mod admission;
-mod classify;
+mod conn;
 
 pub mod config;
 mod counter;
 mod dashboard;
-mod dispatcher;
-mod edge;
 mod error;
-mod handshake;
-
-mod http_date;
 mod hub;
 mod id;
 mod idempotency;
 mod metrics;
 mod routes;
 mod server;
-mod socket;
 mod state;
 mod stats;
 mod stream;
 mod supervision;
 pub mod telemetry;
-mod tls;
 pub mod token;
-mod wire;
 
 pub use config::{Settings, SettingsError};
 pub use server::Server;

@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::edge::{Limits, Refused};
+use crate::conn::edge::{Limits, Refused};
 use crate::hub::cluster::Cluster;
 use crate::stats::{Stats, rss_bytes};
 

@@ -36,13 +36,13 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::admission::bearer_is;
+use crate::conn::socket::{CloseHandle, Internal};
 use crate::counter::Take;
 use crate::error::{ApiError, Cors};
 use crate::hub::router::CutId;
 use crate::hub::{Answer, Target, Undelivered};
 use crate::id::{self, IdError};
 use crate::idempotency;
-use crate::socket::{CloseHandle, Internal};
 use crate::state::ServerState;
 use crate::stream::{Framing, Head, Stream, Via};
 use crate::supervision::Crash;
@@ -161,7 +161,7 @@ async fn stream(
     } else {
         req.headers()
             .get_all(header::CONTENT_LENGTH)
-            .find_map(|v| crate::classify::check_length(v.as_bytes()).err())
+            .find_map(|v| crate::conn::classify::check_length(v.as_bytes()).err())
             .map(|e| state.head_error(e))
     };
     if let Some(e) = refused {
@@ -212,7 +212,7 @@ fn head_len(req: &HttpRequest) -> usize {
 }
 
 /// The head of a request as actix-web parsed it, for the checks the lean
-/// path makes on the raw head ([`crate::handshake`]).
+/// path makes on the raw head ([`crate::conn::handshake`]).
 fn rebuilt_head(req: &HttpRequest) -> Vec<u8> {
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let version = if req.version() == Version::HTTP_10 {

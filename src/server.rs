@@ -1,13 +1,11 @@
-//! Listening, accepting, handing connections out, and shutting down.
+//! Binding, worker threads, signals and shutdown.
 //!
-//! Every worker is an actix `Arbiter` (one thread, one event loop). Each runs
-//! an accept loop on its own duplicate of every listening socket, builds its
-//! own actix-web `HttpService` (the same steps `HttpServer::listen` takes),
-//! and decides each connection's fate in one place, [`serve`]: the
-//! classifier ([`crate::classify`]) peeks its request line, and one `match`
-//! sends it to a lean stream (the Stream actor then owns the socket, on this
-//! worker), the lean `/dispatcher` path, actix-web, or a refusal. The Router
-//! and Counter run supervised on the first worker's arbiter.
+//! Every worker is an actix `Arbiter` (one thread, one event loop). Each
+//! builds its own actix-web `HttpService` (the same steps
+//! `HttpServer::listen` takes) and runs an accept loop on its own duplicate
+//! of every listening socket; from there each connection is the connection
+//! pipeline's ([`crate::conn`]), which decides its fate. The Router and
+//! Counter run supervised on the first worker's arbiter.
 //!
 //! Beside the public listeners (`server.host`, `server.port`, the extra
 //! ports) each worker also accepts on the internal listener for operators
@@ -34,36 +32,26 @@ use std::time::Duration;
 
 use actix::{Arbiter, Supervisor};
 use actix_http::{HttpService, KeepAlive, Protocol};
-use actix_rt::net::{TcpListener, TcpStream};
+use actix_rt::net::TcpListener;
 use actix_service::{IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt, fn_service, map_config};
 use actix_web::dev::AppConfig;
 use actix_web::http::header;
 use actix_web::{App, web};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
-use crate::classify::{self, Class, HeadError};
 use crate::config::{ProxyProtocol, Settings};
+use crate::conn::serve::{Listener, accept_loop};
+use crate::conn::socket::{self, Rewound};
 use crate::counter::Counter;
-use crate::dispatcher;
-use crate::edge::{self, Client, ProxyError};
 use crate::error::ApiError;
 use crate::hub::Hub;
 use crate::hub::router::CloseAll;
-use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 use crate::stats::Stats;
-use crate::stream::{self, Stream, Via};
-use crate::tls::{Session, TlsIo};
-
-/// Pause after `accept` fails for lack of file descriptors. The pending
-/// connection stays in the backlog and is accepted once descriptors free up.
-const FD_LIMIT_BACKOFF: Duration = Duration::from_millis(50);
-
-/// Pause after any other unexpected `accept` failure.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+use crate::stream::{self, Stream};
 
 /// How often shutdown checks whether streams and connections are gone.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
@@ -71,28 +59,11 @@ const DRAIN_POLL: Duration = Duration::from_millis(10);
 /// actix-web's time to flush a response before dropping a closing connection.
 const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long a connection a handler asked to close (see
-/// [`socket::CloseHandle`]) keeps running so its answer, a few hundred
-/// bytes that the socket takes at once, goes out first.
-const CLOSE_AFTER_ANSWER: Duration = Duration::from_millis(100);
-
 /// Most connections the internal listener serves at once (Prometheus, a
 /// few dashboards, an operator's curl). At the limit it stops accepting
 /// until one closes. Apart from `server.max_connections`, so that a flood
 /// on the public ports does not lock the operators out.
 const INTERNAL_MAX_CONNECTIONS: usize = 256;
-
-/// Which listener a connection came in on, and so what it may become.
-#[derive(Debug, Clone, Copy)]
-enum Listener {
-    /// `server.host` with `server.port` and the extra ports: streams, the
-    /// lean `/dispatcher`, everything else through actix-web; `tls` on a
-    /// TLS port.
-    Public { tls: bool },
-    /// `server.admin_host:server.admin_port`: straight to actix-web, where
-    /// the operator pages are served ([`socket::Internal`]).
-    Internal,
-}
 
 /// A bound, not yet running server.
 pub struct Server {
@@ -214,9 +185,11 @@ impl Server {
         let tls = if settings.server.tls_cert_file.is_empty() {
             None
         } else {
-            let acceptor =
-                crate::tls::Acceptor::new(&settings.server.tls_cert_file, &settings.server.tls_key_file)
-                    .map_err(|e| invalid(e.key, e.reason))?;
+            let acceptor = crate::conn::tls::Acceptor::new(
+                &settings.server.tls_cert_file,
+                &settings.server.tls_key_file,
+            )
+            .map_err(|e| invalid(e.key, e.reason))?;
             Some(Arc::new(acceptor))
         };
         let streams = Arc::new(stream::Shared {
@@ -421,7 +394,7 @@ async fn report_slow_disconnects(state: Arc<ServerState>) {
 /// SIGHUP is logged and changes nothing.
 async fn reload_on_hangup(
     mut hangup: tokio::signal::unix::Signal,
-    tls: Option<Arc<crate::tls::Acceptor>>,
+    tls: Option<Arc<crate::conn::tls::Acceptor>>,
     state: Arc<ServerState>,
 ) {
     loop {
@@ -540,8 +513,8 @@ async fn run_worker(
 }
 
 /// actix-web's HTTP/1 service with `HttpServer::listen`'s settings, built by
-/// hand because connections reach it through [`serve`] instead of
-/// actix-server.
+/// hand because connections reach it through [`crate::conn::serve`] instead
+/// of actix-server.
 fn http_service(
     state: &Arc<ServerState>,
     local_addr: SocketAddr,
@@ -619,402 +592,4 @@ fn http_service(
         Ok((io, Protocol::Http1, peer))
     })
     .and_then(http)
-}
-
-/// Accepts on one listener until shutdown, at most as many HTTP
-/// connections at once as `slots` allows (`server.max_connections` on the
-/// public listeners, [`INTERNAL_MAX_CONNECTIONS`] on the internal one).
-/// Running out of file descriptors is logged once per episode,
-/// counted in `/stats` (`accept.fd_limit`), and retried after a pause; open
-/// streams are not disturbed.
-async fn accept_loop<S>(
-    socket: TcpListener,
-    listener: Listener,
-    http: Rc<S>,
-    state: Arc<ServerState>,
-    slots: Arc<Semaphore>,
-) where
-    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
-{
-    let mut fd_limit_since: Option<Instant> = None;
-    loop {
-        let permit = tokio::select! {
-            biased;
-            () = state.admission.shutdown.cancelled() => return,
-            p = Arc::clone(&slots).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
-        let accepted = tokio::select! {
-            biased;
-            () = state.admission.shutdown.cancelled() => return,
-            r = socket.accept() => r,
-        };
-        match accepted {
-            Ok((io, _peer)) => {
-                state.stats.accepted.fetch_add(1, Relaxed);
-                if let Some(since) = fd_limit_since.take() {
-                    tracing::info!(
-                        event = "fd_limit_cleared",
-                        paused_ms = since.elapsed().as_millis() as u64,
-                        "file descriptors available again; accepting"
-                    );
-                }
-                actix_rt::spawn(serve(io, listener, Rc::clone(&http), Arc::clone(&state), permit));
-            }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                state.stats.accept_fd_limit.fetch_add(1, Relaxed);
-                if fd_limit_since.is_none() {
-                    fd_limit_since = Some(Instant::now());
-                    tracing::warn!(
-                        event = "fd_limit",
-                        cause = %e,
-                        streams = state.stats.streams_active(),
-                        connections = state.stats.http_active(),
-                        "open-file limit reached; accepting again when descriptors free up"
-                    );
-                }
-                sleep(FD_LIMIT_BACKOFF).await;
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::ConnectionReset
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => {
-                state.stats.accept_errors.fetch_add(1, Relaxed);
-                tracing::warn!(event = "accept_error", cause = %e, "accept failed");
-                sleep(ACCEPT_ERROR_BACKOFF).await;
-            }
-        }
-    }
-}
-
-/// A connection served by actix-web: its `max_connections` permit plus the
-/// `http_active` count that shutdown waits on, both given back on drop.
-struct HttpConn {
-    _permit: OwnedSemaphorePermit,
-    stats: Arc<Stats>,
-}
-
-impl HttpConn {
-    fn new(permit: OwnedSemaphorePermit, stats: &Arc<Stats>) -> Self {
-        stats.http_active.fetch_add(1, Relaxed);
-        HttpConn {
-            _permit: permit,
-            stats: Arc::clone(stats),
-        }
-    }
-}
-
-impl Drop for HttpConn {
-    fn drop(&mut self) {
-        self.stats.http_active.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Serves one accepted connection: the one place that decides its fate.
-///
-/// While the head is classified the connection holds only its
-/// `max_connections` permit: shutdown does not wait for it (a client that
-/// never sends a head cannot hold shutdown up), and no shutdown future is
-/// raced here: it would enlarge every connection's short-lived task, which
-/// costs idle streams memory (docs/design-notes.md, "Per-stream memory").
-async fn serve<S>(
-    io: TcpStream,
-    listener: Listener,
-    http: Rc<S>,
-    state: Arc<ServerState>,
-    permit: OwnedSemaphorePermit,
-) where
-    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
-{
-    let secure = match listener {
-        Listener::Public { tls } => tls,
-        Listener::Internal => {
-            // Operators and Prometheus: no PROXY header, no TLS, no lean
-            // paths; actix-web serves every route, the operator pages too.
-            let _conn = HttpConn::new(permit, &state.stats);
-            return Box::pin(serve_http(&*http, Rewound::new(io).internal())).await;
-        }
-    };
-    let settings = &state.settings;
-    let deadline = Instant::now() + settings.head_timeout();
-    let max_line = settings.server.max_head_bytes;
-    // Behind a load balancer: its PROXY header first, nothing else read.
-    // Boxed, as below: only connections that have one pay for its future.
-    let proxied = match settings.server.proxy_protocol {
-        ProxyProtocol::Off => None,
-        mode => match Box::pin(edge::read_proxy_header(&io, mode, deadline)).await {
-            Ok(client) => client,
-            Err(ProxyError::Gone) => return,
-            Err(ProxyError::Timeout) => return state.refuse_head(io, HeadError::Timeout).await,
-            Err(ProxyError::Invalid(why)) => {
-                state.stats.proxy_refused.fetch_add(1, Relaxed);
-                return Box::pin(state.refuse_proxy(io, why)).await;
-            }
-        },
-    };
-    if secure {
-        // Before any handshake work, by the client's own address (the
-        // PROXY header's, if any): over `limits.tls_handshakes_per_ip_per_s`
-        // the connection is closed unanswered (counted and logged there).
-        // (No local: it would be kept in every connection's task.)
-        if state
-            .admission
-            .limits
-            .admit_tls_handshake(Client::new(peer_ip(&state, &io, proxied), proxied.is_some()))
-            .is_err()
-        {
-            return;
-        }
-        // Boxed: a TLS session's handshake future is large.
-        return Box::pin(serve_tls(io, http, state, permit, deadline, proxied)).await;
-    }
-    match classify::classify(&io, deadline, settings.stream.max_id_len, max_line).await {
-        Class::Stream { id, http10 } => {
-            // Boxed: reading and checking the head would otherwise grow
-            // every connection's task (docs/design-notes.md).
-            Box::pin(serve_stream(io, id, http10, &state, permit, deadline, proxied)).await;
-        }
-        Class::Dispatcher => {
-            let _conn = HttpConn::new(permit, &state.stats);
-            // Boxed: every connection's task would otherwise carry this
-            // future's size while it is classified.
-            if let dispatcher::Outcome::HandOff(io) = Box::pin(dispatcher::serve(io, &state, deadline)).await
-            {
-                Box::pin(serve_http(&*http, io.with_client(proxied))).await;
-            }
-        }
-        Class::Http => {
-            let _conn = HttpConn::new(permit, &state.stats);
-            // Boxed: actix-web's HTTP/1 dispatcher future is large, and every
-            // connection's task would carry its size while it is classified.
-            Box::pin(serve_http(&*http, Rewound::new(io).with_client(proxied))).await;
-        }
-        Class::Timeout => state.refuse_head(io, HeadError::Timeout).await,
-        Class::Fragment => {
-            let why = "a request target has no fragment (#); send it percent-escaped (%23)";
-            state.refuse_head(io, HeadError::Invalid(why)).await;
-        }
-        Class::Gone => {}
-    }
-}
-
-/// A lean stream request whose line has been classified (`http10`: its
-/// request line said HTTP/1.0, which changes what a valid head is): reads
-/// and checks its head, then starts the stream or refuses it
-/// ([`Admission::admit_stream`], before any stream state exists).
-async fn serve_stream(
-    io: TcpStream,
-    id: Arc<str>,
-    http10: bool,
-    state: &Arc<ServerState>,
-    permit: OwnedSemaphorePermit,
-    deadline: Instant,
-    proxied: Option<SocketAddr>,
-) {
-    let max_head = state.settings.server.max_head_bytes;
-    let peer = peer_ip(state, &io, proxied);
-    let admitted = classify::consume_head(&io, deadline, max_head, http10, |head, early| {
-        let client = state.admission.client_of_head(peer, proxied.is_some(), head);
-        state.admission.admit_stream(&id, head, early, Via::Lean, client)
-    })
-    .await;
-    match admitted {
-        Ok(Ok(open)) => {
-            // A stream is not an HTTP connection: its slot is counted by
-            // `stream.max_streams` from here on.
-            drop(permit);
-            Stream::start_lean(io, id, open, Arc::clone(&state.streams));
-        }
-        Ok(Err(refused)) => socket::refuse(io, &refused.error, refused.cors.as_cors()).await,
-        Err(e) => state.refuse_head(io, e).await,
-    }
-}
-
-/// A connection on a TLS port: the handshake, then the same decision as
-/// [`serve`] makes, on the decrypted request head. Until its head is read
-/// the connection holds only its `max_connections` permit; a handshake
-/// that does not finish by `server.head_timeout_ms` is cut.
-async fn serve_tls<S>(
-    io: TcpStream,
-    http: Rc<S>,
-    state: Arc<ServerState>,
-    permit: OwnedSemaphorePermit,
-    deadline: Instant,
-    proxied: Option<SocketAddr>,
-) where
-    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
-{
-    let Some(acceptor) = state.tls.as_ref() else {
-        return;
-    };
-    let mut session = match acceptor.session() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(event = "tls_failed", cause = %e, "cannot start a TLS session");
-            return;
-        }
-    };
-    let shaken = session.handshake(&io, deadline).await;
-    if shaken.is_ok() {
-        state.stats.tls_handshakes.fetch_add(1, Relaxed);
-    }
-    if let Err(e) = shaken {
-        return count_tls_refusal(&state, e);
-    }
-    let settings = &state.settings;
-    let max_line = settings.server.max_head_bytes.max(classify::PEEK_BYTES);
-    let class = loop {
-        let full = session.plain.len() >= max_line;
-        match classify::decide(&session.plain, full, settings.stream.max_id_len) {
-            Some(Class::Http) if classify::has_fragment(&session.plain) => break Class::Fragment,
-            Some(class) => break class,
-            None => match session.read_plain(&io, deadline).await {
-                Ok(()) => {}
-                Err(HeadError::Timeout) => break Class::Timeout,
-                Err(e @ HeadError::Tls(_)) => {
-                    count_tls_refusal(&state, e);
-                    break Class::Gone;
-                }
-                Err(_) => break Class::Gone,
-            },
-        }
-    };
-    match class {
-        Class::Stream { id, http10 } => {
-            Box::pin(serve_tls_stream(
-                io, session, id, http10, &state, permit, deadline, proxied,
-            ))
-            .await;
-        }
-        Class::Dispatcher | Class::Http => {
-            let _conn = HttpConn::new(permit, &state.stats);
-            let plain = std::mem::take(&mut session.plain);
-            let io = Rewound::tls(TlsIo::new(io, session), plain).with_client(proxied);
-            Box::pin(serve_http(&*http, io)).await;
-        }
-        Class::Timeout => refuse_tls_head(&state, io, session, HeadError::Timeout).await,
-        Class::Fragment => {
-            let why = "a request target has no fragment (#); send it percent-escaped (%23)";
-            refuse_tls_head(&state, io, session, HeadError::Invalid(why)).await;
-        }
-        Class::Gone => {}
-    }
-}
-
-/// [`serve_stream`] on a TLS connection whose request line is decrypted.
-#[allow(clippy::too_many_arguments)]
-async fn serve_tls_stream(
-    io: TcpStream,
-    mut session: Session,
-    id: Arc<str>,
-    http10: bool,
-    state: &Arc<ServerState>,
-    permit: OwnedSemaphorePermit,
-    deadline: Instant,
-    proxied: Option<SocketAddr>,
-) {
-    let max_head = state.settings.server.max_head_bytes;
-    let mut check = classify::HeadCheck::new(http10);
-    let mut fed = 0;
-    let end = loop {
-        match check.feed(&session.plain[fed..], max_head) {
-            classify::Checked::More => {
-                fed = session.plain.len();
-                if let Err(e) = session.read_plain(&io, deadline).await {
-                    return refuse_tls_head(state, io, session, e).await;
-                }
-            }
-            classify::Checked::End(k) => break fed + k,
-            classify::Checked::Refused(e) => return refuse_tls_head(state, io, session, e).await,
-        }
-    };
-    let peer = peer_ip(state, &io, proxied);
-    let admitted = {
-        let (head, early) = session.plain.split_at(end);
-        let client = state.admission.client_of_head(peer, proxied.is_some(), head);
-        state.admission.admit_stream(&id, head, early, Via::Lean, client)
-    };
-    match admitted {
-        Ok(open) => {
-            // What followed the head was looked at by the admission, as on a
-            // plain connection; the stream reads on from the socket.
-            session.plain = Vec::new();
-            drop(permit);
-            Stream::start_lean_tls(io, session, id, open, Arc::clone(&state.streams));
-        }
-        Err(refused) => refuse_tls(io, session, &refused.error, refused.cors.as_cors()).await,
-    }
-}
-
-/// [`ServerState::refuse_head`] on a TLS connection.
-async fn refuse_tls_head(state: &ServerState, io: TcpStream, session: Session, e: HeadError) {
-    if let HeadError::Tls(_) = e {
-        return count_tls_refusal(state, e);
-    }
-    if let Some(error) = state.refused_head(e) {
-        refuse_tls(io, session, &error, crate::error::Cors::default()).await;
-    }
-}
-
-/// [`socket::refuse`] on a TLS connection: the answer, a close_notify, and
-/// a gentle close.
-async fn refuse_tls(io: TcpStream, mut session: Session, error: &ApiError, cors: crate::error::Cors<'_>) {
-    let mut response = Vec::new();
-    error.write_http1(&mut response, true, cors);
-    session
-        .write_and_close(&io, &response, Instant::now() + CLOSE_AFTER_ANSWER)
-        .await;
-    socket::close_gently(&io).await;
-}
-
-/// The client's address for a lean stream's limits: a PROXY header's
-/// source, else the socket's peer, asked for only when limits or trusted
-/// proxies need it (getpeername is a system call per stream).
-fn peer_ip(state: &ServerState, io: &TcpStream, proxied: Option<SocketAddr>) -> IpAddr {
-    let needed = state.admission.limits.enabled() || state.admission.trusts_proxies();
-    match proxied {
-        Some(client) => client.ip(),
-        None if needed => io.peer_addr().map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip()),
-        None => IpAddr::from([0, 0, 0, 0]),
-    }
-}
-
-/// Counts and logs a TLS connection refused before its head was read,
-/// which gets no HTTP answer (the client could not read one): a handshake
-/// out of time, or a handshake or record that failed. A client that went
-/// away is not counted.
-fn count_tls_refusal(state: &ServerState, e: HeadError) {
-    let counter = match e {
-        HeadError::Timeout => &state.stats.tls_handshake_timeouts,
-        HeadError::Gone => return,
-        _ => &state.stats.tls_handshake_failures,
-    };
-    counter.fetch_add(1, Relaxed);
-    tracing::debug!(event = "tls_refused", cause = ?e, "TLS connection refused before its head");
-}
-
-/// Serves a connection with actix-web until it ends, or until a handler
-/// asks for it to be closed.
-async fn serve_http<S>(http: &S, io: Rewound)
-where
-    S: Service<Rewound, Response = (), Error = actix_http::error::DispatchError> + 'static,
-{
-    let close = io.close_handle();
-    let served = http.call(io);
-    // Dropping the dispatcher closes the socket at once; a client whose
-    // request body is still arriving may then see a reset rather than its
-    // answer, which has had `CLOSE_AFTER_ANSWER` to go out.
-    tokio::select! {
-        _ = served => {}
-        () = async {
-            close.requested().await;
-            sleep(CLOSE_AFTER_ANSWER).await;
-        } => {}
-    }
 }

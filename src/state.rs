@@ -9,13 +9,14 @@ use actix::Addr;
 use actix_rt::net::TcpStream;
 
 use crate::admission::Admission;
-use crate::classify::HeadError;
 use crate::config::Settings;
+use crate::conn::classify::HeadError;
+use crate::conn::wire::Wire;
+use crate::conn::{socket, tls};
 use crate::counter::Counter;
 use crate::error::{ApiError, Cors};
 use crate::hub::Hub;
 use crate::hub::router::Router;
-use crate::socket;
 use crate::stats::Stats;
 use crate::stream::{self, Stream};
 
@@ -36,7 +37,7 @@ pub(crate) struct ServerState {
     /// Who gets in: every input of a stream's or a publish's admission.
     pub(crate) admission: Admission,
     /// The certificate and TLS settings of the TLS ports, if any.
-    pub(crate) tls: Option<Arc<crate::tls::Acceptor>>,
+    pub(crate) tls: Option<Arc<crate::conn::tls::Acceptor>>,
 }
 
 impl ServerState {
@@ -65,11 +66,15 @@ impl ServerState {
     }
 
     /// Answers a head a lean path refuses (400, 408, 431), counted in
-    /// `bad_heads`, and closes the connection; a client that is gone gets
-    /// nothing.
-    pub(crate) async fn refuse_head(&self, io: TcpStream, e: HeadError) {
+    /// `bad_heads`, and closes the connection, plain or TLS; a client that
+    /// is gone gets nothing, nor does a TLS connection whose records failed
+    /// ([`tls::refused`]).
+    pub(crate) async fn refuse_head(&self, wire: impl Wire, e: HeadError) {
+        if let HeadError::Tls(_) = e {
+            return tls::refused(&self.stats, e);
+        }
         if let Some(error) = self.refused_head(e) {
-            socket::refuse(io, &error, Cors::default()).await;
+            socket::refuse(wire, &error, Cors::default()).await;
         }
     }
 
@@ -103,7 +108,7 @@ impl ServerState {
                 limit: server.max_head_bytes,
             },
             HeadError::TooManyHeaders => ApiError::TooManyHeaders {
-                limit: crate::classify::MAX_HEADERS,
+                limit: crate::conn::classify::MAX_HEADERS,
             },
             HeadError::Invalid(why) => ApiError::BadHead(why),
             HeadError::Tls(why) => ApiError::BadHead(why),

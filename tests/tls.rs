@@ -792,3 +792,133 @@ fn a_refused_handshake_sends_its_alert() {
     assert_eq!(s["tls"]["handshake_failures"], 1, "{s}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A connection to write to and read from, plain or TLS.
+trait Conn: Read + Write {}
+impl<T: Read + Write> Conn for T {}
+
+/// Writes `pieces` to `conn` one at a time (one TLS record each, a pause
+/// between them, so the server reads them apart) and reads the answer's
+/// status and, unless it is a stream (200), its `error`.
+fn lean_exchange(mut conn: Box<dyn Conn>, pieces: &[&str]) -> (u16, String) {
+    for piece in pieces {
+        conn.write_all(piece.as_bytes()).unwrap();
+        conn.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut reader = BufReader::new(conn);
+    let (status, headers) = common::read_head(&mut reader).unwrap();
+    if status == 200 {
+        return (status, String::new());
+    }
+    let length = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap();
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    let response = common::Response {
+        status,
+        headers,
+        body,
+    };
+    (status, response.error())
+}
+
+/// The lean path reads and refuses a head in the same steps over TLS as on
+/// a plain port: a stream head sent in pieces opens the stream, and a
+/// request target with a fragment, a head without `Host` sent in pieces, and
+/// a stream request with a body get the plain port's answers.
+#[test]
+fn lean_heads_and_refusals_over_tls_answer_as_over_plain() {
+    let dir = temp_dir("lean-heads");
+    let certs = make_certificates(&dir, "lean-heads");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let (plain, tls) = (srv.addrs[0], srv.addrs[1]);
+    let cases: [(&[&str], u16); 4] = [
+        (&["GET /test/p HTTP/1.1\r\n", "host: t\r\n", "\r\n"], 200),
+        (&["GET /test/a#b HTTP/1.1\r\nhost: x\r\n\r\n"], 400),
+        (&["GET /test/p HTTP/1.1\r\n", "x: y\r\n\r\n"], 400),
+        (
+            &["GET /test/p HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n"],
+            400,
+        ),
+    ];
+    for (pieces, status) in cases {
+        let on_plain = {
+            let tcp = TcpStream::connect(plain).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            lean_exchange(Box::new(tcp), pieces)
+        };
+        let on_tls = lean_exchange(Box::new(tls_connect(tls, &certs.ca).unwrap()), pieces);
+        assert_eq!(on_plain.0, status, "{pieces:?} on the plain port: {on_plain:?}");
+        assert_eq!(on_tls, on_plain, "{pieces:?} over TLS");
+    }
+    let fragment = lean_exchange(
+        Box::new(tls_connect(tls, &certs.ca).unwrap()),
+        &["GET /test/a#b HTTP/1.1\r\nhost: x\r\n\r\n"],
+    );
+    assert!(fragment.1.contains("fragment"), "{fragment:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `/dispatcher` over TLS answers as on the plain port (the lean path on
+/// both): the same status and headers, the Counter's next number, two
+/// requests on one kept-alive connection, a request of another kind after
+/// them still served, by actix-web, on that connection, and a client that
+/// asks to close getting a close_notify after its answer.
+#[test]
+fn dispatcher_over_tls_answers_as_over_plain_and_keeps_alive() {
+    let dir = temp_dir("dispatcher");
+    let certs = make_certificates(&dir, "dispatcher");
+    let srv = TestServer::start_tls(settings(), &certs);
+    let (plain, tls) = (srv.addrs[0], srv.addrs[1]);
+    let ask = b"GET /dispatcher HTTP/1.1\r\nhost: t\r\n\r\n";
+    let sans_date = |r: &common::Response| -> Vec<(String, String)> {
+        let date = |k: &str| k.eq_ignore_ascii_case("date");
+        r.headers.iter().filter(|(k, _)| !date(k)).cloned().collect()
+    };
+    let tcp = TcpStream::connect(plain).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut on_plain = BufReader::new(tcp);
+    on_plain.get_mut().write_all(ask).unwrap();
+    let first = common::read_response(&mut on_plain).unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
+    let mut numbers = vec![first.text().parse::<u64>().unwrap()];
+    let mut on_tls = BufReader::new(tls_connect(tls, &certs.ca).unwrap());
+    for _ in 0..2 {
+        on_tls.get_mut().write_all(ask).unwrap();
+        on_tls.get_mut().flush().unwrap();
+        let r = common::read_response(&mut on_tls).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(sans_date(&r), sans_date(&first), "the plain port's headers");
+        numbers.push(r.text().parse().unwrap());
+    }
+    on_tls
+        .get_mut()
+        .write_all(b"GET /dispatcher?x HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    on_tls.get_mut().flush().unwrap();
+    let other = common::read_response(&mut on_tls).unwrap();
+    assert_eq!(other.status, 200, "{}", other.text());
+    numbers.push(other.text().parse().unwrap());
+    // A client that asks to close gets its answer, then a close_notify.
+    let mut closing = BufReader::new(tls_connect(tls, &certs.ca).unwrap());
+    let close = b"GET /dispatcher HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n";
+    closing.get_mut().write_all(close).unwrap();
+    closing.get_mut().flush().unwrap();
+    let last = common::read_response(&mut closing).unwrap();
+    assert_eq!(last.status, 200, "{}", last.text());
+    numbers.push(last.text().parse().unwrap());
+    let mut rest = Vec::new();
+    closing.read_to_end(&mut rest).expect("a clean TLS close");
+    assert!(rest.is_empty(), "{rest:?}");
+    let from = numbers[0];
+    assert_eq!(
+        numbers,
+        (from..from + 5).collect::<Vec<_>>(),
+        "each the next number"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,8 +9,8 @@ use std::io::Write as _;
 
 use super::Open;
 use super::sink::Framing;
+use crate::conn::handshake::Transport;
 use crate::error::Cors;
-use crate::handshake::Transport;
 
 /// What a stream's response head says.
 pub(crate) struct Head<'a> {
@@ -98,7 +98,7 @@ impl<'a> Head<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handshake::{origin, read_request};
+    use crate::conn::handshake::{origin, read_request};
 
     /// The head of `request`, with its origin allowed when `cors`.
     fn head_of(request: &str, cors: bool) -> (String, Framing) {

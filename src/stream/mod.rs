@@ -9,7 +9,7 @@
 //! Recvd msg #2: 'hello'
 //! ```
 //!
-//! On the lean path (see [`crate::classify`]) the actor owns the socket itself,
+//! On the lean path (see [`crate::conn::classify`]) the actor owns the socket itself,
 //! so an idle stream holds no HTTP framework buffers; on the fallback path it
 //! feeds actix-web's streaming body. Either way it watches for the client
 //! going away ([`Watch`]) and stops at once, which logs it out of the Router.
@@ -39,12 +39,12 @@ use ticker::Tick;
 use tungstenite::protocol::frame::coding::Control;
 
 use crate::config::StreamSettings;
+use crate::conn::handshake::{StreamRequest, Transport};
+use crate::conn::socket::CloseHandle;
 use crate::error::CorsAnswer;
-use crate::handshake::{StreamRequest, Transport};
 use crate::hub::history::Resume;
 use crate::hub::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
 use crate::id::{ConnId, conn_age, next_conn_id};
-use crate::socket::CloseHandle;
 use crate::stats::Stats;
 
 /// How long a WebSocket that sent its close frame waits for the client's.
@@ -71,7 +71,7 @@ pub(crate) struct Shared {
     /// The limits per client address, the same handle as the
     /// [`Admission`](crate::admission::Admission)'s (a counted stream gives
     /// its place back when it stops).
-    pub(crate) limits: Arc<crate::edge::Limits>,
+    pub(crate) limits: Arc<crate::conn::edge::Limits>,
 }
 
 /// Which path a stream came in by, which decides who writes its response
@@ -99,7 +99,7 @@ pub(crate) struct Open {
     /// The stream ends then (its subscriber token expires).
     pub(crate) expires: Option<Duration>,
     /// Where `limits.streams_per_ip` counted it, if it did.
-    pub(crate) counted: Option<crate::edge::Slot>,
+    pub(crate) counted: Option<crate::conn::edge::Slot>,
 }
 
 /// What an event is, for SSE's `event:` line.
@@ -150,7 +150,7 @@ pub(crate) struct Stream {
     core: Box<Core>,
     /// Where `limits.streams_per_ip` counted it (its address gets the
     /// place back when it stops).
-    limit_slot: Option<crate::edge::Slot>,
+    limit_slot: Option<crate::conn::edge::Slot>,
 }
 
 /// What every stream has, boxed out of its task cell.
@@ -192,7 +192,7 @@ impl Stream {
     /// [`Stream::start_lean`] on a TLS connection.
     pub(crate) fn start_lean_tls(
         io: TcpStream,
-        session: crate::tls::Session,
+        session: crate::conn::tls::Session,
         id: Arc<str>,
         open: Open,
         shared: Arc<Shared>,

@@ -27,9 +27,9 @@ use std::time::Instant;
 use actix_rt::net::TcpStream;
 use bytes::Bytes;
 
-use crate::socket::CloseHandle;
+use crate::conn::socket::CloseHandle;
+use crate::conn::tls::{Protection, Session};
 use crate::stats::Stats;
-use crate::tls::{Protection, Session};
 
 /// The last chunk of a chunked body.
 const FINAL_CHUNK: &[u8] = b"0\r\n\r\n";

@@ -32,8 +32,8 @@ use nix::sys::socket::{MsgFlags, recv};
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::classify::{PEEK_BACKOFF_MAX, PEEK_BACKOFF_START, peer_closed};
 use crate::config::{LimitSettings, Nets, ProxyProtocol, Rate};
+use crate::conn::classify::{PEEK_BACKOFF_MAX, PEEK_BACKOFF_START, peer_closed};
 use crate::error::ApiError;
 
 /// The longest PROXY header taken: a v1 header is at most 107 bytes; a v2

@@ -10,6 +10,10 @@
 //! connection goes, bytes untouched, to actix-web, which also has a
 //! `/test/{id}` route for what this path declines (an invalid id, an odd
 //! query, a second request on a keep-alive connection).
+//!
+//! On a TLS port the same two steps, [`classify`] and [`consume_head`],
+//! look at the decrypted bytes instead ([`Line`] and [`HeadSource`] are
+//! implemented for the TLS session in `crate::conn::tls`).
 
 use std::io;
 use std::os::fd::AsRawFd as _;
@@ -48,7 +52,7 @@ pub(crate) const PEEK_BACKOFF_MAX: Duration = Duration::from_millis(50);
 const STREAM_PREFIX: &[u8] = b"GET /test/";
 
 /// The request line the lean `/dispatcher` path serves (see
-/// [`crate::dispatcher`], which serves every later request on the
+/// [`crate::conn::dispatcher`], which serves every later request on the
 /// connection with the same line).
 pub(crate) const DISPATCHER_LINE: &[u8] = b"GET /dispatcher HTTP/1.1\r\n";
 
@@ -62,19 +66,23 @@ pub(crate) enum Class {
         /// HTTP/1.0: the response is close-delimited, not chunked.
         http10: bool,
     },
-    /// A plain `GET /dispatcher` first: [`crate::dispatcher`].
+    /// A plain `GET /dispatcher` first: [`crate::conn::dispatcher`].
     Dispatcher,
     /// actix-web.
     Http,
     /// No complete request line before the deadline.
     Timeout,
-    /// The client closed or the socket failed before sending a request.
+    /// The client closed, the socket failed, or a TLS record failed before
+    /// a request was sent.
     Gone,
-    /// A request target with a fragment (`#`), which RFC 9112 §3.2 does not
-    /// allow and actix-web would silently cut off (`POST /send/a#b` would
-    /// publish to `a`): refused 400.
+    /// A request target with a fragment: refused 400 ([`FRAGMENT`]).
     Fragment,
 }
+
+/// Why a request target with a fragment (`#`) is refused 400: RFC 9112 §3.2
+/// does not allow one, and actix-web would silently cut it off
+/// (`POST /send/a#b` would publish to `a`).
+pub(crate) const FRAGMENT: &str = "a request target has no fragment (#); send it percent-escaped (%23)";
 
 /// How a lean stream's request line may end: HTTP/1.1 or HTTP/1.0, and
 /// CRLF or the bare LF RFC 9112 §2.2 tells servers to accept.
@@ -103,53 +111,142 @@ pub(crate) enum HeadError {
     Tls(&'static str),
 }
 
-/// Peeks the request line of a fresh connection and decides who serves it.
-/// `max_line`: the longest request line a lean stream may have (the head
-/// limit); a longer one goes to actix-web.
-pub(crate) async fn classify(io: &TcpStream, deadline: Instant, max_id_len: usize, max_line: usize) -> Class {
-    let max_line = max_line.max(PEEK_BYTES);
-    let mut backoff = PEEK_BACKOFF_START;
-    let mut small = [0u8; PEEK_SMALL];
-    let mut big = Vec::new();
+/// Where [`classify`] looks at a request line: a plain socket, peeked so
+/// that nothing is consumed ([`Peeked`]), or a TLS session's decrypted
+/// bytes (`crate::conn::tls`).
+///
+/// Each is made with the connection's head deadline and `max_line`, the
+/// longest request line a lean stream may have (the head limit, at least
+/// [`PEEK_BYTES`]); a longer one goes to actix-web. (Kept in the source, not
+/// passed to each call: every connection's task carries [`classify`]'s
+/// future, and each argument would be stored in it again.)
+pub(crate) trait Line {
+    /// What has arrived of the request line so far, and whether it fills
+    /// the most that will be looked at (`max_line`).
+    async fn look(&mut self) -> Result<(&[u8], bool), HeadError>;
+
+    /// Waits for more of a line [`Line::look`] saw too little of (`seen`
+    /// bytes).
+    async fn more(&mut self, seen: usize) -> Result<(), HeadError>;
+}
+
+/// Reads enough of the request line of a fresh connection from `line` to
+/// decide who serves it.
+pub(crate) async fn classify(line: &mut impl Line, max_id_len: usize) -> Class {
     loop {
-        let line: &mut [u8] = if big.is_empty() { &mut small } else { &mut big };
-        let n = match timeout_at(deadline, io.peek(line)).await {
-            Err(_) => match look_now(io, line, MsgFlags::MSG_PEEK) {
-                Some(0) | None => return Class::Timeout,
+        let seen = match line.look().await {
+            Ok((seen, full)) => match judge(seen, full, max_id_len) {
+                Some(class) => return class,
+                None => seen.len(),
+            },
+            Err(e) => return ended(e),
+        };
+        if let Err(e) = line.more(seen).await {
+            return ended(e);
+        }
+    }
+}
+
+/// [`decide`], with a request target that has a fragment refused.
+fn judge(seen: &[u8], full: bool, max_id_len: usize) -> Option<Class> {
+    match decide(seen, full, max_id_len) {
+        Some(Class::Http) if has_fragment(seen) => Some(Class::Fragment),
+        class => class,
+    }
+}
+
+/// What a request line that did not come means: a timeout, or nobody to
+/// answer. (A TLS record that failed is counted where it was read.)
+fn ended(e: HeadError) -> Class {
+    match e {
+        HeadError::Timeout => Class::Timeout,
+        _ => Class::Gone,
+    }
+}
+
+/// A plain connection's request line, peeked: nothing is consumed, and
+/// actix-web reads the bytes untouched.
+pub(crate) struct Peeked<'a> {
+    io: &'a TcpStream,
+    deadline: Instant,
+    /// At least [`PEEK_BYTES`].
+    max_line: usize,
+    /// The first peek's buffer, in the future of every connection.
+    small: [u8; PEEK_SMALL],
+    /// A longer line's buffer, unallocated until one is peeked.
+    big: Vec<u8>,
+    /// The next wait before peeking again.
+    backoff: Duration,
+}
+
+impl<'a> Peeked<'a> {
+    pub(crate) fn new(io: &'a TcpStream, deadline: Instant, max_line: usize) -> Self {
+        Peeked {
+            io,
+            deadline,
+            max_line: max_line.max(PEEK_BYTES),
+            small: [0u8; PEEK_SMALL],
+            big: Vec::new(),
+            backoff: PEEK_BACKOFF_START,
+        }
+    }
+}
+
+impl Line for Peeked<'_> {
+    async fn look(&mut self) -> Result<(&[u8], bool), HeadError> {
+        // Fields, not copies: each local would be kept in every
+        // connection's task while it waits here.
+        let line: &mut [u8] = if self.big.is_empty() {
+            &mut self.small
+        } else {
+            &mut self.big
+        };
+        let n = match timeout_at(self.deadline, self.io.peek(line)).await {
+            Err(_) => match look_now(self.io, line, MsgFlags::MSG_PEEK) {
+                Some(0) | None => return Err(HeadError::Timeout),
                 Some(n) => n,
             },
-            Ok(Ok(0) | Err(_)) => return Class::Gone,
+            Ok(Ok(0) | Err(_)) => return Err(HeadError::Gone),
             Ok(Ok(n)) => n,
         };
         let full = n == line.len();
-        let last = line.len() >= max_line;
-        match decide(&line[..n], full && last, max_id_len) {
-            Some(Class::Http) if has_fragment(&line[..n]) => return Class::Fragment,
-            Some(class) => return class,
+        let last = line.len() >= self.max_line;
+        Ok((&line[..n], full && last))
+    }
+
+    async fn more(&mut self, seen: usize) -> Result<(), HeadError> {
+        let (deadline, max_line) = (self.deadline, self.max_line);
+        let len = if self.big.is_empty() {
+            PEEK_SMALL
+        } else {
+            self.big.len()
+        };
+        if seen == len {
             // A long stream request line: look at more of it at once.
-            None if full => {
-                // Doubling: a slow client's line costs what it has sent,
-                // not the whole head limit, while it waits.
-                let next = if big.is_empty() {
-                    PEEK_BYTES
-                } else {
-                    (big.len() * 2).min(max_line)
-                };
-                big = vec![0u8; next];
-                continue;
-            }
-            // A client that sent part of a line and went away (FIN or RST)
-            // leaves its bytes queued, so peeking alone would see them until
-            // the deadline: the socket's readiness says whether the read side
-            // has closed (epoll's RDHUP, which tokio keeps as READ_CLOSED).
-            None if peer_closed(io) => return Class::Gone,
-            None if Instant::now() >= deadline => return Class::Timeout,
-            None => {
-                // The last wait ends at the deadline, for one last peek.
-                sleep_until(deadline.min(Instant::now() + backoff)).await;
-                backoff = (backoff * 2).min(PEEK_BACKOFF_MAX);
-            }
+            // Doubling: a slow client's line costs what it has sent, not
+            // the whole head limit, while it waits.
+            let next = if self.big.is_empty() {
+                PEEK_BYTES
+            } else {
+                (self.big.len() * 2).min(max_line)
+            };
+            self.big = vec![0u8; next];
+            return Ok(());
         }
+        // A client that sent part of a line and went away (FIN or RST)
+        // leaves its bytes queued, so peeking alone would see them until
+        // the deadline: the socket's readiness says whether the read side
+        // has closed (epoll's RDHUP, which tokio keeps as READ_CLOSED).
+        if peer_closed(self.io) {
+            return Err(HeadError::Gone);
+        }
+        if Instant::now() >= deadline {
+            return Err(HeadError::Timeout);
+        }
+        // The last wait ends at the deadline, for one last peek.
+        sleep_until(deadline.min(Instant::now() + self.backoff)).await;
+        self.backoff = (self.backoff * 2).min(PEEK_BACKOFF_MAX);
+        Ok(())
     }
 }
 
@@ -521,56 +618,105 @@ pub(crate) fn is_token(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// Reads and checks the request head (up to the blank line) of a connection
-/// taken for the lean path, and returns what `read` makes of the whole head
-/// and of the bytes read after it (see [`crate::handshake`]; a WebSocket
-/// client may send its first frames right behind its handshake). Reads
-/// through a stack buffer not held across an await: a head that arrives in
-/// one read, as nearly every head does, is read without an allocation; one
-/// that comes in pieces is gathered on the heap.
-pub(crate) async fn consume_head<T>(
-    io: &TcpStream,
-    deadline: Instant,
-    max_head: usize,
-    http10: bool,
-    read: impl FnOnce(&[u8], &[u8]) -> T,
-) -> Result<T, HeadError> {
-    let mut check = HeadCheck::new(http10);
-    let mut head = Vec::new();
-    loop {
-        let expired = match timeout_at(deadline, io.readable()).await {
-            Err(_) => true,
-            Ok(Err(_)) => return Err(HeadError::Gone),
-            Ok(Ok(())) => false,
-        };
-        let mut buf = [0u8; 2048];
-        let n = if expired {
-            // Past the deadline: what the kernel holds now is all the head
-            // there will be (a slow client's partial head is still a 408).
-            match look_now(io, &mut buf, MsgFlags::empty()) {
-                Some(0) | None => return Err(HeadError::Timeout),
-                Some(n) => n,
+/// Where [`consume_head`] reads a head from: a plain socket ([`Plain`]),
+/// or a TLS session's decrypted bytes (`crate::conn::tls`).
+pub(crate) trait HeadSource {
+    /// Reads on by `deadline` and calls `f` with every byte read of the head
+    /// so far, from its start, and how many of them `f` has been shown
+    /// already. `f` answers `None` while the head goes on; the source then
+    /// keeps what it read, for the next call.
+    async fn read_on<R>(
+        &mut self,
+        deadline: Instant,
+        f: impl FnOnce(&[u8], usize) -> Option<R>,
+    ) -> Result<Option<R>, HeadError>;
+}
+
+/// A plain connection's head, read through a stack buffer not held across
+/// an await: a head that arrives in one read, as nearly every head does,
+/// is read without an allocation; one that comes in pieces is gathered on
+/// the heap.
+pub(crate) struct Plain<'a> {
+    io: &'a TcpStream,
+    /// What was read of a head that came in pieces. Unallocated until then.
+    kept: Vec<u8>,
+}
+
+impl<'a> Plain<'a> {
+    pub(crate) fn new(io: &'a TcpStream) -> Self {
+        Plain { io, kept: Vec::new() }
+    }
+}
+
+impl HeadSource for Plain<'_> {
+    async fn read_on<R>(
+        &mut self,
+        deadline: Instant,
+        f: impl FnOnce(&[u8], usize) -> Option<R>,
+    ) -> Result<Option<R>, HeadError> {
+        let io = self.io;
+        loop {
+            let expired = match timeout_at(deadline, io.readable()).await {
+                Err(_) => true,
+                Ok(Err(_)) => return Err(HeadError::Gone),
+                Ok(Ok(())) => false,
+            };
+            let mut buf = [0u8; 2048];
+            let n = if expired {
+                // Past the deadline: what the kernel holds now is all the
+                // head there will be (a slow client's partial head is still
+                // a 408).
+                match look_now(io, &mut buf, MsgFlags::empty()) {
+                    Some(0) | None => return Err(HeadError::Timeout),
+                    Some(n) => n,
+                }
+            } else {
+                match io.try_read(&mut buf) {
+                    Ok(0) => return Err(HeadError::Gone),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(_) => return Err(HeadError::Gone),
+                }
+            };
+            if self.kept.is_empty() {
+                let done = f(&buf[..n], 0);
+                if done.is_none() {
+                    self.kept.extend_from_slice(&buf[..n]);
+                }
+                return Ok(done);
             }
-        } else {
-            match io.try_read(&mut buf) {
-                Ok(0) => return Err(HeadError::Gone),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(_) => return Err(HeadError::Gone),
-            }
-        };
-        match check.feed(&buf[..n], max_head) {
-            Checked::More => head.extend_from_slice(&buf[..n]),
-            Checked::End(k) if head.is_empty() => return Ok(read(&buf[..k], &buf[k..n])),
-            Checked::End(k) => {
-                head.extend_from_slice(&buf[..k]);
-                return Ok(read(&head, &buf[k..n]));
-            }
-            Checked::Refused(e) => return Err(e),
+            let shown = self.kept.len();
+            self.kept.extend_from_slice(&buf[..n]);
+            return Ok(f(&self.kept, shown));
         }
     }
 }
 
+/// Reads and checks the request head (up to the blank line) of a connection
+/// taken for the lean path, and returns what `read` makes of the whole head
+/// and of the bytes read after it (see [`crate::conn::handshake`]; a WebSocket
+/// client may send its first frames right behind its handshake).
+pub(crate) async fn consume_head<T>(
+    source: &mut impl HeadSource,
+    deadline: Instant,
+    max_head: usize,
+    http10: bool,
+    mut read: impl FnMut(&[u8], &[u8]) -> T,
+) -> Result<T, HeadError> {
+    let mut check = HeadCheck::new(http10);
+    loop {
+        let done = source
+            .read_on(deadline, |all, shown| match check.feed(&all[shown..], max_head) {
+                Checked::More => None,
+                Checked::End(k) => Some(Ok(read(&all[..shown + k], &all[shown + k..]))),
+                Checked::Refused(e) => Some(Err(e)),
+            })
+            .await?;
+        if let Some(done) = done {
+            return done;
+        }
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,9 +795,9 @@ mod tests {
         let head = b"GET /test/foo HTTP/1.1\r\nHost: x\r\n\r\n";
         let (io, _client) = arrived(head);
         let past = Instant::now() - Duration::from_secs(1);
-        let class = classify(&io, past, 8, 8192).await;
+        let class = classify(&mut Peeked::new(&io, past, 8192), 8).await;
         assert_eq!(class, stream("foo", false).unwrap());
-        let read = consume_head(&io, past, 8192, false, |head, _| head.len()).await;
+        let read = consume_head(&mut Plain::new(&io), past, 8192, false, |head, _| head.len()).await;
         assert_eq!(read, Ok(head.len()));
     }
 
@@ -659,11 +805,17 @@ mod tests {
     async fn a_partial_head_is_still_a_timeout_past_the_deadline() {
         let (io, _client) = arrived(b"GET /test/foo HTTP/1.1\r\nHost:");
         let past = Instant::now() - Duration::from_secs(1);
-        assert_eq!(classify(&io, past, 8, 8192).await, stream("foo", false).unwrap());
-        let read = consume_head(&io, past, 8192, false, |head, _| head.len()).await;
+        assert_eq!(
+            classify(&mut Peeked::new(&io, past, 8192), 8).await,
+            stream("foo", false).unwrap()
+        );
+        let read = consume_head(&mut Plain::new(&io), past, 8192, false, |head, _| head.len()).await;
         assert_eq!(read, Err(HeadError::Timeout));
         let (io, _client) = arrived(b"GET /test/fo");
-        assert_eq!(classify(&io, past, 8, 8192).await, Class::Timeout);
+        assert_eq!(
+            classify(&mut Peeked::new(&io, past, 8192), 8).await,
+            Class::Timeout
+        );
     }
 
     fn check(head: &str, http10: bool, max: usize) -> Checked {

@@ -18,9 +18,12 @@
 //!   Counter stays one actor and the count stays exact (each request gets its
 //!   own number, gap-free), but the cross-thread hop is paid per batch, not
 //!   per request.
+//!
+//! The same on a TLS port: [`Io`] is the socket, or the socket with its TLS
+//! session (its requests decrypted, its answers encrypted).
 
 use std::cell::RefCell;
-use std::io::Write as _;
+use std::io::{self, Write as _};
 use std::time::Duration;
 
 use actix::Addr;
@@ -29,10 +32,12 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
-use crate::classify::{DISPATCHER_LINE as REQUEST_LINE, HeadError, is_token};
+use crate::conn::classify::{DISPATCHER_LINE as REQUEST_LINE, HeadError, is_token};
+use crate::conn::socket::{self, Rewound};
+use crate::conn::tls::{TlsIo, TlsWire};
+use crate::conn::wire::{self, Wire};
 use crate::counter::{Counter, Take};
 use crate::error::ApiError;
-use crate::socket::{self, Rewound};
 use crate::state::ServerState;
 
 /// Largest request head served here. It is also the read buffer every
@@ -123,11 +128,92 @@ pub(crate) enum Outcome {
     HandOff(Rewound),
 }
 
+/// What this path reads requests from and writes answers to: the socket
+/// itself, or the socket with its TLS session.
+pub(crate) trait Io: Wire + Sized {
+    /// Reads into `buf` by `deadline`; `None` when nothing came in time.
+    async fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> Option<io::Result<usize>>;
+
+    /// Writes all of `out`.
+    async fn write_all(&mut self, out: &[u8]) -> io::Result<()>;
+
+    /// Ends the connection after its last answer, without a reset.
+    async fn close(self);
+
+    /// The connection for actix-web, `read` (bytes read and not served
+    /// here) put back in front.
+    fn hand_off(self, read: &[u8]) -> Rewound;
+}
+
+impl Io for TcpStream {
+    /// Past the deadline what is already in the kernel is still read: the
+    /// classifier's last look at the deadline can find a head there and
+    /// send it here, and tokio, not yet told the socket is readable, would
+    /// let the timeout fire before the read (the client then got a reset,
+    /// not even a 408).
+    async fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> Option<io::Result<usize>> {
+        if Instant::now() >= deadline {
+            // Not `try_read`: it answers from tokio's readiness, which says
+            // nothing yet, without asking the kernel.
+            return crate::conn::classify::look_now(self, buf, nix::sys::socket::MsgFlags::empty()).map(Ok);
+        }
+        timeout_at(deadline, self.read(buf)).await.ok()
+    }
+
+    async fn write_all(&mut self, out: &[u8]) -> io::Result<()> {
+        wire::write_all(self, out).await
+    }
+
+    async fn close(self) {
+        socket::close_gently(&self).await;
+    }
+
+    fn hand_off(self, read: &[u8]) -> Rewound {
+        Rewound::with_prefix(self, read)
+    }
+}
+
+impl Io for TlsWire {
+    /// What the session decrypted already comes first (the request line
+    /// the classifier read); a record that fails ends the connection.
+    async fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> Option<io::Result<usize>> {
+        if self.session.plain.is_empty() {
+            match self.session.read_plain(&self.io, deadline).await {
+                Ok(()) => {}
+                Err(HeadError::Timeout) => return None,
+                Err(HeadError::Gone) => return Some(Ok(0)),
+                Err(e) => return Some(Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))),
+            }
+        }
+        Some(Ok(self.session.take_plain(buf)))
+    }
+
+    async fn write_all(&mut self, out: &[u8]) -> io::Result<()> {
+        let mut sealed = Vec::new();
+        self.session
+            .encrypt(out, false, &mut sealed)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        wire::write_all(&self.io, &sealed).await
+    }
+
+    async fn close(mut self) {
+        // A close_notify first, as actix-web's TLS connections end.
+        self.write_last(&[]).await;
+        socket::close_gently(&self.io).await;
+    }
+
+    fn hand_off(mut self, read: &[u8]) -> Rewound {
+        let mut plain = read.to_vec();
+        plain.append(&mut self.session.plain);
+        Rewound::tls(TlsIo::new(self.io, self.session), plain)
+    }
+}
+
 /// Serves plain `/dispatcher` requests on `io` until the client closes, goes
 /// idle past `server.keep_alive_ms`, the server shuts down, or a request of
 /// another kind arrives. `deadline` is when the first request's head must be
 /// complete (set when the connection was accepted).
-pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: Instant) -> Outcome {
+pub(crate) async fn serve(mut io: impl Io, state: &ServerState, mut deadline: Instant) -> Outcome {
     let keep_alive = Duration::from_millis(state.settings.server.keep_alive_ms);
     let mut buf = vec![0u8; MAX_HEAD_BYTES];
     let mut filled = 0;
@@ -136,7 +222,7 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
         let n = tokio::select! {
             biased;
             () = state.admission.shutdown.cancelled() => return Outcome::Done,
-            r = read_by(&mut io, &mut buf[filled..], deadline) => match r {
+            r = io.read_by(&mut buf[filled..], deadline) => match r {
                 Some(Ok(n)) if n > 0 => n,
                 None if filled > 0 => {
                     state.refuse_head(io, HeadError::Timeout).await;
@@ -167,21 +253,17 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
             respond(&mut out, take(&state.counter, count).await, count, close);
             // A client that stops reading gets the head timeout to take its
             // answers, like a client that stops sending.
-            let sent = timeout_at(
-                Instant::now() + state.settings.head_timeout(),
-                crate::wire::write_all(&io, &out),
-            )
-            .await;
+            let sent = timeout_at(Instant::now() + state.settings.head_timeout(), io.write_all(&out)).await;
             if !matches!(sent, Ok(Ok(()))) {
                 return Outcome::Done;
             }
             if close {
-                socket::close_gently(&io).await;
+                io.close().await;
                 return Outcome::Done;
             }
         }
         if other || (len == 0 && filled == buf.len()) {
-            return Outcome::HandOff(Rewound::with_prefix(io, &buf[len..filled]));
+            return Outcome::HandOff(io.hand_off(&buf[len..filled]));
         }
         buf.copy_within(len..filled, 0);
         filled -= len;
@@ -194,26 +276,11 @@ pub(crate) async fn serve(mut io: TcpStream, state: &ServerState, mut deadline: 
     }
 }
 
-/// Reads into `buf` by `deadline`; `None` when nothing came in time. Past
-/// the deadline what is already in the kernel is still read: the
-/// classifier's last look at the deadline can find a head there and send
-/// it here, and tokio, not yet told the socket is readable, would let the
-/// timeout fire before the read (the client then got a reset, not even a
-/// 408).
-async fn read_by(io: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Option<std::io::Result<usize>> {
-    if Instant::now() >= deadline {
-        // Not `try_read`: it answers from tokio's readiness, which says
-        // nothing yet, without asking the kernel.
-        return crate::classify::look_now(io, buf, nix::sys::socket::MsgFlags::empty()).map(Ok);
-    }
-    timeout_at(deadline, io.read(buf)).await.ok()
-}
-
 /// Writes the answers to `count` requests into `out`: numbers from `first`
 /// on, or 503 for each if the Counter crashed handling the batch.
 pub(crate) fn respond(out: &mut Vec<u8>, first: Result<u64, ApiError>, count: u64, close: bool) {
     out.clear();
-    let date = crate::http_date::now();
+    let date = crate::conn::http_date::now();
     for i in 0..count {
         let last = i + 1 == count;
         let connection = if close && last {
@@ -309,17 +376,17 @@ mod tests {
         let past = Instant::now() - Duration::from_secs(1);
         let mut buf = [0u8; 128];
         let (mut io, _client) = arrived(PLAIN.as_bytes());
-        let n = read_by(&mut io, &mut buf, past).await.unwrap().unwrap();
+        let n = Io::read_by(&mut io, &mut buf, past).await.unwrap().unwrap();
         assert_eq!(&buf[..n], PLAIN.as_bytes());
         assert!(
-            read_by(&mut io, &mut buf, past).await.is_none(),
+            Io::read_by(&mut io, &mut buf, past).await.is_none(),
             "nothing more: a timeout"
         );
         let (mut io, _client) = arrived(b"");
-        assert!(read_by(&mut io, &mut buf, past).await.is_none());
+        assert!(Io::read_by(&mut io, &mut buf, past).await.is_none());
         let (mut io, _client) = arrived(PLAIN.as_bytes());
         let soon = Instant::now() + Duration::from_secs(5);
-        let n = read_by(&mut io, &mut buf, soon).await.unwrap().unwrap();
+        let n = Io::read_by(&mut io, &mut buf, soon).await.unwrap().unwrap();
         assert_eq!(n, PLAIN.len());
     }
 

@@ -1,5 +1,5 @@
 //! What a stream request asks for beyond its id, read from its head once
-//! the head has passed [`crate::classify::HeadCheck`]: the transport
+//! the head has passed [`crate::conn::classify::HeadCheck`]: the transport
 //! (chunked text, SSE, WebSocket), where to resume, a subscriber token
 //! ([`read_request`]), and the page origin for CORS ([`origin`], read
 //! once by the admission, which decides CORS with it). (The response head

@@ -14,8 +14,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
+use crate::conn::tls::TlsIo;
+use crate::conn::wire::Wire;
 use crate::error::{ApiError, Cors};
-use crate::tls::TlsIo;
 
 /// How long a refused connection is drained before it is closed, so the
 /// client reads the error instead of a reset.
@@ -23,12 +24,13 @@ const LINGER: Duration = Duration::from_millis(500);
 
 /// Answers a request the lean path refuses with `error` (the same response
 /// actix-web would give it, with `cors` for a page), then closes the
-/// connection after draining what the client still sends.
-pub(crate) async fn refuse(io: TcpStream, error: &ApiError, cors: Cors<'_>) {
+/// connection after draining what the client still sends. The one refusal
+/// writer, plain or TLS ([`Wire::write_last`]).
+pub(crate) async fn refuse<W: Wire>(mut wire: W, error: &ApiError, cors: Cors<'_>) {
     let mut response = Vec::new();
     error.write_http1(&mut response, true, cors);
-    let _ = io.try_write(&response);
-    close_gently(&io).await;
+    wire.write_last(&response).await;
+    close_gently(wire.socket()).await;
 }
 
 /// Ends our side of `io` and drains what the client still sends for a short
@@ -233,7 +235,7 @@ pub(crate) struct Internal;
 /// answer is out: for a request whose body stopped arriving, actix-web's
 /// HTTP/1 dispatcher would otherwise keep waiting for the rest of a chunked
 /// body, holding the socket. Put in each request's connection data; the
-/// connection's task in `server` acts on it.
+/// connection's task in `conn::serve` acts on it.
 #[derive(Clone, Default)]
 pub(crate) struct CloseHandle(Rc<Notify>);
 

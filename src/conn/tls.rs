@@ -21,6 +21,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll, ready};
 
@@ -34,7 +35,9 @@ use rustls::{ServerConfig, crypto::CryptoProvider};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, timeout_at};
 
-use crate::classify::HeadError;
+use crate::conn::classify::{HeadError, HeadSource, Line, PEEK_BYTES};
+use crate::conn::wire::{CLOSE_AFTER_ANSWER, Wire};
+use crate::stats::Stats;
 
 /// How much ciphertext one read takes from the socket: a whole TLS record
 /// (16 KiB of plaintext and its overhead) in at most two reads. A stack
@@ -431,7 +434,7 @@ impl Session {
         };
         if !out.is_empty() {
             // An alert for a bad record goes out too.
-            let _ = timeout_at(deadline, crate::wire::write_all(io, &out)).await;
+            let _ = timeout_at(deadline, crate::conn::wire::write_all(io, &out)).await;
         }
         stepped.map_err(|e| HeadError::Tls(tls_reason(&e)))
     }
@@ -442,7 +445,7 @@ impl Session {
             let mut out = Vec::new();
             let stop = self.step(&mut out, None);
             if !out.is_empty() {
-                match timeout_at(deadline, crate::wire::write_all(io, &out)).await {
+                match timeout_at(deadline, crate::conn::wire::write_all(io, &out)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return Err(HeadError::Gone),
                     Err(_) => return Err(HeadError::Timeout),
@@ -472,7 +475,7 @@ impl Session {
     pub(crate) async fn write_and_close(&mut self, io: &TcpStream, data: &[u8], deadline: Instant) {
         let mut out = Vec::new();
         if self.encrypt(data, true, &mut out).is_ok() {
-            let _ = timeout_at(deadline, crate::wire::write_all(io, &out)).await;
+            let _ = timeout_at(deadline, crate::conn::wire::write_all(io, &out)).await;
         }
     }
 }
@@ -785,6 +788,119 @@ fn tls_reason(e: &rustls::Error) -> &'static str {
         rustls::Error::AlertReceived(_) => "the client sent an alert",
         rustls::Error::PeerMisbehaved(_) => "the client broke the TLS protocol",
         _ => "TLS error",
+    }
+}
+
+/// A TLS connection on a lean path, before it is a stream or actix-web's:
+/// the socket and its session, which a refusal is written through.
+pub(crate) struct TlsWire {
+    pub(crate) io: TcpStream,
+    pub(crate) session: Session,
+}
+
+impl Wire for TlsWire {
+    fn socket(&self) -> &TcpStream {
+        &self.io
+    }
+
+    async fn write_last(&mut self, data: &[u8]) {
+        self.session
+            .write_and_close(&self.io, data, Instant::now() + CLOSE_AFTER_ANSWER)
+            .await;
+    }
+}
+
+/// A TLS connection's request line, as the session decrypts it: what
+/// `classify` reads on a TLS port. The session keeps every decrypted byte
+/// (`Session::plain`), so nothing is copied.
+pub(crate) struct DecryptedLine<'a> {
+    io: &'a TcpStream,
+    session: &'a mut Session,
+    /// Where a record that fails is counted ([`refused`]).
+    stats: &'a Stats,
+    deadline: Instant,
+    /// The longest request line a lean stream may have (see `Line`).
+    max_line: usize,
+}
+
+impl<'a> DecryptedLine<'a> {
+    pub(crate) fn new(
+        io: &'a TcpStream,
+        session: &'a mut Session,
+        stats: &'a Stats,
+        deadline: Instant,
+        max_line: usize,
+    ) -> Self {
+        DecryptedLine {
+            io,
+            session,
+            stats,
+            deadline,
+            max_line: max_line.max(PEEK_BYTES),
+        }
+    }
+}
+
+impl Line for DecryptedLine<'_> {
+    async fn look(&mut self) -> Result<(&[u8], bool), HeadError> {
+        let plain = &self.session.plain;
+        Ok((plain, plain.len() >= self.max_line))
+    }
+
+    async fn more(&mut self, _seen: usize) -> Result<(), HeadError> {
+        let read = self.session.read_plain(self.io, self.deadline).await;
+        if let Err(e @ HeadError::Tls(_)) = read {
+            refused(self.stats, e);
+        }
+        read
+    }
+}
+
+/// Counts and logs a TLS connection refused before its head was read,
+/// which gets no HTTP answer (the client could not read one): a handshake
+/// out of time, or a handshake or record that failed. A client that went
+/// away is not counted.
+pub(crate) fn refused(stats: &Stats, e: HeadError) {
+    let counter = match e {
+        HeadError::Timeout => &stats.tls_handshake_timeouts,
+        HeadError::Gone => return,
+        _ => &stats.tls_handshake_failures,
+    };
+    counter.fetch_add(1, Relaxed);
+    tracing::debug!(event = "tls_refused", cause = ?e, "TLS connection refused before its head");
+}
+
+/// A TLS connection's request head, as the session decrypts it: what
+/// `consume_head` reads on a TLS port, from the head's first byte (the
+/// request line `classify` read is still in `Session::plain`).
+pub(crate) struct DecryptedHead<'a> {
+    io: &'a TcpStream,
+    session: &'a mut Session,
+    /// Bytes of `session.plain` shown to `consume_head` so far.
+    shown: usize,
+}
+
+impl<'a> DecryptedHead<'a> {
+    pub(crate) fn new(io: &'a TcpStream, session: &'a mut Session) -> Self {
+        DecryptedHead {
+            io,
+            session,
+            shown: 0,
+        }
+    }
+}
+
+impl HeadSource for DecryptedHead<'_> {
+    async fn read_on<R>(
+        &mut self,
+        deadline: Instant,
+        f: impl FnOnce(&[u8], usize) -> Option<R>,
+    ) -> Result<Option<R>, HeadError> {
+        if self.shown == self.session.plain.len() {
+            self.session.read_plain(self.io, deadline).await?;
+        }
+        let shown = std::mem::replace(&mut self.shown, self.session.plain.len());
+        Ok(f(&self.session.plain, shown))
     }
 }
 
