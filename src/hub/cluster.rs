@@ -338,6 +338,20 @@ impl Master {
     }
 }
 
+/// Where a sentinel is: over TLS with `redis_sentinel_tls`.
+fn sentinel_addr(settings: &ClusterSettings, host: String, port: u16) -> redis::ConnectionAddr {
+    if settings.redis_sentinel_tls {
+        redis::ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        redis::ConnectionAddr::Tcp(host, port)
+    }
+}
+
 /// With `cluster.redis_sentinels`: redis-rs's Sentinel client, which asks
 /// the sentinels for the master and checks with `ROLE` that it is one, and
 /// connects to the master with `redis_url`'s credentials and db (over TLS
@@ -356,18 +370,9 @@ fn sentinel_client(
         client_tls: None,
         root_cert: ca.map(<[u8]>::to_vec),
     };
-    let addrs = sentinels.into_iter().map(|(host, port)| {
-        if settings.redis_sentinel_tls {
-            redis::ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            redis::ConnectionAddr::Tcp(host, port)
-        }
-    });
+    let addrs = sentinels
+        .into_iter()
+        .map(|(host, port)| sentinel_addr(settings, host, port));
     let redis = url.redis_settings();
     let mut b = redis::sentinel::SentinelClientBuilder::new(
         addrs,
@@ -887,16 +892,7 @@ impl Cluster {
             .into_iter()
             .map(|(host, port)| {
                 let name = format!("{host}:{port}");
-                let addr = if self.settings.redis_sentinel_tls {
-                    redis::ConnectionAddr::TcpTls {
-                        host,
-                        port,
-                        insecure: false,
-                        tls_params: None,
-                    }
-                } else {
-                    redis::ConnectionAddr::Tcp(host, port)
-                };
+                let addr = sentinel_addr(&self.settings, host, port);
                 let mut redis = redis::RedisConnectionInfo::default();
                 if !self.settings.redis_sentinel_password.is_empty() {
                     redis = redis.set_password(&self.settings.redis_sentinel_password);
