@@ -49,11 +49,13 @@
 //!   place its response head is decided, its sink and the per-worker tick
 //!   wheel.
 //! - `hub`: where a message is published and a stream resumes: the Router
-//!   (id -> streams; in a single process also event ids and history), and
-//!   in cluster mode the Redis command connection (its publish script mints
-//!   the fleet's event ids and keeps its history) and the supervised Bus
-//!   that holds this node's subscriptions. Route handlers publish through `Hub::publish`; nothing
-//!   above the hub touches the bus, the lingering table or the history.
+//!   (id -> streams, the fan-out; it names no engine), and the broker
+//!   under it behind one trait: `memory` (one process: event ids and
+//!   history) or `redis` (a fleet: the Redis command connection, whose
+//!   publish script mints the fleet's event ids and keeps its history, and
+//!   the supervised Bus that holds this node's subscriptions). Route
+//!   handlers publish through `Hub::publish`; nothing above the hub touches
+//!   the broker, the bus, the lingering table or the history.
 //! - `token`: subscriber tokens (HS256 JWTs), bearer credentials, the
 //!   constant-time compare.
 //! - `idempotency`: `Idempotency-Key`s of publishes in one process.

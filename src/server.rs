@@ -196,7 +196,7 @@ impl Server {
             settings: settings.stream.clone(),
             stats: Arc::clone(&stats),
             router: hub.router().clone(),
-            await_welcome: hub.cluster().is_some(),
+            await_welcome: hub.streams_wait(),
             limits: Arc::clone(&limits),
         });
         // Rate states and log times no longer needed go every 10 s.

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_payload};
 use super::link::{Conn, FRAMING_BYTES, Received, Reply};
-use crate::hub::router::{Broadcast, HeldIds, Interest, Publish, Subscribed};
+use crate::hub::router::{Broadcast, HeldIds, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
 /// Most channels in one SUBSCRIBE or UNSUBSCRIBE.
@@ -787,6 +787,20 @@ impl Supervised for Bus {
             "cluster bus restarted; reconnecting and resubscribing"
         );
     }
+}
+
+/// What the Redis broker tells the Bus for the Router: the first stream of
+/// an id logged in here, or its last one left.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) enum Interest {
+    /// `id` has a stream on this node now.
+    Held(Arc<str>),
+    /// `id` has no stream on this node any more.
+    Released(Arc<str>),
+    /// `id` was held already; confirm its subscription again (the Router
+    /// restarted and may have lost the confirmation).
+    Confirm(Arc<str>),
 }
 
 impl Handler<Interest> for Bus {

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ClusterSettings, HistorySettings, redact_url};
 use crate::error::ApiError;
-use crate::hub::history::{FleetHistory, FleetRead, KeptMessage};
+use crate::hub::history::{CaughtUp, FleetHistory, FleetRead, KeptMessage};
 use crate::stats::Stats;
 
 /// How far behind its expiry time a stale name is pruned from the node set;
@@ -213,9 +213,6 @@ const DISPATCHER_RESET_SCRIPT: &str = "local ok = redis.pcall('INCRBY', KEYS[1],
 /// open files a process; a big box a few million): a count read back from
 /// Redis above it is not a count.
 const MAX_NODE_STREAMS: u64 = 1 << 32;
-
-/// Most ids one catch-up read asks for (a SUBSCRIBE batch's).
-pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
 /// Replaces a claimed key's publish id with the first answer, keeping its
 /// TTL (`KEEPTTL`: Redis 6.0 or later).
@@ -2118,18 +2115,6 @@ pub(crate) fn parse_payload(payload: &[u8]) -> Option<Payload<'_>> {
         event,
         text,
     })
-}
-
-/// What a catch-up read found ([`Cluster::catch_up`]).
-#[derive(Debug)]
-pub(crate) struct CaughtUp {
-    /// The fleet's clock and epoch.
-    pub(crate) clock: u64,
-    pub(crate) epoch: u64,
-    /// Broadcasts after the position.
-    pub(crate) broadcasts: FleetHistory,
-    /// Each id's messages after it, in the order asked.
-    pub(crate) ids: Vec<FleetHistory>,
 }
 
 /// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for each history

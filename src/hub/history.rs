@@ -1,22 +1,17 @@
-//! Event ids and the per-id history a reconnecting client resumes from: in
-//! a single process both kept here, by the Router (one actor, so ids and
-//! rings need no locks); in cluster mode the shapes of the fleet's history
-//! as read from Redis, and the resume computed from them.
+//! Event ids and the per-id history a reconnecting client resumes from:
+//! [`History`] keeps both for one process (the memory broker,
+//! [`crate::hub::broker::memory`]); [`FleetRead`] and [`CaughtUp`] are the
+//! shape of any history read, this process's or the fleet's in Redis
+//! ([`crate::hub::cluster`]), and [`fleet_resume`] the one rule that says
+//! what a resuming stream is owed from it.
 //!
-//! **Event ids** are the Router's clock in microseconds since the Unix
-//! epoch, made unique: a message gets `max(previous + 1, now)`. So they
-//! increase for every id (and across ids), survive being forgotten (an id
-//! whose history expired gets larger ids later, not 1 again), stay above the
-//! previous run's as long as the clock does, and tell the age of a message:
-//! history needs no timestamps of its own.
-//!
-//! **In cluster mode** the fleet gives ids and keeps the history, in Redis
-//! (see [`crate::hub::cluster`]); a node reads it with [`fleet_resume`].
-//! This node's clock then only follows the fleet's ([`History::witness`]):
-//! it says up to where this node had every message of its ids, where a
-//! catch-up starts after the pub/sub link is lost. (While the bus is down
-//! a publish reaches this node's streams alone and without an id: an id
-//! from this node's clock could pass the fleet's.)
+//! **Event ids** are the clock in microseconds since the Unix epoch, made
+//! unique: a message gets `max(previous + 1, now)`. So they increase for
+//! every id (and across ids), survive being forgotten (an id whose history
+//! expired gets larger ids later, not 1 again), stay above the previous
+//! run's as long as the clock does, and tell the age of a message: history
+//! needs no timestamps of its own. In a fleet, the publish script in
+//! Redis mints them (see [`crate::hub::cluster`]).
 //!
 //! **History**: an id gets a ring once a message is sent to it (an id that
 //! is only held costs nothing here), keeping its last `history.size`
@@ -73,12 +68,10 @@ pub(crate) struct History {
     ttl_us: u64,
     /// The first id this process could give: what came before is not here.
     started: u64,
-    /// The largest id minted here or seen from another node: ids minted
-    /// from now on are larger.
+    /// The largest id minted: ids minted from now on are larger.
     clock: u64,
     /// The largest id recorded (delivered): where a stream that does not
-    /// resume starts. In cluster mode nothing is recorded here (the fleet
-    /// keeps the history) and only `clock` moves, by [`History::witness`].
+    /// resume starts.
     last: u64,
     rings: HashMap<Arc<str>, Ring>,
     /// Messages kept over all rings.
@@ -111,21 +104,6 @@ impl History {
     /// The next event id.
     pub(crate) fn next_id(&mut self) -> u64 {
         self.clock = self.clock.saturating_add(1).max(now_us());
-        self.clock
-    }
-
-    /// Takes note of `event`, given by the fleet, and returns it: the clock
-    /// then says this node had every message of its ids up to it, which is
-    /// where a catch-up starts if the link is lost. (The bus refuses ids
-    /// far ahead of this node's clock, so one cannot push it out of
-    /// reach.)
-    pub(crate) fn witness(&mut self, event: u64) -> u64 {
-        self.clock = self.clock.max(event);
-        event
-    }
-
-    /// The largest id minted here or seen from another node.
-    pub(crate) fn clock(&self) -> u64 {
         self.clock
     }
 
@@ -172,28 +150,22 @@ impl History {
         }
     }
 
-    /// What a stream of `id` that saw everything up to `since` is owed
-    /// (`None`: a new client, which starts at the last id).
-    pub(crate) fn resume(&mut self, id: &str, since: Option<u64>) -> Resume {
-        let Some(since) = since else {
-            return Resume {
-                position: self.last,
-                ..Resume::default()
-            };
+    /// This process's history of `id` after `since`, in the shape of a read
+    /// of the fleet's ([`FleetRead`]), so that one rule ([`fleet_resume`])
+    /// says what a resuming stream is owed, whichever broker kept it. Its
+    /// clock is the last id given (where a new stream starts); messages up
+    /// to `id.lost_upto` may be gone (evicted, expired, or sent before this
+    /// process started).
+    pub(crate) fn read(&mut self, id: &str, since: Option<u64>) -> FleetRead {
+        let mut read = FleetRead {
+            clock: self.last,
+            ..FleetRead::default()
         };
-        if since > self.last {
-            // Not an id this process gave: all it can say is "from here".
-            return Resume {
-                position: self.last,
-                replay: Vec::new(),
-                gap: Some(Gap {
-                    after: since,
-                    next: None,
-                }),
-            };
-        }
+        let Some(since) = since.filter(|since| *since <= self.last) else {
+            return read;
+        };
         let now = now_us();
-        let (replay, lost_before) = match self.rings.get_mut(id) {
+        let (entries, lost_before) = match self.rings.get_mut(id) {
             Some(ring) => {
                 self.kept -= ring.expire(now, self.ttl_us);
                 let after = ring.entries.partition_point(|(ev, _)| *ev <= since);
@@ -202,7 +174,19 @@ impl History {
             None if self.size == 0 => (Vec::new(), u64::MAX),
             None => (Vec::new(), self.floor(now)),
         };
-        Resume::after(since, replay, since < lost_before && since < self.last)
+        // Nothing after the last id given can be missing.
+        read.id = FleetHistory {
+            lost_upto: lost_before.min(self.last),
+            entries,
+        };
+        read
+    }
+
+    /// What a stream of `id` that saw everything up to `since` is owed
+    /// (`None`: a new client, which starts at the last id).
+    #[cfg(test)]
+    pub(crate) fn resume(&mut self, id: &str, since: Option<u64>) -> Resume {
+        fleet_resume(self.read(id, since), since).0
     }
 
     /// Drops expired messages, and rings left empty.
@@ -253,6 +237,19 @@ pub(crate) struct FleetHistory {
     pub(crate) lost_upto: u64,
     /// After the position, oldest first.
     pub(crate) entries: Vec<KeptMessage>,
+}
+
+/// What a catch-up read of several ids found, after the point where a
+/// broker's link was lost (see [`crate::hub::broker::Broker::catch_up`]).
+#[derive(Debug)]
+pub(crate) struct CaughtUp {
+    /// The fleet's clock and epoch.
+    pub(crate) clock: u64,
+    pub(crate) epoch: u64,
+    /// Broadcasts after the position.
+    pub(crate) broadcasts: FleetHistory,
+    /// Each id's messages after it, in the order asked.
+    pub(crate) ids: Vec<FleetHistory>,
 }
 
 /// Why a resume was told of a gap, for `/stats` (`history.gaps_by_cause`).
@@ -467,18 +464,6 @@ mod tests {
                 next: None
             })
         );
-    }
-
-    #[test]
-    fn a_witnessed_id_raises_the_clock() {
-        let mut h = History::new(10, Duration::from_secs(60));
-        let mine = h.next_id();
-        let ahead = h.witness(mine + 1_000_000);
-        assert_eq!(h.clock(), ahead);
-        assert!(h.next_id() > ahead);
-        // One behind changes nothing.
-        h.witness(mine);
-        assert_eq!(h.clock(), ahead + 1);
     }
 
     #[test]

@@ -14,12 +14,17 @@
 //! type-erased recipient: a `WeakRecipient` is a boxed trait object, one
 //! more allocation for every idle stream.
 //!
-//! In a single process it also mints event ids and keeps the [`History`]
-//! (see [`crate::hub::history`]), so a message's id, its history entry and
-//! its deliveries are one step of one actor. In cluster mode the publish
-//! script in Redis mints the id and keeps the fleet's history; the Router
-//! delivers under the id the message came with, and resumes a stream by
-//! reading the fleet's history (subscribe first, read, merge by id).
+//! It names no engine. Its [`Broker`] (see [`crate::hub::broker`]) says
+//! whether an id's subscription is live at once or confirmed later
+//! ([`Subscribed`]), mints and keeps a message accepted here in the step
+//! that delivers it ([`Broker::keep`]), or hands over messages that already
+//! have their event id ([`Publish::event`]). A resuming stream joins after
+//! a read of its id's history: "subscribe first, read, merge by id". A
+//! read answered at once needs nothing more; one that comes later has the
+//! id's messages buffered meanwhile and merged by event id, and a floor
+//! keeps the stream from being handed one it had. When a broker's link is
+//! lost ([`Subscribed::LinkDown`]), the ids held here catch up from the
+//! history once they are subscribed again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,13 +32,13 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use actix::{
-    Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, Supervised, WeakAddr,
-};
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Supervised, WeakAddr};
 use smallvec::SmallVec;
 
-use crate::hub::cluster::{CaughtUp, Cluster};
-use crate::hub::history::{FleetRead, GapCause, History, KeptMessage, Resume, failed_read, fleet_resume};
+use crate::hub::broker::{Broker, CATCH_UP_BATCH, Read, Subscription, fits_backlog};
+use crate::hub::history::{
+    CaughtUp, FleetRead, GapCause, KeptMessage, Resume, failed_read, fleet_resume, now_us,
+};
 use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
 use crate::supervision::{Crash, guarded};
@@ -309,46 +314,49 @@ pub(crate) struct Router<S: StreamActor> {
     closing: bool,
     /// Where `messages.routed` and restarts are counted.
     stats: Arc<Stats>,
-    /// Told when an id gets its first stream and loses its last one (the
-    /// cluster bus subscribes to what this node holds); `None` without one.
-    interest: Option<Recipient<Interest>>,
-    /// Cluster mode: streams of ids whose SUBSCRIBE is on its way. They are
-    /// not in `table` (no message reaches them) until [`Subscribed`] says
-    /// so; then they get their [`Welcome`]. Empty at rest.
+    /// The engine: subscriptions, event ids, history, presence. Told when
+    /// an id gets its first stream and loses its last one.
+    broker: Arc<dyn Broker>,
+    /// Every stream waits for its [`Welcome`] ([`Broker::streams_wait`]).
+    streams_wait: bool,
+    /// How often presence is written ([`Broker::presence_every`]).
+    presence_every: Option<Duration>,
+    /// Streams of ids whose subscription is on its way. They are not in
+    /// `table` (no message reaches them) until [`Subscribed`] says so;
+    /// then they get their [`Welcome`]. Empty at rest.
     awaiting: HashMap<Arc<str>, SmallVec<[Waiting<S>; 1]>>,
-    /// Event ids, and the messages kept for streams that resume (in
-    /// cluster mode with `shared`, the clock alone: the fleet keeps them).
-    history: History,
-    /// Cluster mode: where the fleet's history is read.
-    shared: Option<Arc<Cluster>>,
-    /// Cluster mode: streams whose read of the fleet's history is out, by
-    /// id. They are not in `table`; messages for them are buffered until
-    /// the read is back. Empty at rest.
+    /// The largest event id delivered here or told by the broker: up to
+    /// it, this node had every message of its ids (where a catch-up starts
+    /// after a lost link).
+    clock: u64,
+    /// Streams whose read of the history is out, by id. They are not in
+    /// `table`; messages for them are buffered until the read is back.
+    /// Empty at rest.
     reading: HashMap<Arc<str>, SmallVec<[Reading<S>; 1]>>,
     /// The last read's number.
     reads: u64,
-    /// Cluster mode: ids whose count of streams here changed since this
-    /// node last wrote its presence to Redis ([`Router::flush_presence`]).
-    /// Empty at rest.
+    /// Ids whose count of streams here changed since this node last wrote
+    /// its presence ([`Router::flush_presence`]). Empty at rest.
     presence_dirty: HashSet<Arc<str>>,
-    /// The next presence write is this node's every held id (Redis lost
-    /// them, or a write failed).
+    /// The next presence write is this node's every held id (the broker
+    /// lost them, or a write failed).
     presence_full: bool,
-    /// The last presence write left ids in Redis: its key should be there.
+    /// The last presence write left ids with the broker: they should be
+    /// there.
     presence_expected: bool,
     /// A presence write is out: the next beat waits for it (writes must
     /// not overtake each other).
     presence_flushing: bool,
-    /// Cluster mode: streams that just joined the table after a read of
-    /// the fleet's history, and the id up to which they have had every
-    /// message: one still on its way through the bus with an id at or
+    /// Streams that just joined the table after a read of the history
+    /// that came later, and the id up to which they have had every
+    /// message: one still on its way from the broker with an id at or
     /// below it is not handed to them again. An entry goes with the first
     /// message above it (the bus brings ids in order) or after
     /// [`FLOOR_TTL`]. Empty at rest.
     floors: HashMap<ConnId, (u64, Instant)>,
-    /// Cluster mode: the pub/sub link was lost at this event id (this
-    /// node's clock then: it had every message of its ids up to it), and
-    /// not every id has caught up since. `None` at rest.
+    /// The broker's link was lost at this event id (this node's clock
+    /// then: it had every message of its ids up to it), and not every id
+    /// has caught up since. `None` at rest.
     lost_at: Option<u64>,
     /// Ids whose streams may have missed messages while the link was down,
     /// until their subscription is confirmed on a new link and they catch
@@ -368,12 +376,13 @@ pub(crate) struct Router<S: StreamActor> {
 }
 
 impl<S: StreamActor> Router<S> {
-    /// An empty Router reporting into `stats`, keeping `history_size`
-    /// messages per id for `history_ttl`.
-    pub(crate) fn new(stats: Arc<Stats>, history_size: usize, history_ttl: Duration) -> Self {
+    /// An empty Router reporting into `stats`, on `broker`.
+    pub(crate) fn new(stats: Arc<Stats>, broker: Arc<dyn Broker>) -> Self {
         Router {
-            history: History::new(history_size, history_ttl),
-            shared: None,
+            streams_wait: broker.streams_wait(),
+            presence_every: broker.presence_every(),
+            broker,
+            clock: now_us(),
             reading: HashMap::new(),
             reads: 0,
             presence_dirty: HashSet::new(),
@@ -389,7 +398,6 @@ impl<S: StreamActor> Router<S> {
             streams: 0,
             closing: false,
             stats,
-            interest: None,
             awaiting: HashMap::new(),
             fanouts: VecDeque::new(),
             window: Arc::default(),
@@ -430,8 +438,8 @@ impl<S: StreamActor> Router<S> {
 
     /// Moves the awaiting streams of `id` into the table and welcomes them,
     /// each with what it resumes: what was sent while it waited is kept,
-    /// so it is in the replay. In cluster mode, a stream that carries event
-    /// ids reads the fleet's history first ([`Router::start_read`]).
+    /// so it is in the replay. A stream that carries event ids reads the
+    /// history first ([`Router::start_read`]).
     fn admit(&mut self, id: &Arc<str>, ctx: &mut Context<Self>) {
         if let Some(waiting) = self.awaiting.remove(id) {
             for w in waiting {
@@ -440,14 +448,14 @@ impl<S: StreamActor> Router<S> {
         }
     }
 
-    /// A stream whose id is subscribed: into the table with its welcome,
-    /// or, one with event ids in cluster mode, first to the fleet's history.
+    /// A stream whose id is subscribed: into the table (with its welcome
+    /// if it waits for one), or, one with event ids, first to the history.
     fn enter(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
-        if w.tracked && self.shared.is_some() {
+        if w.tracked {
             if self.lost_at.is_some() && !self.recovered.contains(&id) {
                 // The link is down, or its id not subscribed again yet: a
                 // read now could miss what comes before it is. It waits
-                // for the id's confirmation on the new link (the bus
+                // for the id's confirmation on the new link (the broker
                 // resubscribes every id waiting here).
                 self.awaiting.entry(id).or_default().push(w);
                 return;
@@ -455,8 +463,15 @@ impl<S: StreamActor> Router<S> {
             self.start_read(id, w, ctx);
             return;
         }
-        let resume = self.resume(&id, w.since);
-        send_if_alive(&w.addr, Welcome::new(resume, &self.stats));
+        if self.streams_wait {
+            // A plain stream shows no event ids: its welcome tells nothing
+            // but that it may write its own.
+            let here = Resume {
+                position: self.clock,
+                ..Resume::default()
+            };
+            send_if_alive(&w.addr, Welcome::new(here, &self.stats));
+        }
         self.join(id, w.conn, w.addr);
     }
 
@@ -476,18 +491,26 @@ impl<S: StreamActor> Router<S> {
         self.table.contains_key(id) || self.reading.contains_key(id)
     }
 
-    /// Reads the fleet's history for `w` (its id is subscribed, so every
-    /// message after the read reaches this Router): "subscribe first, read,
-    /// merge by id". Messages of the id that come meanwhile are buffered
-    /// ([`Router::buffer`]) and merged when the read is back
+    /// Reads the history for `w` (its id is subscribed, so every message
+    /// after the read reaches this Router): "subscribe first, read, merge
+    /// by id". A read answered at once welcomes it now. For one that comes
+    /// later, messages of the id that come meanwhile are buffered
+    /// ([`Router::buffer`]) and merged when it is back
     /// ([`Router::finish_read`]).
     fn start_read(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
-        let Some(shared) = self.shared.clone() else {
-            return;
+        let read = match self.broker.read(&id, w.since) {
+            Read::Now(read) => {
+                let (resume, cause) = fleet_resume(read, w.since);
+                self.count_gap(cause);
+                send_if_alive(&w.addr, Welcome::new(resume, &self.stats));
+                self.join(id, w.conn, w.addr);
+                return;
+            }
+            Read::Later(read) => read,
         };
         self.reads += 1;
-        let (no, since) = (self.reads, w.since);
-        let (clock, link_epoch) = (self.history.clock(), self.link_epoch);
+        let no = self.reads;
+        let (clock, link_epoch) = (self.clock, self.link_epoch);
         self.reading.entry(Arc::clone(&id)).or_default().push(Reading {
             no,
             clock,
@@ -495,15 +518,9 @@ impl<S: StreamActor> Router<S> {
             stream: w,
             buffered: Vec::new(),
         });
-        let read = async move {
-            let r = shared.read_history(&id, since).await;
-            (id, r)
-        };
         ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(read).map(move |(id, r), router, ctx| {
-                guarded(router, ctx, |router, ctx| {
-                    router.finish_read(&id, no, r.ok(), ctx)
-                });
+            actix::fut::wrap_future::<_, Self>(read).map(move |r, router, ctx| {
+                guarded(router, ctx, |router, ctx| router.finish_read(&id, no, r, ctx));
             }),
         );
     }
@@ -605,13 +622,10 @@ impl<S: StreamActor> Router<S> {
     /// The link was lost: remember where (this node had every message of
     /// its ids up to its clock), and which ids will catch up.
     fn link_lost(&mut self) {
-        if self.shared.is_none() {
-            return;
-        }
         self.link_epoch += 1;
         self.recovered.clear();
         if self.lost_at.is_none() {
-            self.lost_at = Some(self.history.clock());
+            self.lost_at = Some(self.clock);
         }
         self.stale.extend(self.table.keys().cloned());
     }
@@ -622,7 +636,7 @@ impl<S: StreamActor> Router<S> {
     /// meanwhile (what comes live is buffered, as for a read) and come
     /// back with a [`Welcome::again`]: what they missed, and any gap.
     fn catch_up(&mut self, ids: &[Arc<str>], ctx: &mut Context<Self>) {
-        let (Some(lost_at), Some(shared)) = (self.lost_at, self.shared.clone()) else {
+        let Some(lost_at) = self.lost_at else {
             return;
         };
         let mut batch = Vec::new();
@@ -641,7 +655,7 @@ impl<S: StreamActor> Router<S> {
             self.recovered = HashSet::new();
             self.stale = HashSet::new();
         }
-        for chunk in batch.chunks_mut(crate::hub::cluster::CATCH_UP_BATCH) {
+        for chunk in batch.chunks_mut(CATCH_UP_BATCH) {
             self.reads += 1;
             let no = self.reads;
             let mut ids = Vec::with_capacity(chunk.len());
@@ -663,16 +677,10 @@ impl<S: StreamActor> Router<S> {
                     });
                 }
             }
-            let shared = Arc::clone(&shared);
-            let read = async move {
-                let r = shared.catch_up(&ids, lost_at).await;
-                (ids, r)
-            };
+            let read = self.broker.catch_up(ids.clone(), lost_at);
             ctx.spawn(
-                actix::fut::wrap_future::<_, Self>(read).map(move |(ids, r), router, ctx| {
-                    guarded(router, ctx, |router, _| {
-                        router.caught_up(&ids, no, lost_at, r.ok())
-                    });
+                actix::fut::wrap_future::<_, Self>(read).map(move |r, router, ctx| {
+                    guarded(router, ctx, |router, _| router.caught_up(&ids, no, lost_at, r));
                 }),
             );
         }
@@ -763,18 +771,17 @@ impl<S: StreamActor> Router<S> {
             + self.awaiting.get(id).map_or(0, SmallVec::len)
     }
 
-    /// Cluster mode: `id`'s count of streams here changed; Redis hears of
-    /// it at the next heartbeat, with every other change since.
+    /// `id`'s count of streams here changed; a broker that keeps presence
+    /// hears of it at the next write, with every other change since.
     fn presence_changed(&mut self, id: &Arc<str>) {
-        if self.shared.is_some() && !self.presence_dirty.contains(id) {
+        if self.presence_every.is_some() && !self.presence_dirty.contains(id) {
             self.presence_dirty.insert(Arc::clone(id));
         }
     }
 
-    /// Cluster mode: writes this node's presence every heartbeat.
+    /// Writes this node's presence as often as the broker asks.
     fn every_heartbeat(&mut self, ctx: &mut Context<Self>) {
-        if let Some(shared) = &self.shared {
-            let beat = Duration::from_millis(shared.settings.heartbeat_interval_ms);
+        if let Some(beat) = self.presence_every {
             ctx.run_interval(beat, |r, ctx| {
                 guarded(r, ctx, Router::flush_presence).unwrap_or(())
             });
@@ -782,13 +789,9 @@ impl<S: StreamActor> Router<S> {
     }
 
     /// Writes the counts of the ids that changed since the last write (all
-    /// held ids if Redis lost them) to this node's presence hash in Redis,
-    /// in one batch, and renews its expiry. A failed write is tried again
-    /// at the next beat.
+    /// held ids if the broker lost them) to the broker, in one batch. A
+    /// failed write is tried again at the next beat.
     fn flush_presence(&mut self, ctx: &mut Context<Self>) {
-        let Some(shared) = self.shared.clone() else {
-            return;
-        };
         if self.presence_flushing {
             return;
         }
@@ -809,17 +812,14 @@ impl<S: StreamActor> Router<S> {
         if self.presence_dirty.capacity() > 1024 {
             self.presence_dirty.shrink_to_fit();
         }
-        let counts: Vec<(Arc<str>, usize)> = ids
+        let counts: Arc<[(Arc<str>, usize)]> = ids
             .into_iter()
             .map(|id| (Arc::clone(&id), self.count(&id)))
             .collect();
         let expected = self.presence_expected;
-        let write = async move {
-            let r = shared.write_presence(&counts, full).await;
-            (counts, r)
-        };
+        let write = self.broker.write_presence(Arc::clone(&counts), full);
         ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(write).map(move |(counts, r), router, _| {
+            actix::fut::wrap_future::<_, Self>(write).map(move |r, router, _| {
                 match r {
                     Ok(existed) => {
                         // Gone though it should be there: Redis lost it (a
@@ -830,8 +830,10 @@ impl<S: StreamActor> Router<S> {
                             || !router.reading.is_empty()
                             || !router.awaiting.is_empty();
                     }
-                    Err(_) if full => router.presence_full = true,
-                    Err(_) => router.presence_dirty.extend(counts.into_iter().map(|(id, _)| id)),
+                    Err(()) if full => router.presence_full = true,
+                    Err(()) => router
+                        .presence_dirty
+                        .extend(counts.iter().map(|(id, _)| Arc::clone(id))),
                 }
             }),
         );
@@ -850,33 +852,13 @@ impl<S: StreamActor> Router<S> {
         .fetch_add(1, Relaxed);
     }
 
-    /// What a stream of `id` that saw everything up to `since` is owed
-    /// (`None`: it starts now) from this node's history: a single process,
-    /// or a plain stream in cluster mode (which shows no event ids).
-    fn resume(&mut self, id: &str, since: Option<u64>) -> Resume {
-        let resume = self.history.resume(id, since);
-        if resume.gap.is_some() {
-            let unknown = since.is_some_and(|s| s > resume.position);
-            self.count_gap(Some(if unknown {
-                GapCause::Unknown
-            } else {
-                GapCause::Trimmed
-            }));
-        }
-        resume
-    }
-
-    /// Publishes the history's sizes in `/stats`.
-    fn history_stats(&self) {
-        let (ids, kept) = self.history.sizes();
-        self.stats.history_ids.store(ids as u64, Relaxed);
-        self.stats.history_messages.store(kept as u64, Relaxed);
-    }
-
-    fn notify(&self, m: impl FnOnce() -> Interest) {
-        if let Some(interest) = &self.interest {
-            interest.do_send(m());
-        }
+    /// Takes note of `event`, delivered here or told by the broker, and
+    /// returns it: the clock then says this node had every message of its
+    /// ids up to it. (The bus refuses ids far ahead of this node's clock,
+    /// so one cannot push it out of reach.)
+    fn witness(&mut self, event: u64) -> u64 {
+        self.clock = self.clock.max(event);
+        event
     }
 }
 
@@ -901,10 +883,13 @@ impl<S: StreamActor> Actor for Router<S> {
         if !self.fanouts.is_empty() {
             self.pump(ctx);
         }
-        ctx.run_interval(self.history.sweep_interval(), |r, ctx| {
+        if let Some(every) = self.broker.upkeep_every() {
+            ctx.run_interval(every, |r, ctx| {
+                guarded(r, ctx, |r, _| r.broker.upkeep());
+            });
+        }
+        ctx.run_interval(FLOOR_TTL, |r, ctx| {
             guarded(r, ctx, |r, _| {
-                r.history.sweep();
-                r.history_stats();
                 r.floors.retain(|_, (_, since)| since.elapsed() < FLOOR_TTL);
                 shrink_if_sparse(&mut r.floors);
             });
@@ -919,13 +904,12 @@ impl<S: StreamActor> Supervised for Router<S> {
     fn restarting(&mut self, ctx: &mut Context<Self>) {
         self.stats.router_restarts.fetch_add(1, Relaxed);
         self.pumping = false;
-        let interest = self.interest.clone();
-        self.history_stats();
+        let broker = Arc::clone(&self.broker);
         self.table.retain(|id, streams| {
             streams.retain(|(_, stream)| stream.upgrade().is_some_and(|a| a.connected()));
             let keep = !streams.is_empty();
-            if let (false, Some(interest)) = (keep, &interest) {
-                interest.do_send(Interest::Released(Arc::clone(id)));
+            if !keep {
+                broker.unsubscribe(Arc::clone(id));
             }
             keep
         });
@@ -937,19 +921,12 @@ impl<S: StreamActor> Supervised for Router<S> {
         // they buffered is in what the new reads find). Presence writes
         // went too: all of it again.
         let waiting: Vec<Arc<str>> = self.awaiting.keys().cloned().collect();
-        match &interest {
-            Some(interest) => {
-                for id in waiting {
-                    interest.do_send(Interest::Confirm(id));
-                }
-            }
-            None => {
-                for id in &waiting {
-                    self.admit(id, ctx);
-                }
+        for id in &waiting {
+            if self.broker.confirm(Arc::clone(id)) == Subscription::Live {
+                self.admit(id, ctx);
             }
         }
-        self.presence_full = self.shared.is_some();
+        self.presence_full = self.presence_every.is_some();
         self.presence_flushing = false;
         for (id, readers) in std::mem::take(&mut self.reading) {
             for r in readers {
@@ -1097,32 +1074,6 @@ impl<S: StreamActor> Handler<CutId> for Router<S> {
     }
 }
 
-/// What the Router tells the cluster bus: the first stream of an id logged
-/// in here, or its last one left.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub(crate) enum Interest {
-    /// `id` has a stream on this node now.
-    Held(Arc<str>),
-    /// `id` has no stream on this node any more.
-    Released(Arc<str>),
-    /// `id` was held already; confirm its subscription again (the Router
-    /// restarted and may have lost the confirmation).
-    Confirm(Arc<str>),
-}
-
-/// From now on, tell the bus about [`Interest`] changes. Sent once, before
-/// the first stream can log in.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Attach {
-    /// The Bus.
-    pub(crate) bus: Recipient<Interest>,
-    /// Where the fleet's history is read (`None` in unit tests: this
-    /// node's history stands in for it).
-    pub(crate) shared: Option<Arc<Cluster>>,
-}
-
 /// From the cluster bus: these ids are subscribed now, or its link is down
 /// and nothing can be subscribed for the moment.
 #[derive(Message, Debug)]
@@ -1173,7 +1124,7 @@ impl<S: StreamActor> Handler<Subscribed> for Router<S> {
                 }
             }
             Subscribed::Clock(event) => {
-                r.history.witness(event);
+                r.witness(event);
             }
             Subscribed::LinkDown => {
                 r.link_lost();
@@ -1190,16 +1141,6 @@ impl<S: StreamActor> Handler<Subscribed> for Router<S> {
 #[derive(Message)]
 #[rtype(result = "Vec<Arc<str>>")]
 pub(crate) struct HeldIds;
-
-impl<S: StreamActor> Handler<Attach> for Router<S> {
-    type Result = ();
-
-    fn handle(&mut self, Attach { bus, shared }: Attach, ctx: &mut Context<Self>) {
-        self.interest = Some(bus);
-        self.shared = shared;
-        self.every_heartbeat(ctx);
-    }
-}
 
 /// How many streams of `id` this node has open (in the table, reading
 /// the fleet's history or waiting for the id's subscription): for
@@ -1252,9 +1193,9 @@ impl<S: StreamActor> Handler<LoginAt<S>> for Router<S> {
 }
 
 impl<S: StreamActor> Router<S> {
-    /// Registers a stream (`welcome`: it carries event ids, and waits for
-    /// its [`Welcome`] even without a bus).
-    fn login(&mut self, m: Login<S>, since: Option<u64>, welcome: bool, ctx: &mut Context<Self>) {
+    /// Registers a stream (`tracked`: it carries event ids, and waits for
+    /// its [`Welcome`] whatever the broker).
+    fn login(&mut self, m: Login<S>, since: Option<u64>, tracked: bool, ctx: &mut Context<Self>) {
         if self.closing {
             send_if_alive(&m.addr, Close);
         }
@@ -1262,28 +1203,19 @@ impl<S: StreamActor> Router<S> {
             conn: m.conn,
             addr: m.addr,
             since,
-            tracked: welcome,
+            tracked,
         };
         self.presence_changed(&m.id);
-        if self.interest.is_some() {
-            // Cluster mode: a new id waits for its SUBSCRIBE.
-            if self.subscribed(&m.id) {
-                self.enter(m.id, w, ctx);
-            } else {
-                let waiting = self.awaiting.entry(Arc::clone(&m.id)).or_default();
-                waiting.push(w);
-                if waiting.len() == 1 {
-                    self.notify(|| Interest::Held(m.id));
-                }
+        if self.subscribed(&m.id) {
+            self.enter(m.id, w, ctx);
+        } else if let Some(waiting) = self.awaiting.get_mut(&*m.id) {
+            waiting.push(w);
+        } else {
+            match self.broker.subscribe(&m.id) {
+                Subscription::Live => self.enter(m.id, w, ctx),
+                Subscription::Pending => self.awaiting.entry(m.id).or_default().push(w),
             }
-            return;
         }
-        if welcome {
-            let resume = self.resume(&m.id, since);
-            send_if_alive(&w.addr, Welcome::new(resume, &self.stats));
-        }
-        self.table.entry(m.id).or_default().push((w.conn, w.addr));
-        self.streams += 1;
     }
 }
 
@@ -1315,13 +1247,13 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
             if left {
                 if !r.subscribed(&m.id) {
                     r.stale.remove(&m.id);
-                    r.notify(|| Interest::Released(m.id));
+                    r.broker.unsubscribe(m.id);
                 }
             } else if let Some(waiting) = r.awaiting.get_mut(&*m.id) {
                 waiting.retain(|w| w.conn != m.conn);
                 if waiting.is_empty() {
                     r.awaiting.remove(&*m.id);
-                    r.notify(|| Interest::Released(m.id));
+                    r.broker.unsubscribe(m.id);
                 }
             }
         });
@@ -1330,13 +1262,13 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
 
 impl<S: StreamActor> Router<S> {
     /// Whether `n` more deliveries fit in the publish backlog under
-    /// `limit` ([`super::fits_backlog`]). The caller adds them to the
+    /// `limit` ([`fits_backlog`]). The caller adds them to the
     /// backlog right before it hands them out, after anything that could
     /// panic: a restart must not leave them counted.
     fn room(&self, n: usize, limit: Option<u64>) -> Result<(), Busy> {
         let backlog = self.stats.publish_backlog.load(Relaxed);
         match limit {
-            Some(max) if !super::fits_backlog(backlog, n as u64, max) => Err(Busy),
+            Some(max) if !fits_backlog(backlog, n as u64, max) => Err(Busy),
             _ => Ok(()),
         }
     }
@@ -1350,26 +1282,18 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let held = r.table.get(m.id.as_str()).map_or(0, SmallVec::len);
             r.room(held, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            let event = match (m.event, &r.shared) {
-                (Some(event), _) => Some(r.history.witness(event)),
-                (None, None) => {
-                    let event = r.history.next_id();
-                    r.history.record(&m.id, event, &m.msg);
-                    r.history_stats();
-                    Some(event)
-                }
-                // Cluster mode with the bus down: this node's streams get
-                // it alone, without an id (it is in no history, and an id
-                // from this node's clock could pass the fleet's).
-                (None, Some(_)) => None,
+            // A message accepted here is minted and kept now, after the
+            // backlog took it; one from the broker has its id already.
+            let event = match m.event {
+                Some(event) => Some(event),
+                None => r.broker.keep(&m.id, &m.msg),
             };
-            if let Some(event) = event
-                && r.shared.is_some()
-            {
+            if let Some(event) = event {
+                r.witness(event);
                 r.buffer(&m.id, event, &m.msg);
             }
             // Streams that had it already (they joined after a read of
-            // the fleet's history) are left out. Counted before anything is
+            // the history) are left out. Counted before anything is
             // handed out: a delivery dropped at once leaves the backlog.
             let none = Streams::new();
             let streams = r.table.get(m.id.as_str()).unwrap_or(&none);
@@ -1382,10 +1306,11 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let targets = streams
                 .iter()
                 .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event));
-            if r.shared.is_some() && !r.fanouts.is_empty() {
-                // A broadcast ahead of it is still being handed out: it
-                // goes behind, so every stream gets the fleet's messages in
-                // the order of their ids.
+            if r.fanouts.iter().any(|f| f.event.is_some()) {
+                // A broadcast with an event id ahead of it is still being
+                // handed out: it goes behind, so every stream gets the
+                // messages in the order of their ids. (A broadcast without
+                // one, a single process's, promises no order with them.)
                 r.fanouts.push_back(Fanout {
                     msg: m.msg,
                     event,
@@ -1414,7 +1339,7 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
         guarded(self, ctx, |r, ctx| {
             r.room(r.streams, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
-            let event = m.event.map(|e| r.history.witness(e));
+            let event = m.event.map(|e| r.witness(e));
             if let Some(event) = event
                 && !r.reading.is_empty()
             {
@@ -1575,6 +1500,101 @@ mod tests {
         }
     }
 
+    /// The memory broker, keeping `size` messages per id for a minute.
+    fn memory(size: usize, stats: &Arc<Stats>) -> Arc<dyn Broker> {
+        let mut settings = crate::config::Settings::defaults();
+        settings.history.size = size;
+        settings.history.ttl_ms = 60_000;
+        Arc::new(crate::hub::broker::memory::Memory::new(&settings, stats))
+    }
+
+    /// A broker as a fleet's is to the Router, with no Redis: every
+    /// stream waits for its welcome, a new id's subscription is confirmed
+    /// only when the test says so ([`Subscribed`]), and history reads
+    /// answer later. It mints and keeps a message accepted here itself (as
+    /// if its publish and its echo were one step), in a [`History`] that
+    /// stands for the fleet's; what it is told is recorded, in order.
+    struct FakeFleet {
+        history: Mutex<crate::hub::history::History>,
+        told: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl FakeFleet {
+        fn start() -> (Arc<dyn Broker>, Arc<Mutex<Vec<String>>>) {
+            let told = Arc::default();
+            let fleet = FakeFleet {
+                history: Mutex::new(crate::hub::history::History::new(16, Duration::from_secs(60))),
+                told: Arc::clone(&told),
+            };
+            (Arc::new(fleet), told)
+        }
+
+        fn tell(&self, line: String) {
+            self.told.lock().unwrap().push(line);
+        }
+    }
+
+    impl Broker for FakeFleet {
+        fn streams_wait(&self) -> bool {
+            true
+        }
+        fn subscribe(&self, id: &Arc<str>) -> Subscription {
+            self.tell(format!("held {id}"));
+            Subscription::Pending
+        }
+        fn unsubscribe(&self, id: Arc<str>) {
+            self.tell(format!("released {id}"));
+        }
+        fn confirm(&self, id: Arc<str>) -> Subscription {
+            self.tell(format!("confirm {id}"));
+            Subscription::Pending
+        }
+        fn keep(&self, id: &str, msg: &Arc<str>) -> Option<u64> {
+            let mut history = self.history.lock().unwrap();
+            let event = history.next_id();
+            history.record(id, event, msg);
+            Some(event)
+        }
+        fn read(&self, id: &Arc<str>, since: Option<u64>) -> Read {
+            let read = self.history.lock().unwrap().read(id, since);
+            Read::Later(Box::pin(async move { Some(read) }))
+        }
+        fn catch_up(&self, _: Vec<Arc<str>>, _: u64) -> crate::hub::broker::Later<Option<CaughtUp>> {
+            Box::pin(async { None })
+        }
+        fn presence_every(&self) -> Option<Duration> {
+            None
+        }
+        fn write_presence(
+            &self,
+            _: Arc<[(Arc<str>, usize)]>,
+            _: bool,
+        ) -> crate::hub::broker::Later<Result<bool, ()>> {
+            Box::pin(async { Ok(true) })
+        }
+        fn upkeep_every(&self) -> Option<Duration> {
+            None
+        }
+        fn upkeep(&self) {}
+        fn publish<'a>(
+            &'a self,
+            _: &'a crate::hub::Target,
+            _: &'a Arc<str>,
+            _: Option<String>,
+            _: &'a crate::hub::local::Local,
+        ) -> crate::hub::broker::LaterFrom<'a, Result<crate::hub::Answer, crate::error::ApiError>> {
+            unreachable!("the Router never publishes")
+        }
+        fn presence<'a>(
+            &'a self,
+            _: &'a str,
+            _: usize,
+        ) -> crate::hub::broker::LaterFrom<'a, Result<crate::hub::cluster::Presence, crate::error::ApiError>>
+        {
+            unreachable!("the Router never reads presence")
+        }
+    }
+
     /// A Router and `n` fake streams of id `a`, logged in.
     async fn setup(
         n: usize,
@@ -1585,7 +1605,7 @@ mod tests {
         Vec<Arc<Mutex<Vec<String>>>>,
     ) {
         let stats = Arc::new(Stats::new());
-        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), memory(16, &stats)).start();
         let (mut fakes, mut logs) = (Vec::new(), Vec::new());
         for _ in 0..n {
             let (addr, _, fake) = log_in(&router, "a", None).await;
@@ -1750,7 +1770,7 @@ mod tests {
     #[actix_rt::test]
     async fn streams_of_an_id_get_its_messages_in_order_until_they_log_out() {
         let stats = Arc::new(Stats::new());
-        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), memory(16, &stats)).start();
         let (a1, c1, log1) = log_in(&router, "a", None).await;
         let (a2, _, log2) = log_in(&router, "a", None).await;
         let (b, _, logb) = log_in(&router, "b", None).await;
@@ -1791,7 +1811,7 @@ mod tests {
     async fn a_resuming_stream_is_welcomed_with_what_it_missed_and_told_of_a_gap() {
         let stats = Arc::new(Stats::new());
         // Two messages kept per id.
-        let router = Router::<Fake>::new(Arc::clone(&stats), 2, Duration::from_secs(60)).start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), memory(2, &stats)).start();
         let (_, _, fresh) = log_in(&router, "a", Some(None)).await;
         let start = fresh.welcomed.lock().unwrap()[0].position;
         let mut ids = Vec::new();
@@ -1828,7 +1848,7 @@ mod tests {
     #[actix_rt::test]
     async fn an_event_id_from_another_node_is_kept_not_minted_again() {
         let stats = Arc::new(Stats::new());
-        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), memory(16, &stats)).start();
         let (s, _, log) = log_in(&router, "a", None).await;
         let mine = sent(&router, "a", "mine").await.event;
         // A message the fleet gave an id ahead of this node's clock.
@@ -1839,48 +1859,16 @@ mod tests {
         assert_eq!(p.event, Some(theirs));
         s.send(Take).await.unwrap();
         assert_eq!(*log.events.lock().unwrap(), [Some(mine), Some(theirs)]);
-        // Ids minted here later (while a bus is down) are above it.
-        assert!(sent(&router, "a", "later").await.event > theirs);
         let count = |id: &str| router.send(Count { id: id.into() });
         assert_eq!(count("a").await.unwrap(), Some(1));
         assert_eq!(count("z").await.unwrap(), Some(0));
     }
 
-    /// A bus that records what the Router tells it.
-    #[derive(Default)]
-    struct FakeBus {
-        told: Arc<Mutex<Vec<String>>>,
-    }
-
-    impl Actor for FakeBus {
-        type Context = Context<Self>;
-    }
-
-    impl Handler<Interest> for FakeBus {
-        type Result = ();
-        fn handle(&mut self, m: Interest, _: &mut Context<Self>) {
-            let line = match m {
-                Interest::Held(id) => format!("held {id}"),
-                Interest::Released(id) => format!("released {id}"),
-                Interest::Confirm(id) => format!("confirm {id}"),
-            };
-            self.told.lock().unwrap().push(line);
-        }
-    }
-
     #[actix_rt::test]
-    async fn in_cluster_mode_a_new_id_waits_for_its_subscription_and_then_gets_what_it_missed() {
+    async fn with_a_fleet_a_new_id_waits_for_its_subscription_and_then_gets_what_it_missed() {
         let stats = Arc::new(Stats::new());
-        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
-        let bus = FakeBus::default();
-        let told = Arc::clone(&bus.told);
-        router
-            .send(Attach {
-                bus: bus.start().recipient(),
-                shared: None,
-            })
-            .await
-            .unwrap();
+        let (fleet, told) = FakeFleet::start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), fleet).start();
         let start = sent(&router, "x", "before").await.event;
         // Two streams of `a`, one resuming: they wait, and the bus is told
         // once that this node holds `a`.
@@ -1901,9 +1889,9 @@ mod tests {
         assert_eq!(sent(&router, "a", "live").await.delivered, 2);
         first.send(Take).await.unwrap();
         assert_eq!(*log1.took.lock().unwrap(), ["live"]);
-        // A stream of another id while the bus's link is down: LinkDown
-        // welcomes every stream still waiting.
-        let (_third, _, log3) = log_in(&router, "b", Some(None)).await;
+        // A plain stream of another id while the broker's link is down:
+        // LinkDown welcomes every plain stream still waiting.
+        let (_third, _, log3) = log_in(&router, "b", None).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(
             log3.welcomed.lock().unwrap().is_empty(),
@@ -1925,38 +1913,14 @@ mod tests {
         assert_eq!(*told.lock().unwrap(), ["held a", "held b", "released a"]);
     }
 
-    /// A Router in cluster mode with the fleet's history (a lazy Redis
-    /// client that never connects: nothing here reads it).
-    async fn fleet_router(router: &Addr<Router<Fake>>) {
-        let mut settings = crate::config::Settings::defaults();
-        // Nothing listens on port 1, and nothing here sends a command.
-        settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
-        let cluster = crate::hub::cluster::Cluster::new(
-            &settings.cluster,
-            &settings.history,
-            1000,
-            Arc::new(Stats::new()),
-            "test".to_owned(),
-        )
-        .unwrap();
-        router
-            .send(Attach {
-                bus: FakeBus::default().start().recipient(),
-                shared: Some(Arc::new(cluster)),
-            })
-            .await
-            .unwrap();
-    }
-
     #[actix_rt::test]
-    async fn in_cluster_mode_a_message_waits_behind_a_broadcast_still_handed_out() {
+    async fn a_message_waits_behind_a_broadcast_with_an_event_id_still_handed_out() {
         // More streams than a window: the broadcast is still being handed
         // out (the fakes hold their deliveries) when the next message of
         // the fleet comes.
         let n = FANOUT_WINDOW * 2;
         let (_, router, fakes, _) = setup(n).await;
         let (last, _, log) = log_in(&router, "z", None).await;
-        fleet_router(&router).await;
         // The first fills the window (the fakes hold it), so all of the
         // second waits, wherever `z` is in the table.
         for (text, event) in [("b0", 9), ("b", 10)] {
@@ -1988,10 +1952,9 @@ mod tests {
     #[actix_rt::test]
     async fn a_stream_that_joined_after_a_read_is_not_handed_what_it_had() {
         let stats = Arc::new(Stats::new());
-        let router = Router::<Fake>::new(Arc::clone(&stats), 16, Duration::from_secs(60)).start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), memory(16, &stats)).start();
         // As finish_read leaves it: in the table, with a floor at 20.
         let (s, conn, log) = log_in(&router, "f", None).await;
-        fleet_router(&router).await;
         router.send(Floor { conn, floor: 20 }).await.unwrap();
         for (event, text) in [(15, "old"), (20, "seen"), (21, "new"), (19, "late")] {
             let mut m = publish_to("f", text, None);
