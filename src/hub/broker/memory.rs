@@ -158,10 +158,13 @@ mod tests {
     use crate::hub::router::{Close, Cut, Deliver, Login, Router, Welcome};
     use crate::id::next_conn_id;
 
+    /// The text and event id of each message a stream took, in order.
+    type Took = Arc<Mutex<Vec<(String, Option<u64>)>>>;
+
     /// A stream that keeps the text and event id of each message.
     #[derive(Default)]
     struct Taker {
-        took: Arc<Mutex<Vec<(String, Option<u64>)>>>,
+        took: Took,
         /// Holds deliveries instead (the backlog stays full).
         hold: bool,
         held: Vec<Deliver>,
