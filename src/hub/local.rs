@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use actix::Recipient;
+use actix::{Message, Recipient};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PublishSettings;
@@ -54,23 +54,17 @@ impl Local {
     /// full one means nothing was delivered), with the event id the
     /// Router's step gives it ([`super::broker::Broker::keep`]).
     pub(crate) async fn deliver(&self, target: &Target, msg: &Arc<str>) -> Result<Receipt, ApiError> {
-        let accepted = Instant::now();
+        let (accepted, msg) = (Instant::now(), Arc::clone(msg));
         Ok(match target {
             Target::Id(id) => {
-                let limit = Some(self.publish.max_backlog);
-                let Published { delivered, event } = self
-                    .with_room(1, async || {
-                        let m = Publish {
-                            id: id.clone(),
-                            msg: Arc::clone(msg),
-                            event: None,
-                            accepted,
-                            limit,
-                        };
-                        let answer = self.publish_to.send(m).await;
-                        answer.ok().flatten().ok_or(ApiError::Crashed("router"))
-                    })
-                    .await?;
+                let make = |limit| Publish {
+                    id: id.clone(),
+                    msg: Arc::clone(&msg),
+                    event: None,
+                    accepted,
+                    limit,
+                };
+                let Published { delivered, event } = self.admitted(&self.publish_to, 1, make).await?;
                 Receipt {
                     delivered: delivered as u64,
                     event_id: event,
@@ -79,20 +73,14 @@ impl Local {
                 }
             }
             Target::All => {
-                let limit = Some(self.publish.max_backlog);
                 let streams = self.stats.streams_active() as u64;
-                let delivered = self
-                    .with_room(streams, async || {
-                        let m = Broadcast {
-                            msg: Arc::clone(msg),
-                            event: None,
-                            accepted,
-                            limit,
-                        };
-                        let answer = self.broadcast_to.send(m).await;
-                        answer.ok().flatten().ok_or(ApiError::Crashed("router"))
-                    })
-                    .await?;
+                let make = |limit| Broadcast {
+                    msg: Arc::clone(&msg),
+                    event: None,
+                    accepted,
+                    limit,
+                };
+                let delivered = self.admitted(&self.broadcast_to, streams, make).await?;
                 Receipt {
                     delivered: delivered as u64,
                     event_id: None,
@@ -101,6 +89,29 @@ impl Local {
                 }
             }
         })
+    }
+
+    /// Hands a publish (`make(limit)`) to the Router, waiting while the
+    /// publish backlog is full ([`Local::with_room`]); `need`: about how
+    /// many deliveries it makes. The Router, one actor, decides each
+    /// admission, so concurrent publishers cannot overshoot the bound
+    /// together.
+    async fn admitted<M, T>(
+        &self,
+        to: &Recipient<M>,
+        need: u64,
+        make: impl Fn(Option<u64>) -> M,
+    ) -> Result<T, ApiError>
+    where
+        M: Message<Result = Option<Result<T, Busy>>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let limit = Some(self.publish.max_backlog);
+        self.with_room(need, async || {
+            let answer = to.send(make(limit)).await;
+            answer.ok().flatten().ok_or(ApiError::Crashed("router"))
+        })
+        .await
     }
 
     /// Waits while this node's publish backlog is full, for a publish
@@ -126,8 +137,7 @@ impl Local {
     /// most `publish.wait_ms`; then [`ApiError::Backlogged`]
     /// (`publish.rejected`), nothing of the message delivered or kept. This
     /// is what pushes back on a publisher faster than the streams take its
-    /// messages. The Router, one actor, decides each admission, so
-    /// concurrent publishers cannot overshoot the bound together. Between
+    /// messages. Between
     /// attempts it reads the backlog every [`BACKLOG_RETRY`] and tries
     /// again only once `need` deliveries would fit, so waiting publishers
     /// cost the Router nothing while it catches up.

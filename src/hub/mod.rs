@@ -206,7 +206,12 @@ impl<S: StreamActor> Hub<S> {
         msg: &Arc<str>,
         key: Option<String>,
     ) -> Result<Answer, ApiError> {
-        self.broker.publish(&target, msg, key, &self.local).await
+        let out = broker::Outgoing {
+            target: &target,
+            msg,
+            key,
+        };
+        self.broker.publish(out, &self.local).await
     }
 }
 

@@ -1578,11 +1578,9 @@ mod tests {
         fn upkeep(&self) {}
         fn publish<'a>(
             &'a self,
-            _: &'a crate::hub::Target,
-            _: &'a Arc<str>,
-            _: Option<String>,
+            _: crate::hub::broker::Outgoing<'a>,
             _: &'a crate::hub::local::Local,
-        ) -> crate::hub::broker::LaterFrom<'a, Result<crate::hub::Answer, crate::error::ApiError>> {
+        ) -> crate::hub::broker::Publishing<'a> {
             unreachable!("the Router never publishes")
         }
         fn presence<'a>(

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Answer, Broker, Later, LaterFrom, Read, Receipt, Subscription, Target};
+use super::{Answer, Broker, Later, LaterFrom, Outgoing, Publishing, Read, Receipt, Subscription};
 use crate::config::Settings;
 use crate::error::ApiError;
 use crate::hub::cluster::{Presence, single_presence};
@@ -113,13 +113,8 @@ impl Broker for Memory {
     /// ([`Memory::keep`]). With a key: a failure (an error, or a full
     /// backlog) releases it, since nothing was delivered, so a retry is a
     /// first attempt.
-    fn publish<'a>(
-        &'a self,
-        target: &'a Target,
-        msg: &'a Arc<str>,
-        key: Option<String>,
-        here: &'a Local,
-    ) -> LaterFrom<'a, Result<Answer, ApiError>> {
+    fn publish<'a>(&'a self, out: Outgoing<'a>, here: &'a Local) -> Publishing<'a> {
+        let Outgoing { target, msg, key } = out;
         Box::pin(async move {
             let Some(key) = key else {
                 return here.deliver(target, msg).await.map(Answer::Done);
@@ -154,6 +149,7 @@ mod tests {
     use actix::{Actor, Addr, Context, Handler};
 
     use super::*;
+    use crate::hub::broker::Target;
     use crate::hub::history::FleetHistory;
     use crate::hub::router::{Close, Cut, Deliver, Login, Router, Welcome};
     use crate::id::next_conn_id;
@@ -245,6 +241,10 @@ mod tests {
         (memory, local, took, addr)
     }
 
+    fn out<'a>(target: &'a Target, msg: &'a Arc<str>, key: Option<String>) -> Outgoing<'a> {
+        Outgoing { target, msg, key }
+    }
+
     fn done(answer: Result<Answer, ApiError>) -> Receipt {
         match answer {
             Ok(Answer::Done(receipt)) => receipt,
@@ -257,8 +257,8 @@ mod tests {
         let (memory, here, took, _stream) = start(false, 1_000).await;
         let x = Target::Id("x".to_owned());
         let (a, b) = (Arc::from("a"), Arc::from("b"));
-        let first = done(memory.publish(&x, &a, None, &here).await);
-        let second = done(memory.publish(&x, &b, None, &here).await);
+        let first = done(memory.publish(out(&x, &a, None), &here).await);
+        let second = done(memory.publish(out(&x, &b, None), &here).await);
         assert_eq!((first.delivered, second.delivered), (1, 1));
         let (e1, e2) = (first.event_id.unwrap(), second.event_id.unwrap());
         assert!(e2 > e1);
@@ -282,7 +282,7 @@ mod tests {
         );
         assert!(read.id.lost_upto <= e1, "no gap after {e1}: {read:?}");
         // A broadcast has no event id in one process.
-        let all = done(memory.publish(&Target::All, &a, None, &here).await);
+        let all = done(memory.publish(out(&Target::All, &a, None), &here).await);
         assert_eq!((all.delivered, all.event_id), (1, None));
     }
 
@@ -292,13 +292,13 @@ mod tests {
         let x = Target::Id("x".to_owned());
         let (a, other) = (Arc::from("a"), Arc::from("other"));
         let key = || Some("k1".to_owned());
-        let first = done(memory.publish(&x, &a, key(), &here).await);
-        match memory.publish(&x, &a, key(), &here).await {
+        let first = done(memory.publish(out(&x, &a, key()), &here).await);
+        match memory.publish(out(&x, &a, key()), &here).await {
             Ok(Answer::Replayed(Some(again))) => assert_eq!(again, first),
             other => panic!("not replayed: {other:?}"),
         }
         assert!(matches!(
-            memory.publish(&x, &other, key(), &here).await,
+            memory.publish(out(&x, &other, key()), &here).await,
             Err(ApiError::IdempotencyKeyReused)
         ));
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -311,9 +311,9 @@ mod tests {
         // full for the second, which waits 50 ms and is refused.
         let (memory, here, _, _stream) = start(true, 50).await;
         let x = Target::Id("x".to_owned());
-        let first = done(memory.publish(&x, &Arc::from("a"), None, &here).await);
+        let first = done(memory.publish(out(&x, &Arc::from("a"), None), &here).await);
         assert!(matches!(
-            memory.publish(&x, &Arc::from("b"), None, &here).await,
+            memory.publish(out(&x, &Arc::from("b"), None), &here).await,
             Err(ApiError::Backlogged { limit: 1 })
         ));
         // Nothing after the first was kept.

@@ -43,6 +43,19 @@ pub(crate) type LaterFrom<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// Most ids one catch-up read covers (a SUBSCRIBE batch's).
 pub(crate) const CATCH_UP_BATCH: usize = 1_000;
 
+/// A publish's answer, to come.
+pub(crate) type Publishing<'a> = LaterFrom<'a, Result<Answer, ApiError>>;
+
+/// A message to publish, as `/send` and `/broadcast` accepted it.
+pub(crate) struct Outgoing<'a> {
+    /// Who it is for.
+    pub(crate) target: &'a Target,
+    /// One line of text, already validated.
+    pub(crate) msg: &'a Arc<str>,
+    /// Its `Idempotency-Key`.
+    pub(crate) key: Option<String>,
+}
+
 /// Who a publish is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Target {
@@ -184,16 +197,10 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// Periodic upkeep (a kept history's expired messages).
     fn upkeep(&self);
 
-    /// Publishes `msg` to `target` (with an `Idempotency-Key`, once per
-    /// key): the broker mints its event id where it keeps it, and `here`
-    /// is this node's Router, which hands it to this node's streams.
-    fn publish<'a>(
-        &'a self,
-        target: &'a Target,
-        msg: &'a Arc<str>,
-        key: Option<String>,
-        here: &'a Local,
-    ) -> LaterFrom<'a, Result<Answer, ApiError>>;
+    /// Publishes `out` (with an `Idempotency-Key`, once per key): the
+    /// broker mints its event id where it keeps it, and `here` is this
+    /// node's Router, which hands it to this node's streams.
+    fn publish<'a>(&'a self, out: Outgoing<'a>, here: &'a Local) -> Publishing<'a>;
 
     /// `/presence/{id}`, with `here` streams of it on this node.
     fn presence<'a>(&'a self, id: &'a str, here: usize) -> LaterFrom<'a, Result<Presence, ApiError>>;

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use actix::Recipient;
 
-use super::{Answer, Broker, Later, LaterFrom, Read, Receipt, Subscription, Target, Undelivered};
+use super::{
+    Answer, Broker, Later, LaterFrom, Outgoing, Publishing, Read, Receipt, Subscription, Undelivered,
+};
 use crate::error::ApiError;
 use crate::hub::bus::Interest;
 use crate::hub::cluster::{Cluster, LocalDelivery, Presence, PublishFailed, PublishOutcome};
@@ -116,13 +118,8 @@ impl Broker for Redis {
     /// delivered nowhere (503: retry). When Redis does not answer in time,
     /// it may still run the publish (then every node delivers it, this one
     /// included): 503, "unknown".
-    fn publish<'a>(
-        &'a self,
-        target: &'a Target,
-        msg: &'a Arc<str>,
-        key: Option<String>,
-        here: &'a Local,
-    ) -> LaterFrom<'a, Result<Answer, ApiError>> {
+    fn publish<'a>(&'a self, out: Outgoing<'a>, here: &'a Local) -> Publishing<'a> {
+        let Outgoing { target, msg, key } = out;
         Box::pin(async move {
             let cluster = &self.cluster;
             let request = key
