@@ -107,12 +107,13 @@ fn preflight(methods: &'static str, headers: &'static str) -> Route {
 }
 
 /// Adds `access-control-allow-origin: <origin>` to a response whose
-/// request came from an origin `http.cors_origins` allows (the server's
-/// middleware decides; refusals included, so the page can read why), and
-/// `vary: Origin` whenever a list is configured, since the answer then
-/// depends on the origin.
-pub(crate) fn cors(allowed: Option<header::HeaderValue>, vary: bool, res: &mut HttpResponse) {
-    let vary = vary || allowed.is_some();
+/// request came from an origin `http.cors_origins` allows (as the
+/// admission decided it, in the server's middleware; refusals included, so
+/// the page can read why), and `vary: Origin` whenever a list is
+/// configured, since the answer then depends on the origin.
+pub(crate) fn cors(cors: Cors<'_>, res: &mut HttpResponse) {
+    let allowed = cors.allow.and_then(|o| header::HeaderValue::from_str(o).ok());
+    let vary = cors.vary || allowed.is_some();
     if let Some(origin) = allowed {
         res.headers_mut()
             .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);

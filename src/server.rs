@@ -46,7 +46,7 @@ use crate::config::{ProxyProtocol, Settings};
 use crate::conn::serve::{Listener, accept_loop};
 use crate::conn::socket::{self, Rewound};
 use crate::counter::Counter;
-use crate::error::ApiError;
+use crate::error::{ApiError, CorsAnswer};
 use crate::hub::Hub;
 use crate::hub::router::CloseAll;
 use crate::state::ServerState;
@@ -532,16 +532,16 @@ fn http_service(
     };
     let app_state = web::Data::from(Arc::clone(state));
     let fault_injection = state.settings.debug.fault_injection;
-    let http_settings = state.settings.http.clone();
+    let admitting = Arc::clone(state);
     let app = App::new()
         .wrap_fn(move |req, srv| {
-            // Decided before the call, so nothing of the settings is copied
-            // per request: only an allowed origin's header value. Two
-            // `Origin` headers leave the page unknown: refused.
+            // The admission's CORS rule, decided once per request before
+            // the call. Two `Origin` headers leave the page unknown:
+            // refused.
             let mut origins = req.headers().get_all(header::ORIGIN);
-            let (origin, repeated) = (origins.next().cloned(), origins.next().is_some());
-            let allowed = origin.filter(|o| http_settings.allows_origin(o.as_bytes()));
-            let vary = http_settings.cors_enabled();
+            let (origin, repeated) = (origins.next(), origins.next().is_some());
+            let cors = admitting.admission.cors(origin.and_then(|o| o.to_str().ok()));
+            let cors = CorsAnswer::from(cors);
             let served = if repeated {
                 Err(req.error_response(ApiError::RepeatedOrigin))
             } else {
@@ -552,7 +552,7 @@ fn http_service(
                     Ok(served) => served.await?,
                     Err(refused) => return Ok(refused),
                 };
-                crate::routes::cors(allowed, vary, res.response_mut());
+                crate::routes::cors(cors.as_cors(), res.response_mut());
                 Ok(res)
             }
         })

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::PublishSettings;
 use crate::error::ApiError;
-use crate::hub::broker::{Answer, Receipt, Target, fits_backlog};
-use crate::hub::router::{Broadcast, Busy, Count, Publish, Published};
+use crate::hub::broker::{Answer, Receipt, Target};
+use crate::hub::router::{Broadcast, Busy, Count, Publish, Published, fits_backlog};
 use crate::stats::Stats;
 
 /// How often a publish that found the backlog full looks again.

@@ -217,8 +217,142 @@ impl<S: StreamActor> Hub<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use actix::Actor;
+
     use super::*;
-    use broker::fits_backlog;
+    use broker::{Later, LaterFrom, Outgoing, Publishing, Read, Subscription};
+    use history::CaughtUp;
+    use router::testing::Taker;
+    use router::{Login, Router, fits_backlog};
+
+    /// A broker that records what the Hub asks of it and answers what a
+    /// test set: the Hub adds nothing of its own between a route and the
+    /// engine.
+    #[derive(Default)]
+    struct Recording {
+        asked: Mutex<Vec<String>>,
+    }
+
+    impl Broker for Recording {
+        fn streams_wait(&self) -> bool {
+            false
+        }
+        fn subscribe(&self, _: &Arc<str>) -> Subscription {
+            Subscription::Live
+        }
+        fn unsubscribe(&self, _: Arc<str>) {}
+        fn confirm(&self, _: Arc<str>) -> Subscription {
+            Subscription::Live
+        }
+        fn keep(&self, _: &str, _: &Arc<str>) -> Option<u64> {
+            None
+        }
+        fn read(&self, _: &Arc<str>, _: Option<u64>) -> Read {
+            Read::Now(history::FleetRead::default())
+        }
+        fn catch_up(&self, _: Vec<Arc<str>>, _: u64) -> Later<Option<CaughtUp>> {
+            Box::pin(async { None })
+        }
+        fn presence_every(&self) -> Option<Duration> {
+            None
+        }
+        fn write_presence(&self, _: Arc<[(Arc<str>, usize)]>, _: bool) -> Later<Result<bool, ()>> {
+            Box::pin(async { Ok(true) })
+        }
+        fn upkeep_every(&self) -> Option<Duration> {
+            None
+        }
+        fn upkeep(&self) {}
+        fn publish<'a>(&'a self, out: Outgoing<'a>, _: &'a Local) -> Publishing<'a> {
+            let line = format!("publish {} {} key={:?}", out.target.name(), out.msg, out.key);
+            self.asked.lock().unwrap().push(line);
+            let id = out.target.id().map(str::to_owned);
+            Box::pin(async move {
+                Ok(Answer::Done(Receipt {
+                    delivered: 7,
+                    event_id: Some(42),
+                    id,
+                    nodes: Some(3),
+                }))
+            })
+        }
+        fn presence<'a>(
+            &'a self,
+            id: &'a str,
+            here: usize,
+        ) -> LaterFrom<'a, Result<cluster::Presence, ApiError>> {
+            self.asked
+                .lock()
+                .unwrap()
+                .push(format!("presence {id} here={here}"));
+            Box::pin(async move { Ok(cluster::single_presence(id, here + 100)) })
+        }
+    }
+
+    /// A Hub on `broker`, its Router holding one stream of `a`.
+    async fn hub_on(broker: Arc<dyn Broker>) -> (Hub<Taker>, actix::Addr<Taker>) {
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Taker>::new(Arc::clone(&stats), Arc::clone(&broker)).start();
+        let stream = Taker::default().start();
+        router
+            .send(Login {
+                id: Arc::from("a"),
+                conn: crate::id::next_conn_id(),
+                addr: stream.downgrade(),
+            })
+            .await
+            .unwrap();
+        let local = Local {
+            publish_to: router.clone().recipient(),
+            broadcast_to: router.clone().recipient(),
+            count_of: router.clone().recipient(),
+            stats,
+            publish: Settings::defaults().publish,
+            shutdown: CancellationToken::new(),
+        };
+        let hub = Hub {
+            router,
+            broker,
+            cluster: None,
+            bus: None,
+            local,
+        };
+        (hub, stream)
+    }
+
+    #[actix_rt::test]
+    async fn the_hub_hands_publishes_and_presence_to_its_broker_as_they_came() {
+        let recording = Arc::new(Recording::default());
+        let (hub, _stream) = hub_on(Arc::clone(&recording) as Arc<dyn Broker>).await;
+        let msg: Arc<str> = Arc::from("hi");
+        let answer = hub
+            .publish(Target::Id("a".to_owned()), &msg, Some("k".to_owned()))
+            .await;
+        let Ok(Answer::Done(receipt)) = answer else {
+            panic!("not the broker's answer: {answer:?}");
+        };
+        assert_eq!(
+            (receipt.delivered, receipt.event_id, receipt.nodes),
+            (7, Some(42), Some(3))
+        );
+        hub.publish(Target::All, &msg, None).await.unwrap();
+        // Presence: this node's count from the Router, then the broker's.
+        let p = hub.presence("a").await.unwrap();
+        assert_eq!(p.streams, 101);
+        assert_eq!(
+            *recording.asked.lock().unwrap(),
+            [
+                "publish send:a hi key=Some(\"k\")",
+                "publish broadcast hi key=None",
+                "presence a here=1",
+            ]
+        );
+        assert!(!hub.streams_wait());
+        assert!(!hub.crash_bus().await, "no bus without a fleet");
+    }
 
     /// The body a 200 to `/send` and `/broadcast` has always had: the keys
     /// in this order, absent ones left out (not `null`).

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Supervised, WeakAddr};
 use smallvec::SmallVec;
 
-use crate::hub::broker::{Broker, CATCH_UP_BATCH, Read, Subscription, fits_backlog};
+use crate::hub::broker::{Broker, CATCH_UP_BATCH, Read, Subscription};
 use crate::hub::history::{
     CaughtUp, FleetRead, GapCause, KeptMessage, Resume, failed_read, fleet_resume, now_us,
 };
@@ -60,6 +60,14 @@ const FLOOR_TTL: Duration = Duration::from_secs(30);
 
 /// How long the Router waits for that wake-up before it looks anyway.
 const FANOUT_RECHECK: Duration = Duration::from_millis(100);
+
+/// The backlog rule, for a publisher's wait and the Router's admission
+/// alike: whether `need` more deliveries fit beside `backlog` under `max`.
+/// An empty backlog takes anything, so a publish larger than the bound (a
+/// broadcast to more streams) still goes out, alone.
+pub(crate) fn fits_backlog(backlog: u64, need: u64, max: u64) -> bool {
+    backlog == 0 || backlog.saturating_add(need) <= max
+}
 
 /// A broadcast's deliveries in flight, and the Router's wake-up.
 #[derive(Default)]
@@ -1414,6 +1422,72 @@ impl<S: StreamActor> Handler<Crash> for Router<S> {
         guarded(self, ctx, |_, _| {
             panic!("fault injection: router crash requested")
         })
+    }
+}
+
+/// A stream actor for the hub's other tests (the brokers', the Hub's): it
+/// takes what it is handed, or holds it.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::{Arc, Mutex};
+
+    use actix::{Actor, Context, Handler};
+
+    use super::{Close, Cut, Deliver, Welcome};
+
+    /// The text and event id of each message a stream took, in order.
+    pub(crate) type Took = Arc<Mutex<Vec<(String, Option<u64>)>>>;
+
+    /// A stream that keeps the text and event id of each message.
+    #[derive(Default)]
+    pub(crate) struct Taker {
+        pub(crate) took: Took,
+        /// Holds deliveries instead (the backlog stays full).
+        pub(crate) hold: bool,
+        held: Vec<Deliver>,
+    }
+
+    impl Taker {
+        /// A stream that holds what it is handed (`hold`) or takes it.
+        pub(crate) fn new(hold: bool) -> Self {
+            Taker {
+                hold,
+                ..Taker::default()
+            }
+        }
+    }
+
+    impl Actor for Taker {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Deliver> for Taker {
+        type Result = ();
+        fn handle(&mut self, m: Deliver, _: &mut Context<Self>) {
+            if self.hold {
+                self.held.push(m);
+                return;
+            }
+            let (msg, event, _) = m.arrived();
+            self.took.lock().unwrap().push((msg.to_string(), event));
+        }
+    }
+
+    impl Handler<Welcome> for Taker {
+        type Result = ();
+        fn handle(&mut self, w: Welcome, _: &mut Context<Self>) {
+            w.arrived();
+        }
+    }
+
+    impl Handler<Close> for Taker {
+        type Result = ();
+        fn handle(&mut self, _: Close, _: &mut Context<Self>) {}
+    }
+
+    impl Handler<Cut> for Taker {
+        type Result = ();
+        fn handle(&mut self, _: Cut, _: &mut Context<Self>) {}
     }
 }
 

@@ -144,82 +144,25 @@ impl Broker for Memory {
 /// `Idempotency-Key`s, and a full backlog that mints nothing.
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use actix::{Actor, Addr, Context, Handler};
+    use actix::{Actor, Addr};
 
     use super::*;
     use crate::hub::broker::Target;
     use crate::hub::history::FleetHistory;
-    use crate::hub::router::{Close, Cut, Deliver, Login, Router, Welcome};
+    use crate::hub::router::testing::{Taker, Took};
+    use crate::hub::router::{Login, Router};
     use crate::id::next_conn_id;
-
-    /// The text and event id of each message a stream took, in order.
-    type Took = Arc<Mutex<Vec<(String, Option<u64>)>>>;
-
-    /// A stream that keeps the text and event id of each message.
-    #[derive(Default)]
-    struct Taker {
-        took: Took,
-        /// Holds deliveries instead (the backlog stays full).
-        hold: bool,
-        held: Vec<Deliver>,
-    }
-
-    impl Actor for Taker {
-        type Context = Context<Self>;
-    }
-
-    impl Handler<Deliver> for Taker {
-        type Result = ();
-        fn handle(&mut self, m: Deliver, _: &mut Context<Self>) {
-            if self.hold {
-                self.held.push(m);
-                return;
-            }
-            let (msg, event, _) = m.arrived();
-            self.took.lock().unwrap().push((msg.to_string(), event));
-        }
-    }
-
-    impl Handler<Welcome> for Taker {
-        type Result = ();
-        fn handle(&mut self, w: Welcome, _: &mut Context<Self>) {
-            w.arrived();
-        }
-    }
-
-    impl Handler<Close> for Taker {
-        type Result = ();
-        fn handle(&mut self, _: Close, _: &mut Context<Self>) {}
-    }
-
-    impl Handler<Cut> for Taker {
-        type Result = ();
-        fn handle(&mut self, _: Cut, _: &mut Context<Self>) {}
-    }
 
     /// The broker, its Router with one stream of `x` (holding what it is
     /// handed if `hold`), and the Router as a publisher sees it.
-    async fn start(
-        hold: bool,
-        wait_ms: u64,
-    ) -> (
-        Arc<Memory>,
-        Local,
-        Arc<Mutex<Vec<(String, Option<u64>)>>>,
-        Addr<Taker>,
-    ) {
+    async fn start(hold: bool, wait_ms: u64) -> (Arc<Memory>, Local, Took, Addr<Taker>) {
         let mut settings = Settings::defaults();
         settings.publish.max_backlog = 1;
         settings.publish.wait_ms = wait_ms;
         let stats = Arc::new(Stats::new());
         let memory = Arc::new(Memory::new(&settings, &stats));
         let router = Router::<Taker>::new(Arc::clone(&stats), Arc::clone(&memory) as Arc<dyn Broker>).start();
-        let taker = Taker {
-            hold,
-            ..Taker::default()
-        };
+        let taker = Taker::new(hold);
         let took = Arc::clone(&taker.took);
         let addr = taker.start();
         router

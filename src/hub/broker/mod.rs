@@ -205,11 +205,3 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// `/presence/{id}`, with `here` streams of it on this node.
     fn presence<'a>(&'a self, id: &'a str, here: usize) -> LaterFrom<'a, Result<Presence, ApiError>>;
 }
-
-/// The backlog rule, for a publisher's wait and the Router's admission
-/// alike: whether `need` more deliveries fit beside `backlog` under `max`.
-/// An empty backlog takes anything, so a publish larger than the bound (a
-/// broadcast to more streams) still goes out, alone.
-pub(crate) fn fits_backlog(backlog: u64, need: u64, max: u64) -> bool {
-    backlog == 0 || backlog.saturating_add(need) <= max
-}
