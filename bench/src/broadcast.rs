@@ -1,7 +1,12 @@
 //! `bench broadcast`: one message to every stream. floodtest holds the
 //! streams; once the server holds all of them, the harness POSTs one message
-//! stamped `@<µs since the epoch>`, and floodtest times its arrival on every
-//! stream. The last arrival is the broadcast's time.
+//! stamped `B@<µs since the epoch>` (a broadcast probe), and floodtest times
+//! its arrival on every stream. The last arrival is the broadcast's time.
+//!
+//! With `--during-rate R` (on by default), a second floodtest holds
+//! [`DURING_STREAMS`] streams of their own ids and sends them R routed
+//! messages a second from just before the broadcast until after it: their
+//! latency is what a routed message pays while a broadcast is handed out.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,6 +34,15 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// the message to arrive everywhere.
 const ARRIVAL_WAIT: Duration = Duration::from_secs(3);
 
+/// Streams of the routed load during the broadcast (taken from `--streams`).
+const DURING_STREAMS: u64 = 200;
+
+/// Time for those streams to open before the broadcast is sent.
+const DURING_OPEN: Duration = Duration::from_millis(500);
+
+/// How long the routed load goes on after the broadcast is sent.
+const DURING_WINDOW: Duration = Duration::from_secs(2);
+
 /// How the figures are computed, for the report.
 pub(crate) const HOW: &str = "\
 A fresh server per row; floodtest opens the streams (5,000/s). When `/proc/net/tcp` shows every one \
@@ -36,7 +50,10 @@ established on the server and 1 s has passed, the harness POSTs one message whos
 epoch>`, stamped just before the request is sent. floodtest records, on every stream, arrival time − stamp. \
 **last arrival** = floodtest's latency maximum: the time until the last stream had the message; \
 **received** = streams that got it; **server's count** = what the POST answered (switchboard \
-`delivered`, Nchan `active subscribers`); **POST answered** = when the publisher's response came back.";
+`delivered`, Nchan `active subscribers`); **POST answered** = when the publisher's response came back. \
+**Routed during**: with `--during-rate R`, 200 of the streams are a second floodtest's, each of its own \
+id, sent R routed messages a second (`POST /send/<id>`, stamped) from 0.5 s before the broadcast until \
+2 s after it: their p99 and largest latency, and any lost.";
 
 /// `bench broadcast` options.
 #[derive(clap::Args, Debug)]
@@ -57,6 +74,10 @@ pub struct Args {
     /// (chunked, sse, ws); a peer stays on chunked.
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
     pub transport: Transport,
+    /// Routed messages a second to other streams while the broadcast is
+    /// handed out (0: none) [default: 1000; --smoke: 100].
+    #[arg(long)]
+    pub during_rate: Option<f64>,
 }
 
 /// One way of reaching every stream.
@@ -126,6 +147,23 @@ pub(crate) struct BroadcastRow {
     pub p50_ms: Option<f64>,
     /// floodtest's summary.
     pub flood: FloodSummary,
+    /// The routed load during the broadcast, if there was one.
+    #[serde(default)]
+    pub during: Option<During>,
+}
+
+/// Routed messages sent while the broadcast was handed out.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct During {
+    /// Messages a second.
+    pub rate: f64,
+    /// Accepted, arrived, lost.
+    pub sent: u64,
+    pub received: u64,
+    pub lost: u64,
+    /// Send → arrival, ms.
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
 }
 
 /// Runs `bench broadcast`.
@@ -134,12 +172,19 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let streams = c.pick(args.streams, max_streams(), 500);
     let (servers, rate) = (args.servers.chosen(), args.ramp.rate);
     super::check_streams(streams, rate)?;
+    let during = c.pick(args.during_rate, 1000.0, 100.0);
+    if during < 0.0 || !during.is_finite() {
+        bail!("--during-rate must be 0 or more");
+    }
+    if during > 0.0 && streams <= DURING_STREAMS {
+        bail!("--streams must be more than {DURING_STREAMS} with a --during-rate");
+    }
     let dir = TempDir::new("broadcast")?;
     let mut rec = Recorder::new("broadcast", c.smoke);
     let mut rows = Vec::new();
     for case in CASES.iter().filter(|k| servers.contains(&k.server)) {
         println!("broadcast: {} to {} streams", case.label, thousands(streams));
-        let row = measure(case, streams, rate, args.transport, dir.path(), &mut rec)?;
+        let row = measure(case, streams, rate, during, args.transport, dir.path(), &mut rec)?;
         println!(
             "  received by {} streams, last after {} ms",
             thousands(row.received),
@@ -155,28 +200,34 @@ fn measure(
     case: &Case,
     streams: u64,
     rate: f64,
+    during_rate: f64,
     transport: Transport,
     dir: &Path,
     rec: &mut Recorder,
 ) -> anyhow::Result<BroadcastRow> {
     let server = Server::start(case.server)?;
     rec.tool(&server.command);
-    let ramp = Duration::from_secs_f64(streams as f64 / rate);
+    let (held, opening) = match during_rate > 0.0 {
+        true => (streams - DURING_STREAMS, DURING_OPEN),
+        false => (streams, Duration::ZERO),
+    };
+    let ramp = Duration::from_secs_f64(held as f64 / rate);
     let ramp_limit = ramp + (ramp / 2).max(RAMP_SLACK);
+    let transport = if case.server == ServerKind::Switchboard {
+        transport
+    } else {
+        Transport::Chunked
+    };
     let spec = FloodSpec {
         url: server.url(case.stream_path),
-        count: streams,
+        count: held,
         rate,
-        duration: ramp_limit + ARRIVAL_WAIT,
+        duration: ramp_limit + opening + ARRIVAL_WAIT,
         msg_rate: 0.0,
         send_url: None,
         lifetime: None,
         stats_url: None,
-        transport: if case.server == ServerKind::Switchboard {
-            transport
-        } else {
-            Transport::Chunked
-        },
+        transport,
         tls_ca: None,
     };
     let label = format!(
@@ -186,26 +237,60 @@ fn measure(
     );
     let mut flood = Flood::start(&spec, dir, &label)?;
     rec.tool(&flood.command);
-    let reached = server.wait_established(streams, ramp_limit, || flood.exited())?;
+    let reached = server.wait_established(held, ramp_limit, || flood.exited())?;
     if !reached.complete {
         bail!(
-            "{}: only {} of {streams} streams established; floodtest said:\n{}",
+            "{}: only {} of {held} streams established; floodtest said:\n{}",
             case.label,
             reached.count,
             flood.log_tail()
         );
     }
     pause(SETTLE)?;
+    let routed = if during_rate > 0.0 {
+        let spec = FloodSpec {
+            url: server.url("/test/r{n}"),
+            count: DURING_STREAMS,
+            rate,
+            duration: DURING_OPEN + DURING_WINDOW,
+            msg_rate: during_rate,
+            send_url: Some(server.url("/send/{id}")),
+            lifetime: None,
+            stats_url: None,
+            transport,
+            tls_ca: None,
+        };
+        let routed = Flood::start(&spec, dir, &format!("{label}-during"))?;
+        rec.tool(&routed.command);
+        pause(DURING_OPEN)?;
+        Some(routed)
+    } else {
+        None
+    };
     let (established, _) = super::procfs::established(server.addr_v4())?;
-    let body = format!("@{}", now_micros());
+    let body = format!("B@{}", now_micros());
     let t = Instant::now();
     let reply = client::request(server.addr(), "POST", case.post_path, &body)?;
     let post_ms = t.elapsed().as_secs_f64() * 1000.0;
     rec.tool(&format!(
-        "(the harness) POST {} with body @<µs since the epoch>",
+        "(the harness) POST {} with body B@<µs since the epoch>",
         server.url(case.post_path)
     ));
     let summary = flood.finish()?;
+    let during = match routed {
+        Some(routed) => {
+            let s = routed.finish()?;
+            Some(During {
+                rate: during_rate,
+                sent: s.messages.sent,
+                received: s.messages.received,
+                lost: s.messages.lost,
+                p99_ms: s.latency_ms.p99,
+                max_ms: s.latency_ms.max,
+            })
+        }
+        None => None,
+    };
     if let Some(note) = server.stop() {
         rec.note(note);
     }
@@ -225,10 +310,11 @@ fn measure(
         post_status: reply.status,
         post_ms,
         server_count: server_count(case.server, &reply.body),
-        received: summary.messages.received,
-        last_ms: summary.latency_ms.max,
-        p50_ms: summary.latency_ms.p50,
+        received: summary.broadcast.as_ref().map_or(0, |b| b.received),
+        last_ms: summary.broadcast.as_ref().and_then(|b| b.latency_ms.max),
+        p50_ms: summary.broadcast.as_ref().and_then(|b| b.latency_ms.p50),
         flood: summary,
+        during,
     })
 }
 
@@ -257,6 +343,8 @@ pub(crate) fn render(o: &Outcome<BroadcastData>) -> String {
         ">last arrival ms",
         ">median arrival ms",
         ">POST answered ms",
+        ">routed during: p99 / max ms",
+        ">routed during: sent / lost",
     ]);
     for r in &o.data.rows {
         t.row(vec![
@@ -268,6 +356,16 @@ pub(crate) fn render(o: &Outcome<BroadcastData>) -> String {
             opt(r.last_ms, |x| fixed(x, 1)),
             opt(r.p50_ms, |x| fixed(x, 1)),
             fixed(r.post_ms, 1),
+            r.during.as_ref().map_or("—".into(), |d| {
+                format!(
+                    "{} / {}",
+                    opt(d.p99_ms, |x| fixed(x, 1)),
+                    opt(d.max_ms, |x| fixed(x, 1))
+                )
+            }),
+            r.during.as_ref().map_or("—".into(), |d| {
+                format!("{} / {}", thousands(d.sent), thousands(d.lost))
+            }),
         ]);
     }
     let mut out = t.render();
@@ -277,6 +375,13 @@ pub(crate) fn render(o: &Outcome<BroadcastData>) -> String {
             .iter()
             .find(|r| r.server == k && r.case.contains("/send/all"))
             .and_then(|r| r.last_ms)
+    });
+    out += &vs_nchan("Routed p99 during the broadcast, `/send/all`", |k| {
+        o.data
+            .rows
+            .iter()
+            .find(|r| r.server == k && r.case.contains("/send/all"))
+            .and_then(|r| r.during.as_ref()?.p99_ms)
     });
     out
 }
@@ -298,6 +403,7 @@ pub(crate) mod tests {
             last_ms: Some(last_ms),
             p50_ms: Some(last_ms / 2.0),
             flood: FloodSummary::default(),
+            during: None,
         }
     }
 

@@ -245,6 +245,18 @@ pub(crate) struct FloodSummary {
     pub messages: Messages,
     /// Send → arrival latency of every stamped event, ms.
     pub latency_ms: LatencyMs,
+    /// Arrivals of a broadcast probe (`B@<µs>`), apart from routed ones.
+    pub broadcast: Option<ProbeArrivals>,
+}
+
+/// floodtest's `broadcast`: where a probe arrived, and when.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub(crate) struct ProbeArrivals {
+    /// Streams it arrived on.
+    pub received: u64,
+    /// Send → arrival, ms.
+    pub latency_ms: LatencyMs,
 }
 
 /// floodtest's message counts.

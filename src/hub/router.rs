@@ -271,16 +271,60 @@ fn deliver_broadcast_to<S: StreamActor>(
 }
 
 /// A broadcast being handed out, [`FANOUT_WINDOW`] deliveries at a time.
+///
+/// A routed message never waits for it: a stream that is still owed it
+/// when a message of its id comes is handed it then, out of turn, and the
+/// message right behind it ([`hand_owed`]), so each stream still gets the
+/// broadcast and its id's messages in the order they came.
 struct Fanout<S: Actor> {
     msg: Arc<str>,
     /// Its event id (cluster mode).
     event: Option<u64>,
     /// When this node accepted it.
     accepted: Instant,
-    /// The streams held when it came.
-    targets: Vec<WeakAddr<S>>,
-    /// How many of `targets` have been handed theirs.
+    /// The streams held when it came, in connection-id order (so that one
+    /// is found by binary search).
+    targets: Vec<(ConnId, WeakAddr<S>)>,
+    /// How many of `targets` have been handed theirs in turn.
     next: usize,
+    /// Streams after `next` handed it out of turn: their place is skipped.
+    /// Empty unless routed messages came during the broadcast.
+    early: HashSet<ConnId>,
+}
+
+impl<S: Actor> Fanout<S> {
+    /// Whether `conn` is still owed this broadcast: it was held when the
+    /// broadcast came and has not been handed it.
+    fn owes(&self, conn: ConnId) -> bool {
+        self.targets
+            .binary_search_by_key(&conn, |(c, _)| *c)
+            .is_ok_and(|at| at >= self.next && !self.early.contains(&conn))
+    }
+
+    /// The targets not handed theirs yet, in turn.
+    fn rest(&self) -> impl Iterator<Item = &WeakAddr<S>> {
+        self.targets[self.next..]
+            .iter()
+            .filter(|(conn, _)| !self.early.contains(conn))
+            .map(|(_, s)| s)
+    }
+}
+
+/// Hands `stream` (`conn`) every broadcast still being handed out that it
+/// is owed, oldest first, out of turn (outside the window: a routed
+/// message of its id is right behind them).
+fn hand_owed<S: StreamActor>(
+    fanouts: &mut VecDeque<Fanout<S>>,
+    conn: ConnId,
+    stream: &WeakAddr<S>,
+    stats: &Arc<Stats>,
+) {
+    for f in fanouts.iter_mut() {
+        if f.owes(conn) {
+            f.early.insert(conn);
+            deliver_broadcast_to(stream, f, stats, None);
+        }
+    }
 }
 
 /// A stream waiting to be admitted (cluster mode: its id's SUBSCRIBE is
@@ -420,8 +464,13 @@ impl<S: StreamActor> Router<S> {
         self.pumping = false;
         while let Some(f) = self.fanouts.front_mut() {
             while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < FANOUT_WINDOW {
-                deliver_broadcast_to(&f.targets[f.next], f, &self.stats, Some(&self.window));
+                let (conn, target) = &f.targets[f.next];
                 f.next += 1;
+                if !f.early.is_empty() && f.early.remove(conn) {
+                    // Handed out of turn already.
+                    continue;
+                }
+                deliver_broadcast_to(target, f, &self.stats, Some(&self.window));
             }
             if f.next < f.targets.len() {
                 break;
@@ -1286,7 +1335,7 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
     type Result = Option<Result<Published, Busy>>;
 
     fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Self::Result {
-        guarded(self, ctx, |r, ctx| {
+        guarded(self, ctx, |r, _| {
             let held = r.table.get(m.id.as_str()).map_or(0, SmallVec::len);
             r.room(held, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
@@ -1314,25 +1363,14 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let targets = streams
                 .iter()
                 .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event));
-            if r.fanouts.iter().any(|f| f.event.is_some()) {
-                // A broadcast with an event id ahead of it is still being
-                // handed out: it goes behind, so every stream gets the
-                // messages in the order of their ids. (A broadcast without
-                // one, a single process's, promises no order with them.)
-                r.fanouts.push_back(Fanout {
-                    msg: m.msg,
-                    event,
-                    accepted: m.accepted,
-                    targets: targets.map(|(_, s)| s.clone()).collect(),
-                    next: 0,
-                });
-                if !r.pumping {
-                    r.pump(ctx);
+            let fanouts = &mut r.fanouts;
+            for (conn, stream) in targets {
+                // It never waits for a broadcast still being handed out:
+                // a stream still owed one gets it now, right ahead of it.
+                if !fanouts.is_empty() {
+                    hand_owed(fanouts, *conn, stream, &r.stats);
                 }
-            } else {
-                for (_, stream) in targets {
-                    send_if_alive(stream, Deliver::new(&m.msg, event, m.accepted, &r.stats));
-                }
+                send_if_alive(stream, Deliver::new(&m.msg, event, m.accepted, &r.stats));
             }
             r.stats.messages_delivered.fetch_add(delivered as u64, Relaxed);
             Ok(Published { delivered, event })
@@ -1357,16 +1395,17 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
                 }
             }
             let floors = &mut r.floors;
-            let targets: Vec<WeakAddr<S>> = if floors.is_empty() {
-                r.table.values().flatten().map(|(_, s)| s.clone()).collect()
+            let mut targets: Vec<(ConnId, WeakAddr<S>)> = if floors.is_empty() {
+                r.table.values().flatten().cloned().collect()
             } else {
                 r.table
                     .values()
                     .flatten()
                     .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event))
-                    .map(|(_, s)| s.clone())
+                    .cloned()
                     .collect()
             };
+            targets.sort_unstable_by_key(|(conn, _)| *conn);
             let n = targets.len();
             r.stats.publish_backlog.fetch_add(n as u64, Relaxed);
             r.fanouts.push_back(Fanout {
@@ -1375,6 +1414,7 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
                 accepted: m.accepted,
                 targets,
                 next: 0,
+                early: HashSet::new(),
             });
             if !r.pumping {
                 r.pump(ctx);
@@ -1395,7 +1435,7 @@ impl<S: StreamActor> Handler<CloseAll> for Router<S> {
             // Close in every stream's mailbox: its deliveries arrive before
             // the final chunk, as they did before broadcasts were paced.
             for f in std::mem::take(&mut r.fanouts) {
-                for target in &f.targets[f.next..] {
+                for target in f.rest() {
                     deliver_broadcast_to(target, &f, &r.stats, None);
                 }
             }
@@ -1986,15 +2026,13 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn a_message_waits_behind_a_broadcast_with_an_event_id_still_handed_out() {
-        // More streams than a window: the broadcast is still being handed
-        // out (the fakes hold their deliveries) when the next message of
-        // the fleet comes.
+    async fn a_message_never_waits_for_a_broadcast_yet_follows_it_on_its_stream() {
+        // More streams than a window, holding what they are handed: the
+        // first broadcast fills the window and the second waits whole, so
+        // both are still being handed out when a message for `z` comes.
         let n = FANOUT_WINDOW * 2;
-        let (_, router, fakes, _) = setup(n).await;
+        let (stats, router, fakes, _) = setup(n).await;
         let (last, _, log) = log_in(&router, "z", None).await;
-        // The first fills the window (the fakes hold it), so all of the
-        // second waits, wherever `z` is in the table.
         for (text, event) in [("b0", 9), ("b", 10)] {
             let b = Broadcast {
                 msg: Arc::from(text),
@@ -2004,21 +2042,42 @@ mod tests {
             };
             assert_eq!(router.send(b).await.unwrap(), Some(Ok(n + 1)));
         }
+        let handed = |fakes: &[Addr<Fake>]| {
+            let fakes = fakes.to_vec();
+            async move {
+                let mut sum = 0;
+                for f in &fakes {
+                    sum += f.send(Held).await.unwrap();
+                }
+                sum
+            }
+        };
+        let before = handed(&fakes).await;
+        assert!(before <= FANOUT_WINDOW, "handed {before} of 2 × {n}");
         let mut m = publish_to("z", "after", None);
         m.event = Some(11);
         assert_eq!(router.send(m).await.unwrap().unwrap().unwrap().delivered, 1);
-        // Let the windows go round until `z` has both.
-        for _ in 0..50 {
-            for f in fakes.iter().chain([&last]) {
+        // `z` has the message at once, behind the two broadcasts it was
+        // owed; nobody else was handed anything more.
+        assert_eq!(last.send(Held).await.unwrap(), 3);
+        assert_eq!(handed(&fakes).await, before);
+        last.send(Take).await.unwrap();
+        assert_eq!(*log.took.lock().unwrap(), ["b0", "b", "after"]);
+        assert_eq!(*log.events.lock().unwrap(), [Some(9), Some(10), Some(11)]);
+        // The broadcasts go on to everyone else, and `z`'s turn is skipped:
+        // nobody gets one twice, and the backlog empties.
+        for _ in 0..100 {
+            for f in &fakes {
                 f.send(Take).await.unwrap();
             }
-            if log.events.lock().unwrap().len() == 3 {
+            if stats.publish_backlog.load(Relaxed) == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(*log.took.lock().unwrap(), ["b0", "b", "after"]);
-        assert_eq!(*log.events.lock().unwrap(), [Some(9), Some(10), Some(11)]);
+        assert_eq!(stats.publish_backlog.load(Relaxed), 0);
+        assert_eq!(last.send(Held).await.unwrap(), 0, "z handed a broadcast twice");
+        assert_eq!(log.took.lock().unwrap().len(), 3);
     }
 
     #[actix_rt::test]

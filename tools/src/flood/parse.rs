@@ -295,9 +295,14 @@ impl EventParser {
 /// The send timestamp a message carries: the digits after `@`, microseconds
 /// since the Unix epoch.
 /// The send time of a broadcast probe, `Recvd msg #N: 'B@<µs>'`: what
-/// `/broadcast` carries in a run that times one (scripts/c1m.sh). Checked
-/// before [`stamp_of`], which would read it as a routed message.
+/// `/broadcast` carries in a run that times one (scripts/c1m.sh, `bench
+/// broadcast`); on a peer's raw stream (Nchan) the event is the probe
+/// itself, `B@<µs>`. Checked before [`stamp_of`], which would read it as a
+/// routed message.
 pub(super) fn broadcast_stamp_of(event: &[u8]) -> Option<u64> {
+    if event.starts_with(b"B@") {
+        return stamp_of(event);
+    }
     let at = event.windows(3).position(|w| w == b"'B@")?;
     stamp_of(&event[at + 1..])
 }
@@ -442,6 +447,12 @@ mod tests {
             Some(1_764_482_400_123_456)
         );
         assert_eq!(broadcast_stamp_of(b"Recvd msg #3: '@1764482400123456'"), None);
+        // A peer's raw stream carries the probe as it was sent.
+        assert_eq!(
+            broadcast_stamp_of(b"B@1764482400123456"),
+            Some(1_764_482_400_123_456)
+        );
+        assert_eq!(broadcast_stamp_of(b"@1764482400123456"), None);
     }
 
     /// 10,000 cases each; `PROPTEST_CASES=1000000 cargo test -p switchboard-tools --lib` for a longer run.
