@@ -270,7 +270,8 @@ fn deliver_broadcast_to<S: StreamActor>(
     }
 }
 
-/// A broadcast being handed out, [`FANOUT_WINDOW`] deliveries at a time.
+/// A broadcast (or a message to an id with more streams than a window)
+/// being handed out, [`FANOUT_WINDOW`] deliveries at a time.
 ///
 /// A routed message never waits for it: a stream that is still owed it
 /// when a message of its id comes is handed it then, out of turn, and the
@@ -1335,7 +1336,7 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
     type Result = Option<Result<Published, Busy>>;
 
     fn handle(&mut self, m: Publish, ctx: &mut Context<Self>) -> Self::Result {
-        guarded(self, ctx, |r, _| {
+        guarded(self, ctx, |r, ctx| {
             let held = r.table.get(m.id.as_str()).map_or(0, SmallVec::len);
             r.room(held, m.limit)?;
             r.stats.messages_routed.fetch_add(1, Relaxed);
@@ -1363,6 +1364,26 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let targets = streams
                 .iter()
                 .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event));
+            if delivered > FANOUT_WINDOW {
+                // An id with more streams than a window is handed out as a
+                // broadcast is, behind those still being handed out, so
+                // that it does not hold up everything else either.
+                let mut targets: Vec<(ConnId, WeakAddr<S>)> = targets.cloned().collect();
+                targets.sort_unstable_by_key(|(conn, _)| *conn);
+                r.fanouts.push_back(Fanout {
+                    msg: m.msg,
+                    event,
+                    accepted: m.accepted,
+                    targets,
+                    next: 0,
+                    early: HashSet::new(),
+                });
+                if !r.pumping {
+                    r.pump(ctx);
+                }
+                r.stats.messages_delivered.fetch_add(delivered as u64, Relaxed);
+                return Ok(Published { delivered, event });
+            }
             let fanouts = &mut r.fanouts;
             for (conn, stream) in targets {
                 // It never waits for a broadcast still being handed out:
@@ -2078,6 +2099,39 @@ mod tests {
         assert_eq!(stats.publish_backlog.load(Relaxed), 0);
         assert_eq!(last.send(Held).await.unwrap(), 0, "z handed a broadcast twice");
         assert_eq!(log.took.lock().unwrap().len(), 3);
+    }
+
+    #[actix_rt::test]
+    async fn an_id_with_more_streams_than_a_window_is_handed_out_in_windows() {
+        let n = FANOUT_WINDOW * 2;
+        let (stats, router, fakes, logs) = setup(n).await;
+        let (last, _, log) = log_in(&router, "z", None).await;
+        for text in ["one", "two"] {
+            assert_eq!(router.send(publish(text, None)).await.unwrap().unwrap().unwrap().delivered, n);
+        }
+        let mut handed = 0;
+        for f in &fakes {
+            handed += f.send(Held).await.unwrap();
+        }
+        assert!(handed <= FANOUT_WINDOW, "handed {handed} of 2 × {n} at once");
+        // Another id's message goes out at once.
+        assert_eq!(sent(&router, "z", "now").await.delivered, 1);
+        assert_eq!(last.send(Held).await.unwrap(), 1);
+        last.send(Take).await.unwrap();
+        assert_eq!(*log.took.lock().unwrap(), ["now"]);
+        // Every stream of `a` gets both, in order, once the windows go round.
+        for _ in 0..200 {
+            for f in &fakes {
+                f.send(Take).await.unwrap();
+            }
+            if stats.publish_backlog.load(Relaxed) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for took in &logs {
+            assert_eq!(*took.lock().unwrap(), ["one", "two"]);
+        }
     }
 
     #[actix_rt::test]
