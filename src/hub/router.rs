@@ -2107,7 +2107,8 @@ mod tests {
         let (stats, router, fakes, logs) = setup(n).await;
         let (last, _, log) = log_in(&router, "z", None).await;
         for text in ["one", "two"] {
-            assert_eq!(router.send(publish(text, None)).await.unwrap().unwrap().unwrap().delivered, n);
+            let p = router.send(publish(text, None)).await.unwrap().unwrap().unwrap();
+            assert_eq!(p.delivered, n);
         }
         let mut handed = 0;
         for f in &fakes {
