@@ -876,8 +876,12 @@ impl<S: StreamActor> Router<S> {
             .collect();
         let expected = self.presence_expected;
         let write = self.broker.write_presence(Arc::clone(&counts), full);
+        // The next beat waits for this write: writes must not overtake
+        // each other (a restart drops the write and clears the flag).
+        self.presence_flushing = true;
         ctx.spawn(
             actix::fut::wrap_future::<_, Self>(write).map(move |r, router, _| {
+                router.presence_flushing = false;
                 match r {
                     Ok(existed) => {
                         // Gone though it should be there: Redis lost it (a
@@ -1652,6 +1656,10 @@ mod tests {
     struct FakeFleet {
         history: Mutex<crate::hub::history::History>,
         told: Arc<Mutex<Vec<String>>>,
+        /// Presence writes asked for; each one never finishes.
+        writes: Arc<std::sync::atomic::AtomicUsize>,
+        /// How often presence is written (`None`: never).
+        presence: Option<Duration>,
     }
 
     impl FakeFleet {
@@ -1660,6 +1668,8 @@ mod tests {
             let fleet = FakeFleet {
                 history: Mutex::new(crate::hub::history::History::new(16, Duration::from_secs(60))),
                 told: Arc::clone(&told),
+                writes: Arc::default(),
+                presence: None,
             };
             (Arc::new(fleet), told)
         }
@@ -1698,14 +1708,15 @@ mod tests {
             Box::pin(async { None })
         }
         fn presence_every(&self) -> Option<Duration> {
-            None
+            self.presence
         }
         fn write_presence(
             &self,
             _: Arc<[(Arc<str>, usize)]>,
             _: bool,
         ) -> crate::hub::broker::Later<Result<bool, ()>> {
-            Box::pin(async { Ok(true) })
+            self.writes.fetch_add(1, Relaxed);
+            Box::pin(std::future::pending())
         }
         fn upkeep_every(&self) -> Option<Duration> {
             None
@@ -2133,6 +2144,24 @@ mod tests {
         for took in &logs {
             assert_eq!(*took.lock().unwrap(), ["one", "two"]);
         }
+    }
+
+    #[actix_rt::test]
+    async fn a_presence_write_still_out_holds_back_the_next_one() {
+        // A broker whose writes never finish (a Redis that does not
+        // answer), asked every 5 ms: the first write is out, so every beat
+        // after it waits instead of sending another.
+        let stats = Arc::new(Stats::new());
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let fleet = FakeFleet {
+            history: Mutex::new(crate::hub::history::History::new(16, Duration::from_secs(60))),
+            told: Arc::default(),
+            writes: Arc::clone(&writes),
+            presence: Some(Duration::from_millis(5)),
+        };
+        let _router = Router::<Fake>::new(stats, Arc::new(fleet)).start();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(writes.load(Relaxed), 1, "writes overtook each other");
     }
 
     #[actix_rt::test]
