@@ -18,7 +18,7 @@ use super::flood::{Flood, FloodSpec, FloodSummary, Transport};
 use super::outcome::{Outcome, Recorder};
 use super::process::{TempDir, pause};
 use super::servers::{Server, ServerKind, Servers};
-use super::table::{Table, fixed, opt, thousands, vs_nchan};
+use super::table::{Table, fixed, opt, ratio, thousands, times, vs_nchan};
 use super::{Common, Ramp, client, max_streams};
 use switchboard_tools::flood::now_micros;
 
@@ -78,6 +78,11 @@ pub struct Args {
     /// handed out (0: none) [default: 1000; --smoke: 100].
     #[arg(long)]
     pub during_rate: Option<f64>,
+    /// Leave out the floor's row (`bench-floor`: one `write(2)` per stream
+    /// from a thread per core and nothing else, this box's least time for
+    /// a broadcast).
+    #[arg(long)]
+    pub no_floor: bool,
 }
 
 /// One way of reaching every stream.
@@ -94,7 +99,7 @@ struct Case {
 }
 
 /// The rows, in order.
-const CASES: [Case; 3] = [
+const CASES: [Case; 4] = [
     Case {
         server: ServerKind::Switchboard,
         stream_path: "/test/b{n}",
@@ -112,6 +117,12 @@ const CASES: [Case; 3] = [
         stream_path: "/test/all",
         post_path: "/send/all",
         label: "Nchan `/send/all` (one channel)",
+    },
+    Case {
+        server: ServerKind::Floor,
+        stream_path: "/test/all",
+        post_path: "/send/all",
+        label: "the floor `/send/all`: one `write(2)` per stream (`bench-floor`)",
     },
 ];
 
@@ -182,7 +193,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = TempDir::new("broadcast")?;
     let mut rec = Recorder::new("broadcast", c.smoke);
     let mut rows = Vec::new();
-    for case in CASES.iter().filter(|k| servers.contains(&k.server)) {
+    let floor = !args.no_floor;
+    for case in CASES
+        .iter()
+        .filter(|k| servers.contains(&k.server) || (floor && k.server == ServerKind::Floor))
+    {
         println!("broadcast: {} to {} streams", case.label, thousands(streams));
         let row = measure(case, streams, rate, during, args.transport, dir.path(), &mut rec)?;
         println!(
@@ -210,6 +225,13 @@ fn measure(
     let (held, opening) = match during_rate > 0.0 {
         true => (streams - DURING_STREAMS, DURING_OPEN),
         false => (streams, Duration::ZERO),
+    };
+    // The floor routes nothing: it gets the same broadcast to as many
+    // streams, with no routed load beside it.
+    let during_rate = if case.server == ServerKind::Floor {
+        0.0
+    } else {
+        during_rate
     };
     let ramp = Duration::from_secs_f64(held as f64 / rate);
     let ramp_limit = ramp + (ramp / 2).max(RAMP_SLACK);
@@ -322,7 +344,7 @@ fn measure(
 /// switchboard's `{"delivered": n}`, Nchan's `active subscribers: n` line.
 pub(crate) fn server_count(server: ServerKind, body: &str) -> Option<u64> {
     match server {
-        ServerKind::Switchboard => {
+        ServerKind::Switchboard | ServerKind::Floor => {
             serde_json::from_str::<serde_json::Value>(body).ok()?["delivered"].as_u64()
         }
         ServerKind::Nchan => body
@@ -383,7 +405,31 @@ pub(crate) fn render(o: &Outcome<BroadcastData>) -> String {
             .find(|r| r.server == k && r.case.contains("/send/all"))
             .and_then(|r| r.during.as_ref()?.p99_ms)
     });
+    out += &vs_floor(&o.data.rows);
     out
+}
+
+/// Every server's `/send/all` last arrival against the floor's, and the
+/// floor's against Nchan's (the least a ratio to Nchan can be on this box).
+fn vs_floor(rows: &[BroadcastRow]) -> String {
+    let last = |k| {
+        rows.iter()
+            .find(|r| r.server == k && r.case.contains("/send/all"))
+            .and_then(|r| r.last_ms)
+    };
+    let Some(floor) = last(ServerKind::Floor) else {
+        return String::new();
+    };
+    let mut parts = Vec::new();
+    for k in [ServerKind::Switchboard, ServerKind::Nchan] {
+        if let Some(x) = last(k) {
+            parts.push(format!("{} ÷ the floor = {}", k.label(), times(ratio(x, floor))));
+        }
+    }
+    if let Some(n) = last(ServerKind::Nchan) {
+        parts.push(format!("the floor ÷ Nchan = {}", times(ratio(floor, n))));
+    }
+    format!("\nLast arrival, `/send/all`: {}.\n", parts.join("; "))
 }
 
 #[cfg(test)]
@@ -433,5 +479,21 @@ pub(crate) mod tests {
         assert_eq!(text.lines().filter(|l| l.starts_with("| switchboard")).count(), 2);
         assert!(text.contains("18,990"));
         assert!(text.contains("switchboard ÷ Nchan = 0.50×"));
+        assert!(!text.contains("floor"), "no floor row, no floor ratio");
+    }
+
+    #[test]
+    fn the_floor_row_gives_ratios_to_the_floor() {
+        let o = Recorder::new("broadcast", false).finish(BroadcastData {
+            rows: vec![
+                row(1, 19_000, 19_000, 300.0),
+                row(2, 19_000, 19_000, 400.0),
+                row(3, 19_000, 19_000, 200.0),
+            ],
+        });
+        let text = render(&o);
+        assert!(text.contains("switchboard ÷ the floor = 1.50×"), "{text}");
+        assert!(text.contains("Nchan ÷ the floor = 2.00×"), "{text}");
+        assert!(text.contains("the floor ÷ Nchan = 0.50×"), "{text}");
     }
 }

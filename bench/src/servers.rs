@@ -12,6 +12,7 @@
 //! whose every port is TLS; the harness needs no TLS client of its own.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -27,6 +28,9 @@ use super::{client, procfs};
 /// Worker threads (switchboard) and worker processes (nginx): one per core
 /// of the 2-core machine, the same for both so neither gets more CPUs.
 pub(crate) const WORKERS: u32 = 2;
+
+/// SIGTERM's number on Linux.
+const SIGTERM: i32 = 15;
 
 /// How long a server may take to answer its readiness request.
 const READY_LIMIT: Duration = Duration::from_secs(15);
@@ -48,6 +52,11 @@ pub enum ServerKind {
     Switchboard,
     /// nginx with the Nchan module (streams: `http-raw-stream` subscribers).
     Nchan,
+    /// `bench-floor`: one `write(2)` per held stream and nothing else, the
+    /// box's floor for a broadcast (`bench broadcast` measures it beside
+    /// the others; no other benchmark takes it).
+    #[value(skip)]
+    Floor,
 }
 
 /// Which servers a benchmark measures (`bench broadcast`, `bench connect`,
@@ -127,6 +136,7 @@ impl ServerKind {
         match self {
             ServerKind::Switchboard => true,
             ServerKind::Nchan => matches!(wire, Wire::Chunked | Wire::Tls),
+            ServerKind::Floor => wire == Wire::Chunked,
         }
     }
 
@@ -135,13 +145,14 @@ impl ServerKind {
         match self {
             ServerKind::Switchboard => "switchboard",
             ServerKind::Nchan => "Nchan",
+            ServerKind::Floor => "the floor",
         }
     }
 
     /// A request that answers 200 once the server serves.
     fn ready_path(self) -> &'static str {
         match self {
-            ServerKind::Switchboard => "/healthz",
+            ServerKind::Switchboard | ServerKind::Floor => "/healthz",
             ServerKind::Nchan => "/dispatcher",
         }
     }
@@ -217,9 +228,16 @@ impl Server {
             }),
             None => None,
         };
-        let (proc, log, command) = match kind {
-            ServerKind::Switchboard => start_switchboard(dir.path(), port, launch, tls.as_ref())?,
-            ServerKind::Nchan => start_nginx(dir.path(), port, tls.as_ref())?,
+        let (proc, log, command, port) = match kind {
+            ServerKind::Switchboard => {
+                let (p, log, command) = start_switchboard(dir.path(), port, launch, tls.as_ref())?;
+                (p, log, command, port)
+            }
+            ServerKind::Nchan => {
+                let (p, log, command) = start_nginx(dir.path(), port, tls.as_ref())?;
+                (p, log, command, port)
+            }
+            ServerKind::Floor => start_floor(dir.path())?,
         };
         let mut server = Server {
             kind,
@@ -353,6 +371,8 @@ impl Server {
         let label = self.kind.label();
         let note = match self.proc.stop() {
             Ok(st) if st.success() => None,
+            // bench-floor has no shutdown to do: SIGTERM ends it.
+            Ok(st) if self.kind == ServerKind::Floor && st.signal() == Some(SIGTERM) => None,
             Ok(st) => Some(format!("{label} exited with {st} after SIGTERM")),
             Err(e) => Some(format!("{label}: stopping failed: {e:#}")),
         };
@@ -430,6 +450,35 @@ fn start_switchboard(
     let command = env.iter().map(|(k, v)| format!("{k}={v} ")).collect::<String>()
         + &shell_line(&display_path(&exe), &args);
     Ok((Spawned::logged("switchboard", &mut cmd, &log)?, log, command))
+}
+
+/// Starts `bench-floor` on a port it picks itself, and reads which from
+/// its first line.
+fn start_floor(dir: &Path) -> anyhow::Result<(Spawned, PathBuf, String, u16)> {
+    let exe = sibling("bench-floor")?;
+    let log = dir.join("bench-floor.log");
+    let mut proc = Spawned::logged("bench-floor", Command::new(&exe).args(["--port", "0"]), &log)?;
+    let command = shell_line(&display_path(&exe), &["--port".to_owned(), "0".to_owned()]);
+    let started = Instant::now();
+    while started.elapsed() < READY_LIMIT {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(port) = floor_port(&text) {
+            return Ok((proc, log, command, port));
+        }
+        if let Some(st) = proc.exited() {
+            bail!("bench-floor exited ({st}) before it listened:\n{text}");
+        }
+        process::pause(Duration::from_millis(20))?;
+    }
+    bail!("bench-floor did not say its port within {READY_LIMIT:?}")
+}
+
+/// The port in `bench-floor`'s `listening on 127.0.0.1:PORT` line.
+fn floor_port(log: &str) -> Option<u16> {
+    log.lines()
+        .find_map(|l| l.strip_prefix("listening on "))
+        .and_then(|a| a.trim().rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
 }
 
 /// switchboard's environment and arguments for `launch` on `port`.
@@ -564,6 +613,13 @@ pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_floor_says_its_port_on_its_first_line() {
+        assert_eq!(floor_port("listening on 127.0.0.1:40123\n"), Some(40123));
+        assert_eq!(floor_port("bench-floor: wrote 3 of 3\n"), None);
+        assert_eq!(floor_port("listening on 127.0.0.1:\n"), None);
+    }
 
     #[test]
     fn nginx_conf_is_the_verified_one() {
