@@ -45,9 +45,14 @@ use crate::supervision::{Crash, guarded};
 
 /// Most broadcast deliveries the Router keeps queued at its streams at once,
 /// so ticks, routed messages and requests of a worker wait behind at most
-/// this many, not behind a whole broadcast (why 64: docs/design-notes.md,
+/// this many, not behind a whole broadcast (why 16: docs/design-notes.md,
 /// "Broadcast pacing").
-const FANOUT_WINDOW: usize = 64;
+const FANOUT_WINDOW: usize = 16;
+
+/// An id with at most this many streams is handed its message at once (a
+/// stream still owed a broadcast gets that first); one with more is handed
+/// out in windows, as a broadcast is.
+const AT_ONCE: usize = 64;
 
 /// A broadcast whose window is full is handed more once this few are left
 /// in flight (the delivery that brings it there wakes the Router).
@@ -1368,8 +1373,8 @@ impl<S: StreamActor> Handler<Publish> for Router<S> {
             let targets = streams
                 .iter()
                 .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event));
-            if delivered > FANOUT_WINDOW {
-                // An id with more streams than a window is handed out as a
+            if delivered > AT_ONCE {
+                // An id with more streams than that is handed out as a
                 // broadcast is, behind those still being handed out, so
                 // that it does not hold up everything else either.
                 let mut targets: Vec<(ConnId, WeakAddr<S>)> = targets.cloned().collect();
@@ -2114,7 +2119,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn an_id_with_more_streams_than_a_window_is_handed_out_in_windows() {
-        let n = FANOUT_WINDOW * 2;
+        let n = AT_ONCE * 2;
         let (stats, router, fakes, logs) = setup(n).await;
         let (last, _, log) = log_in(&router, "z", None).await;
         for text in ["one", "two"] {
