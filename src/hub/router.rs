@@ -333,6 +333,32 @@ fn hand_owed<S: StreamActor>(
     }
 }
 
+/// A stream leaves the table to catch up from `upto` (where its link was
+/// lost): every broadcast still being handed out that it is owed is settled
+/// now, out of turn, so that it never comes after the catch-up nor twice.
+/// One at or before `upto` is not in the catch-up: it is handed now, ahead
+/// of it. A later one is in the catch-up's replay (or its gap), so it is
+/// not handed here, and leaves the books as the replay counts it.
+fn settle_owed<S: StreamActor>(
+    fanouts: &mut VecDeque<Fanout<S>>,
+    conn: ConnId,
+    stream: &WeakAddr<S>,
+    stats: &Arc<Stats>,
+    upto: u64,
+) {
+    for f in fanouts.iter_mut() {
+        if f.owes(conn) {
+            f.early.insert(conn);
+            if f.event.is_none_or(|e| e <= upto) {
+                deliver_broadcast_to(stream, f, stats, None);
+            } else {
+                stats.publish_backlog.fetch_sub(1, Relaxed);
+                stats.messages_delivered.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+}
+
 /// A stream waiting to be admitted (cluster mode: its id's SUBSCRIBE is
 /// on its way).
 struct Waiting<S: Actor> {
@@ -359,6 +385,9 @@ struct Reading<S: Actor> {
     /// The id's messages (and broadcasts) that came while the read was
     /// out, in order: merged with what it finds by event id.
     buffered: Vec<KeptMessage>,
+    /// A catch-up after a lost link ([`Router::catch_up`]) of a stream
+    /// welcomed long before, not a new stream's first read.
+    again: bool,
 }
 
 /// Routes messages to streams by id.
@@ -580,6 +609,7 @@ impl<S: StreamActor> Router<S> {
             link_epoch,
             stream: w,
             buffered: Vec::new(),
+            again: false,
         });
         ctx.spawn(
             actix::fut::wrap_future::<_, Self>(read).map(move |r, router, ctx| {
@@ -718,6 +748,13 @@ impl<S: StreamActor> Router<S> {
             self.recovered = HashSet::new();
             self.stale = HashSet::new();
         }
+        self.read_again(batch, lost_at, ctx);
+    }
+
+    /// Reads the fleet's history since `lost_at` for `batch`'s streams
+    /// (out of the table, long welcomed), one read per
+    /// [`CATCH_UP_BATCH`] ids; [`Router::caught_up`] hands it over.
+    fn read_again(&mut self, mut batch: Vec<(Arc<str>, Streams<S>)>, lost_at: u64, ctx: &mut Context<Self>) {
         for chunk in batch.chunks_mut(CATCH_UP_BATCH) {
             self.reads += 1;
             let no = self.reads;
@@ -726,6 +763,9 @@ impl<S: StreamActor> Router<S> {
                 ids.push(Arc::clone(id));
                 let readers = self.reading.entry(Arc::clone(id)).or_default();
                 for (conn, addr) in std::mem::take(streams) {
+                    if !self.fanouts.is_empty() {
+                        settle_owed(&mut self.fanouts, conn, &addr, &self.stats, lost_at);
+                    }
                     readers.push(Reading {
                         no,
                         clock: lost_at,
@@ -737,6 +777,7 @@ impl<S: StreamActor> Router<S> {
                             tracked: true,
                         },
                         buffered: Vec::new(),
+                        again: true,
                     });
                 }
             }
@@ -972,10 +1013,13 @@ impl<S: StreamActor> Supervised for Router<S> {
         self.stats.router_restarts.fetch_add(1, Relaxed);
         self.pumping = false;
         let broker = Arc::clone(&self.broker);
+        let (reading, awaiting) = (&self.reading, &self.awaiting);
         self.table.retain(|id, streams| {
             streams.retain(|(_, stream)| stream.upgrade().is_some_and(|a| a.connected()));
             let keep = !streams.is_empty();
-            if !keep {
+            // An id whose other streams are reading its history or waiting
+            // for its subscription stays subscribed.
+            if !keep && !reading.contains_key(id) && !awaiting.contains_key(id) {
                 broker.unsubscribe(Arc::clone(id));
             }
             keep
@@ -995,10 +1039,28 @@ impl<S: StreamActor> Supervised for Router<S> {
         }
         self.presence_full = self.presence_every.is_some();
         self.presence_flushing = false;
+        // A catch-up is read again from where its link was lost, as a
+        // catch-up (its stream had its welcome long since).
+        let mut again: Vec<(Arc<str>, Streams<S>)> = Vec::new();
+        let mut from = u64::MAX;
         for (id, readers) in std::mem::take(&mut self.reading) {
             for r in readers {
-                self.start_read(Arc::clone(&id), r.stream, ctx);
+                if r.again {
+                    from = from.min(r.clock);
+                    match again.last_mut() {
+                        Some((last, streams)) if *last == id => streams.push((r.stream.conn, r.stream.addr)),
+                        _ => again.push((
+                            Arc::clone(&id),
+                            smallvec::smallvec![(r.stream.conn, r.stream.addr)],
+                        )),
+                    }
+                } else {
+                    self.start_read(Arc::clone(&id), r.stream, ctx);
+                }
             }
+        }
+        if !again.is_empty() {
+            self.read_again(again, from, ctx);
         }
         tracing::warn!(
             event = "restart",
@@ -1665,16 +1727,28 @@ mod tests {
         writes: Arc<std::sync::atomic::AtomicUsize>,
         /// How often presence is written (`None`: never).
         presence: Option<Duration>,
+        /// Reads and catch-ups never answer (they are recorded).
+        hold: bool,
     }
 
     impl FakeFleet {
         fn start() -> (Arc<dyn Broker>, Arc<Mutex<Vec<String>>>) {
+            Self::with(false)
+        }
+
+        /// One whose reads and catch-ups stay out.
+        fn holding() -> (Arc<dyn Broker>, Arc<Mutex<Vec<String>>>) {
+            Self::with(true)
+        }
+
+        fn with(hold: bool) -> (Arc<dyn Broker>, Arc<Mutex<Vec<String>>>) {
             let told = Arc::default();
             let fleet = FakeFleet {
                 history: Mutex::new(crate::hub::history::History::new(16, Duration::from_secs(60))),
                 told: Arc::clone(&told),
                 writes: Arc::default(),
                 presence: None,
+                hold,
             };
             (Arc::new(fleet), told)
         }
@@ -1706,10 +1780,20 @@ mod tests {
             Some(event)
         }
         fn read(&self, id: &Arc<str>, since: Option<u64>) -> Read {
+            if self.hold {
+                self.tell(format!("read {id}"));
+                return Read::Later(Box::pin(std::future::pending()));
+            }
             let read = self.history.lock().unwrap().read(id, since);
             Read::Later(Box::pin(async move { Some(read) }))
         }
-        fn catch_up(&self, _: Vec<Arc<str>>, _: u64) -> crate::hub::broker::Later<Option<CaughtUp>> {
+        fn catch_up(&self, ids: Vec<Arc<str>>, _: u64) -> crate::hub::broker::Later<Option<CaughtUp>> {
+            if self.hold {
+                for id in ids {
+                    self.tell(format!("catch up {id}"));
+                }
+                return Box::pin(std::future::pending());
+            }
             Box::pin(async { None })
         }
         fn presence_every(&self) -> Option<Duration> {
@@ -2117,6 +2201,110 @@ mod tests {
         assert_eq!(log.took.lock().unwrap().len(), 3);
     }
 
+    /// `n` streams of `a` on a Router with `fleet`, welcomed.
+    async fn welcomed(router: &Addr<Router<Fake>>, n: usize) -> Vec<(Addr<Fake>, ConnId, Fake)> {
+        let mut streams = Vec::new();
+        for _ in 0..n {
+            streams.push(log_in(router, "a", None).await);
+        }
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        eventually(|| {
+            streams
+                .iter()
+                .all(|(_, _, l)| l.welcomed.lock().unwrap().len() == 1)
+        })
+        .await;
+        streams
+    }
+
+    #[actix_rt::test]
+    async fn a_stream_that_catches_up_is_handed_the_broadcast_it_was_owed_first_and_once() {
+        let stats = Arc::new(Stats::new());
+        let (fleet, _) = FakeFleet::start();
+        let router = Router::<Fake>::new(Arc::clone(&stats), fleet).start();
+        // More streams than a window, holding what they are handed: a
+        // window of the fleet's broadcast goes out, the rest waits.
+        let n = FANOUT_WINDOW * 3;
+        let streams = welcomed(&router, n).await;
+        let b = Broadcast {
+            msg: Arc::from("b"),
+            event: Some(10),
+            accepted: Instant::now(),
+            limit: None,
+        };
+        assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
+        // The link goes (after the broadcast came) and comes back: every
+        // stream of `a` catches up from there (this fake's read fails: a
+        // gap from there is told).
+        router.send(Subscribed::LinkDown).await.unwrap();
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        eventually(|| {
+            streams
+                .iter()
+                .all(|(_, _, l)| l.welcomed.lock().unwrap().len() == 2)
+        })
+        .await;
+        // Each was handed the broadcast before its catch-up (its mailbox
+        // is in order): the catch-up starts after it.
+        for (s, _, _) in &streams {
+            assert_eq!(
+                s.send(Held).await.unwrap(),
+                1,
+                "the broadcast not handed before the catch-up"
+            );
+        }
+        // And never again: the window has nobody left to hand it to.
+        for _ in 0..3 {
+            for (s, _, _) in &streams {
+                s.send(Take).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (_, _, log) in &streams {
+            assert_eq!(*log.took.lock().unwrap(), ["b"]);
+        }
+        assert_eq!(stats.publish_backlog.load(Relaxed), 0);
+        assert_eq!(stats.messages_delivered.load(Relaxed), n as u64);
+    }
+
+    #[actix_rt::test]
+    async fn a_restart_keeps_an_id_subscribed_while_a_stream_of_it_reads() {
+        let stats = Arc::new(Stats::new());
+        let (fleet, told) = FakeFleet::holding();
+        let router = actix::Supervisor::start(move |_| Router::<Fake>::new(stats, fleet));
+        let streams = welcomed(&router, 1).await;
+        // Its one stream goes without a word (its Logout lost), and another
+        // stream of `a` reads the history.
+        streams[0].0.send(Cut { panic: false }).await.unwrap();
+        let (_reader, _, _) = log_in(&router, "a", Some(Some(1))).await;
+        eventually(|| told.lock().unwrap().iter().any(|l| l == "read a")).await;
+        assert_eq!(router.send(Crash).await.unwrap(), None);
+        // The read is made again, and `a` stays subscribed for it.
+        eventually(|| told.lock().unwrap().iter().filter(|l| *l == "read a").count() == 2).await;
+        assert!(
+            !told.lock().unwrap().iter().any(|l| l == "released a"),
+            "{:?}",
+            told.lock().unwrap()
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_restart_during_a_catch_up_catches_up_again() {
+        let stats = Arc::new(Stats::new());
+        let (fleet, told) = FakeFleet::holding();
+        let router = actix::Supervisor::start(move |_| Router::<Fake>::new(stats, fleet));
+        let streams = welcomed(&router, 1).await;
+        router.send(Subscribed::LinkDown).await.unwrap();
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        eventually(|| told.lock().unwrap().iter().any(|l| l == "catch up a")).await;
+        assert_eq!(router.send(Crash).await.unwrap(), None);
+        // It catches up again, not as a new stream's first read (which
+        // would end in a second welcome).
+        eventually(|| told.lock().unwrap().iter().filter(|l| *l == "catch up a").count() == 2).await;
+        assert!(!told.lock().unwrap().iter().any(|l| l == "read a"));
+        assert_eq!(streams[0].2.welcomed.lock().unwrap().len(), 1);
+    }
+
     #[actix_rt::test]
     async fn an_id_with_more_streams_than_a_window_is_handed_out_in_windows() {
         let n = AT_ONCE * 2;
@@ -2163,6 +2351,7 @@ mod tests {
             told: Arc::default(),
             writes: Arc::clone(&writes),
             presence: Some(Duration::from_millis(5)),
+            hold: false,
         };
         let _router = Router::<Fake>::new(stats, Arc::new(fleet)).start();
         tokio::time::sleep(Duration::from_millis(100)).await;
