@@ -44,7 +44,8 @@ pub(crate) struct Admission {
     /// rates, TLS handshakes); the streams hold the same handle to give a
     /// counted place back.
     pub(crate) limits: Arc<Limits>,
-    /// Checks subscriber tokens (`auth.subscribe_secret`); `None`: open.
+    /// Checks subscriber tokens (`auth.subscribe_secret`,
+    /// `auth.subscribe_public_key_file`); `None`: open.
     verifier: Option<Verifier>,
     /// `http.trusted_proxies`, parsed.
     trusted_proxies: Nets,
@@ -68,7 +69,8 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    /// The admission inputs of `settings`; an invalid `auth.subscribe_secret`,
+    /// The admission inputs of `settings`; an invalid `auth.subscribe_secret`
+    /// or `auth.subscribe_public_key_file`,
     /// `limits.exempt` or `http.trusted_proxies` is an error naming its key.
     /// `publish_protected` is protected mode as decided from the addresses
     /// bound.
@@ -79,16 +81,35 @@ impl Admission {
         shutdown: CancellationToken,
     ) -> io::Result<Admission> {
         let auth = &settings.auth;
-        let verifier = match auth.subscribe_secret.as_str() {
-            "" => None,
-            secret => Some(
-                Verifier::new(secret, &auth.subscribe_audience, &auth.subscribe_issuer).map_err(|e| {
-                    io::Error::new(io::ErrorKind::InvalidInput, format!("auth.subscribe_secret: {e}"))
-                })?,
-            ),
-        };
         let invalid =
             |key: &str, e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"));
+        let public_key = match auth.subscribe_public_key_file.as_str() {
+            "" => None,
+            path => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    invalid(
+                        "auth.subscribe_public_key_file",
+                        format!("cannot read {path}: {e}"),
+                    )
+                })?;
+                Some(
+                    crate::token::public_key(&pem)
+                        .map_err(|e| invalid("auth.subscribe_public_key_file", format!("{path}: {e}")))?,
+                )
+            }
+        };
+        let verifier = match (auth.subscribe_secret.as_str(), public_key) {
+            ("", None) => None,
+            (secret, public_key) => Some(
+                Verifier::new(
+                    secret,
+                    public_key,
+                    &auth.subscribe_audience,
+                    &auth.subscribe_issuer,
+                )
+                .map_err(|e| invalid("auth.subscribe_secret", e))?,
+            ),
+        };
         let limits = Arc::new(Limits::new(&settings.limits).map_err(|e| invalid("limits.exempt", e))?);
         let trusted_proxies =
             Nets::parse(&settings.http.trusted_proxies).map_err(|e| invalid("http.trusted_proxies", e))?;
@@ -178,7 +199,7 @@ impl Admission {
     /// one, refused later or not), one `Origin` at most, its transport, HTTP
     /// version and resume point ([`handshake::read_request`]), its page
     /// origin (a WebSocket's, against `http.cors_origins`), its subscriber token
-    /// when `auth.subscribe_secret` is set, a WebSocket only as a
+    /// when a subscriber key is set, a WebSocket only as a
     /// connection's first request (on the lean path), then a
     /// `stream.max_streams` slot, which it takes (given back when the
     /// stream stops). Refusals are counted ([`Admission::refusal`]).

@@ -280,8 +280,11 @@ pub struct AuthSettings {
     /// Bearer token that opens the operator pages on the public listeners;
     /// empty: none does.
     pub admin_token: String,
-    /// HS256 secret subscriber tokens are signed with; empty: streams are open.
+    /// HS256 secret subscriber tokens are signed with; empty: none.
     pub subscribe_secret: String,
+    /// A PEM public key (RSA, EC P-256/P-384, Ed25519) subscriber tokens
+    /// may be signed with; empty: none. With neither, streams are open.
+    pub subscribe_public_key_file: String,
     /// What a subscriber token's `aud` must be; empty: `aud` is not checked.
     pub subscribe_audience: String,
     /// What a subscriber token's `iss` must be; empty: `iss` is not checked.
@@ -347,6 +350,7 @@ impl std::fmt::Debug for AuthSettings {
             .field("publish_open", &self.publish_open)
             .field("admin_token", &admin)
             .field("subscribe_secret", &secret)
+            .field("subscribe_public_key_file", &self.subscribe_public_key_file)
             .finish()
     }
 }

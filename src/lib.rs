@@ -56,7 +56,7 @@
 //!   the supervised Bus that holds this node's subscriptions). Route
 //!   handlers publish through `Hub::publish`; nothing above the hub touches
 //!   the broker, the bus, the lingering table or the history.
-//! - `token`: subscriber tokens (HS256 JWTs), bearer credentials, the
+//! - `token`: subscriber tokens (JWTs: HS256, or a public key's), bearer credentials, the
 //!   constant-time compare.
 //! - `idempotency`: `Idempotency-Key`s of publishes in one process.
 //! - `supervision`: how a panic in a Router, Counter or Bus handler becomes

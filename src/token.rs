@@ -1,4 +1,9 @@
-//! Subscriber tokens: HS256 JWTs signed with `auth.subscribe_secret`.
+//! Subscriber tokens: JWTs signed with `auth.subscribe_secret` (HS256), or
+//! with the private half of `auth.subscribe_public_key_file` (an identity
+//! provider's RSA, EC or Ed25519 key: RS256/384/512, PS256/384/512,
+//! ES256/384, EdDSA). Either or both may be set. The key decides the
+//! algorithm: a token is checked only with the key its `alg` fits, so no
+//! `none`, and no HS256 "signed" with the public key as its secret.
 //!
 //! A token lets its holder open streams of the id in its `sub` claim, or of
 //! every id in its `ids` claim, from its `nbf` (if any) until its `exp`
@@ -9,11 +14,11 @@
 //! tokens carry both). The check runs before any stream state exists; a
 //! stream that passes it ends when its token expires. Refusals say why in
 //! our own words, never the JWT library's, naming the actual problem (an
-//! algorithm other than HS256, a missing `exp`, ...).
+//! algorithm no configured key takes, a missing `exp`, ...).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 /// What a subscriber token says (other claims are allowed and not read).
@@ -44,52 +49,113 @@ struct Presented {
     iss: Option<serde_json::Value>,
 }
 
-/// Checks tokens against one secret. Built once per server.
-pub(crate) struct Verifier {
+/// A key tokens may be signed with, and the claims rule with the
+/// algorithms that fit it.
+struct Key {
     key: DecodingKey,
     validation: Validation,
+}
+
+/// Checks tokens against the configured keys. Built once per server.
+pub(crate) struct Verifier {
+    keys: Vec<Key>,
+    /// Every algorithm some key takes, as a token's `alg` names it.
+    accepted: Vec<String>,
     /// `auth.subscribe_issuer` is set: `iss` must be that one string.
     issuer: bool,
 }
 
+/// The algorithms a key of `family` verifies. A shared secret takes HS256
+/// only, as it always did.
+fn algorithms(family: AlgorithmFamily) -> Vec<Algorithm> {
+    use Algorithm::*;
+    match family {
+        AlgorithmFamily::Hmac => vec![HS256],
+        AlgorithmFamily::Rsa => vec![RS256, RS384, RS512, PS256, PS384, PS512],
+        AlgorithmFamily::Ec => vec![ES256, ES384],
+        AlgorithmFamily::Ed => vec![EdDSA],
+    }
+}
+
+/// A public key in PEM (`BEGIN PUBLIC KEY`, or `BEGIN RSA PUBLIC KEY`):
+/// RSA, EC (P-256 or P-384) or Ed25519; its kind decides its algorithms.
+pub(crate) fn public_key(pem: &[u8]) -> Result<DecodingKey, String> {
+    let text = String::from_utf8_lossy(pem);
+    if text.contains("PRIVATE KEY-----") {
+        return Err(
+            "the file holds a private key: give the public key (openssl pkey -in KEY -pubout)".into(),
+        );
+    }
+    if !text.contains("-----BEGIN PUBLIC KEY-----") && !text.contains("-----BEGIN RSA PUBLIC KEY-----") {
+        return Err("not a PEM public key (-----BEGIN PUBLIC KEY-----)".into());
+    }
+    DecodingKey::from_rsa_pem(pem)
+        .or_else(|_| DecodingKey::from_ec_pem(pem))
+        .or_else(|_| DecodingKey::from_ed_pem(pem))
+        .map_err(|_| "not an RSA, EC (P-256, P-384) or Ed25519 public key".to_owned())
+}
+
 impl Verifier {
-    /// A verifier for `secret`; `audience` and `issuer`, when not empty,
-    /// are what `aud` and `iss` must say.
-    pub(crate) fn new(secret: &str, audience: &str, issuer: &str) -> Result<Self, String> {
-        let mut validation = Validation::new(Algorithm::HS256);
-        // The expiry is exact: a stream ends the second its token does; and
-        // so is `nbf`, with the same (no) leeway.
-        validation.leeway = 0;
-        validation.validate_nbf = true;
-        let mut required = vec!["exp"];
-        if audience.is_empty() {
-            validation.validate_aud = false;
-        } else {
-            validation.set_audience(&[audience]);
-            required.push("aud");
+    /// A verifier for `secret` (HS256; empty: none) and `public_key`
+    /// (see [`public_key`]); `audience` and `issuer`, when not empty, are
+    /// what `aud` and `iss` must say. At least one key is needed.
+    pub(crate) fn new(
+        secret: &str,
+        public_key: Option<DecodingKey>,
+        audience: &str,
+        issuer: &str,
+    ) -> Result<Self, String> {
+        let mut keys = Vec::new();
+        if !secret.is_empty() {
+            let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|e| e.to_string())?;
+            keys.push(key);
         }
-        if !issuer.is_empty() {
-            validation.set_issuer(&[issuer]);
-            required.push("iss");
+        keys.extend(public_key);
+        if keys.is_empty() {
+            return Err("no key to check tokens with".into());
         }
-        validation.set_required_spec_claims(&required);
-        let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|e| e.to_string())?;
+        let rule = claims_rule(audience, issuer);
+        let keys: Vec<Key> = keys
+            .into_iter()
+            .map(|key| {
+                let mut validation = rule.clone();
+                validation.algorithms = algorithms(key.family());
+                Key { key, validation }
+            })
+            .collect();
+        let accepted = keys
+            .iter()
+            .flat_map(|k| k.validation.algorithms.iter().map(|a| format!("{a:?}")))
+            .collect();
         Ok(Verifier {
-            key,
-            validation,
+            keys,
+            accepted,
             issuer: !issuer.is_empty(),
         })
     }
 
     /// The time left on `token` if it is valid for `id`; else why not.
     pub(crate) fn check(&self, token: &str, id: &str) -> Result<Duration, String> {
-        let data = jsonwebtoken::decode::<Presented>(token, &self.key, &self.validation).map_err(|e| {
+        let alg = match jsonwebtoken::decode_header(token) {
+            Ok(header) => header.alg,
+            Err(_) => return Err(unreadable(token, &self.accepted)),
+        };
+        let Some(k) = self.keys.iter().find(|k| k.validation.algorithms.contains(&alg)) else {
+            return Err(not_accepted(&format!("{alg:?}"), &self.accepted));
+        };
+        self.check_with(k, token, id)
+    }
+
+    fn check_with(&self, k: &Key, token: &str, id: &str) -> Result<Duration, String> {
+        let data = jsonwebtoken::decode::<Presented>(token, &k.key, &k.validation).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind;
             match e.kind() {
                 ErrorKind::ExpiredSignature => "token expired".to_owned(),
                 ErrorKind::ImmatureSignature => "token not valid yet (its nbf is in the future)".to_owned(),
                 ErrorKind::InvalidSignature => "token signature does not match".to_owned(),
-                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => unreadable(token),
+                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                    unreadable(token, &self.accepted)
+                }
                 ErrorKind::InvalidAudience => "token is not for this audience (aud)".to_owned(),
                 ErrorKind::InvalidIssuer => "token is not from the expected issuer (iss)".to_owned(),
                 // The library says "missing" of a claim it could not read.
@@ -102,7 +168,13 @@ impl Verifier {
                 ErrorKind::MissingRequiredClaim(c) | ErrorKind::InvalidClaimFormat(c) => {
                     format!("token {c} claim is not of the expected form")
                 }
-                ErrorKind::Json(_) | ErrorKind::Utf8(_) => unreadable(token),
+                ErrorKind::Json(_) | ErrorKind::Utf8(_) => unreadable(token, &self.accepted),
+                // A signature of the wrong shape for its key (an ES384
+                // token checked with a P-256 key) does not match either.
+                ErrorKind::InvalidEcdsaKey
+                | ErrorKind::InvalidEddsaKey
+                | ErrorKind::InvalidRsaKey(_)
+                | ErrorKind::InvalidKeyFormat => "token signature does not match".to_owned(),
                 _ => NOT_A_JWT.to_owned(),
             }
         })?;
@@ -125,18 +197,53 @@ impl Verifier {
     }
 }
 
+/// The claims every token must pass, whatever its key.
+fn claims_rule(audience: &str, issuer: &str) -> Validation {
+    let mut validation = Validation::new(Algorithm::HS256);
+    // The expiry is exact: a stream ends the second its token does; and
+    // so is `nbf`, with the same (no) leeway.
+    validation.leeway = 0;
+    validation.validate_nbf = true;
+    let mut required = vec!["exp"];
+    if audience.is_empty() {
+        validation.validate_aud = false;
+    } else {
+        validation.set_audience(&[audience]);
+        required.push("aud");
+    }
+    if !issuer.is_empty() {
+        validation.set_issuer(&[issuer]);
+        required.push("iss");
+    }
+    validation.set_required_spec_claims(&required);
+    validation
+}
+
 /// The refusal of a token that is not three base64url parts.
 const NOT_A_JWT: &str = "token is not a valid JWT (three base64url parts: header.claims.signature)";
 
 /// The refusal of an `iss` that is not one string (a list, a number).
 const ISS_NOT_A_STRING: &str = "token iss is not a string (auth.subscribe_issuer names one issuer)";
 
+/// The refusal of a token whose `alg` no configured key takes.
+fn not_accepted(alg: &str, accepted: &[String]) -> String {
+    let list = match accepted {
+        [one] => format!("{one} only"),
+        many => format!("accepted: {}", many.join(", ")),
+    };
+    if alg.len() <= 16 && alg.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        format!("token alg {alg} is not accepted ({list})")
+    } else {
+        format!("token alg is not accepted ({list})")
+    }
+}
+
 /// Why a token whose header or claims the JWT library could not read (or
 /// whose algorithm it refused) is refused: the algorithm its header names
-/// when that is not HS256 (`none` among them; the library cannot even
+/// when no key takes it (`none` among them; the library cannot even
 /// name it), a missing `exp`, else claims not of the expected form. The
 /// parts are read again only to say why; nothing in them is trusted.
-fn unreadable(token: &str) -> String {
+fn unreadable(token: &str, accepted: &[String]) -> String {
     use jsonwebtoken::dangerous::insecure_decode_claims;
     use serde_json::Value;
     // The library reads the middle of three parts as claims: the header is
@@ -146,13 +253,7 @@ fn unreadable(token: &str) -> String {
         .ok()
         .and_then(|h| h.get("alg")?.as_str().map(str::to_owned));
     match alg {
-        Some(alg) if alg != "HS256" => {
-            if alg.len() <= 16 && alg.bytes().all(|b| b.is_ascii_alphanumeric()) {
-                format!("token alg {alg} is not accepted (HS256 only)")
-            } else {
-                "token alg is not accepted (HS256 only)".to_owned()
-            }
-        }
+        Some(alg) if !accepted.contains(&alg) => not_accepted(&alg, accepted),
         _ if jsonwebtoken::decode_header(token).is_err() => NOT_A_JWT.to_owned(),
         _ => claims_form(token),
     }
@@ -234,7 +335,7 @@ mod tests {
 
     #[test]
     fn tokens_name_their_ids_and_expire() {
-        let v = Verifier::new("s3cret", "", "").unwrap();
+        let v = Verifier::new("s3cret", None, "", "").unwrap();
         let one = mint("s3cret", &["foo".into()], Duration::from_secs(60)).unwrap();
         assert!(v.check(&one, "foo").unwrap() <= Duration::from_secs(60));
         assert!(v.check(&one, "bar").unwrap_err().contains("not for id"));
@@ -282,15 +383,15 @@ mod tests {
                 "iat": now, "nbf": nbf, "exp": now + 600, "jti": "x1", "email": "a@b.example"
             }))
         };
-        let open = Verifier::new("s3cret", "", "").unwrap();
+        let open = Verifier::new("s3cret", None, "", "").unwrap();
         assert!(open.check(&idp("some-client", now), "foo").is_ok());
-        let strict = Verifier::new("s3cret", "switchboard", "https://id.example/").unwrap();
+        let strict = Verifier::new("s3cret", None, "switchboard", "https://id.example/").unwrap();
         assert!(strict.check(&idp("switchboard", now), "foo").is_ok());
         assert_eq!(
             strict.check(&idp("other", now), "foo").unwrap_err(),
             "token is not for this audience (aud)"
         );
-        let other_issuer = Verifier::new("s3cret", "", "https://elsewhere/").unwrap();
+        let other_issuer = Verifier::new("s3cret", None, "", "https://elsewhere/").unwrap();
         assert_eq!(
             other_issuer.check(&idp("x", now), "foo").unwrap_err(),
             "token is not from the expected issuer (iss)"
@@ -335,7 +436,7 @@ mod tests {
     #[test]
     fn refusals_name_the_problem() {
         let now = since_epoch().as_secs();
-        let v = Verifier::new("s3cret", "", "").unwrap();
+        let v = Verifier::new("s3cret", None, "", "").unwrap();
         let claims = serde_json::json!({ "sub": "foo", "exp": now + 60 });
         let none = forged(serde_json::json!({ "alg": "none" }), claims.clone());
         let unsigned = format!("{}.", none.rsplit_once('.').unwrap().0);
@@ -359,7 +460,7 @@ mod tests {
         assert_eq!(v.check(&no_exp, "foo").unwrap_err(), "token has no exp claim");
         let iss = "https://id.example/";
         let listed = signed(serde_json::json!({ "sub": "foo", "exp": now + 60, "iss": [iss] }));
-        let strict = Verifier::new("s3cret", "", iss).unwrap();
+        let strict = Verifier::new("s3cret", None, "", iss).unwrap();
         assert_eq!(
             v.check(&listed, "foo").map(|_| ()),
             Ok(()),
@@ -380,6 +481,118 @@ mod tests {
         );
         let one = signed(serde_json::json!({ "sub": "foo", "exp": now + 60, "iss": iss }));
         assert!(strict.check(&one, "foo").is_ok());
+    }
+
+    /// A test key pair of `tests/fixtures/jwt`: (private PEM, public PEM).
+    fn pair(name: &str) -> (Vec<u8>, Vec<u8>) {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt/");
+        let read = |f: String| std::fs::read(format!("{dir}{f}")).unwrap();
+        (read(format!("{name}.key.pem")), read(format!("{name}.pub.pem")))
+    }
+
+    /// A token for `foo`, valid for a minute, signed in `alg` with `key`.
+    fn signed_with(alg: Algorithm, key: &EncodingKey) -> String {
+        let claims = Claims {
+            sub: Some("foo".into()),
+            exp: since_epoch().as_secs() + 60,
+            ..Claims::default()
+        };
+        jsonwebtoken::encode(&Header::new(alg), &claims, key).unwrap()
+    }
+
+    /// A verifier of `public` alone (and `secret`, when not empty).
+    fn verifier(secret: &str, public: &[u8]) -> Verifier {
+        Verifier::new(secret, Some(public_key(public).unwrap()), "", "").unwrap()
+    }
+
+    #[test]
+    fn identity_provider_keys_decide_their_algorithms() {
+        use Algorithm::*;
+        let (rsa, rsa_pub) = pair("rsa");
+        let (p256, p256_pub) = pair("p256");
+        let (p384, p384_pub) = pair("p384");
+        let (ed, ed_pub) = pair("ed25519");
+        let rsa_key = EncodingKey::from_rsa_pem(&rsa).unwrap();
+        let v = verifier("", &rsa_pub);
+        for alg in [RS256, RS384, RS512, PS256, PS384, PS512] {
+            let t = signed_with(alg, &rsa_key);
+            assert!(v.check(&t, "foo").is_ok(), "{alg:?}: {:?}", v.check(&t, "foo"));
+            assert!(v.check(&t, "bar").unwrap_err().contains("not for id"));
+        }
+        let p256_key = EncodingKey::from_ec_pem(&p256).unwrap();
+        let v256 = verifier("", &p256_pub);
+        assert!(v256.check(&signed_with(ES256, &p256_key), "foo").is_ok());
+        let p384_key = EncodingKey::from_ec_pem(&p384).unwrap();
+        assert!(
+            verifier("", &p384_pub)
+                .check(&signed_with(ES384, &p384_key), "foo")
+                .is_ok()
+        );
+        // A P-384 signature against the P-256 key does not match it.
+        assert_eq!(
+            v256.check(&signed_with(ES384, &p384_key), "foo").unwrap_err(),
+            "token signature does not match"
+        );
+        let ed_key = EncodingKey::from_ed_pem(&ed).unwrap();
+        assert!(
+            verifier("", &ed_pub)
+                .check(&signed_with(EdDSA, &ed_key), "foo")
+                .is_ok()
+        );
+        // A token in an algorithm of another kind of key is refused by name.
+        assert_eq!(
+            v.check(&signed_with(ES256, &p256_key), "foo").unwrap_err(),
+            "token alg ES256 is not accepted (accepted: RS256, RS384, RS512, PS256, PS384, PS512)"
+        );
+        assert_eq!(
+            v256.check(&signed_with(EdDSA, &ed_key), "foo").unwrap_err(),
+            "token alg EdDSA is not accepted (accepted: ES256, ES384)"
+        );
+    }
+
+    #[test]
+    fn a_public_key_is_never_an_hmac_secret_and_none_is_never_an_algorithm() {
+        let (_, rsa_pub) = pair("rsa");
+        // The classic confusion: HS256 "signed" with the public key as the
+        // secret. Without a secret it is refused by its alg; with one, its
+        // signature is checked against the secret, not the key.
+        let confused = signed_with(Algorithm::HS256, &EncodingKey::from_secret(&rsa_pub).unwrap());
+        assert_eq!(
+            verifier("", &rsa_pub).check(&confused, "foo").unwrap_err(),
+            "token alg HS256 is not accepted (accepted: RS256, RS384, RS512, PS256, PS384, PS512)"
+        );
+        let both = verifier("s3cret", &rsa_pub);
+        assert_eq!(
+            both.check(&confused, "foo").unwrap_err(),
+            "token signature does not match"
+        );
+        let claims = serde_json::json!({ "sub": "foo", "exp": since_epoch().as_secs() + 60 });
+        let none = forged(serde_json::json!({ "alg": "none" }), claims);
+        assert_eq!(
+            both.check(&none, "foo").unwrap_err(),
+            "token alg none is not accepted (accepted: HS256, RS256, RS384, RS512, PS256, PS384, PS512)"
+        );
+        // Both keys work side by side.
+        let hs = mint("s3cret", &["foo".into()], Duration::from_secs(60)).unwrap();
+        assert!(both.check(&hs, "foo").is_ok());
+        let rs = signed_with(
+            Algorithm::RS256,
+            &EncodingKey::from_rsa_pem(&pair("rsa").0).unwrap(),
+        );
+        assert!(both.check(&rs, "foo").is_ok());
+    }
+
+    #[test]
+    fn only_a_public_key_in_pem_is_taken() {
+        let (private, _) = pair("rsa");
+        assert!(public_key(&private).unwrap_err().contains("private key"));
+        assert!(public_key(b"hello").unwrap_err().contains("not a PEM public key"));
+        let garbled = b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+        assert!(public_key(garbled).is_err());
+        for name in ["rsa", "p256", "p384", "ed25519"] {
+            assert!(public_key(&pair(name).1).is_ok(), "{name}");
+        }
+        assert!(Verifier::new("", None, "", "").is_err());
     }
 
     #[test]

@@ -484,3 +484,75 @@ fn token_subcommand_mints_tokens_the_server_accepts() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `auth.subscribe_public_key_file`: tokens an identity provider signs with
+/// its private key (RS256 here) open streams; a token "signed" in HS256 with
+/// the public key as its secret, or in another kind of key's algorithm, is
+/// refused 401 with the reason. A key file that cannot be read, or that
+/// holds a private key, stops the start with the setting named.
+#[test]
+fn an_identity_providers_public_key_lets_its_tokens_in() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt");
+    let read = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();
+    let sign = |alg: Algorithm, key: &EncodingKey| {
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600;
+        let claims = serde_json::json!({ "sub": "idp", "exp": exp, "iss": "https://id.example/" });
+        encode(&Header::new(alg), &claims, key).unwrap()
+    };
+    let rs256 = sign(
+        Algorithm::RS256,
+        &EncodingKey::from_rsa_pem(&read("rsa.key.pem")).unwrap(),
+    );
+    let confused = sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(&read("rsa.pub.pem")).unwrap(),
+    );
+    let es256 = sign(
+        Algorithm::ES256,
+        &EncodingKey::from_ec_pem(&read("p256.key.pem")).unwrap(),
+    );
+
+    let mut cmd = server();
+    cmd.env(
+        "SWITCHBOARD__AUTH__SUBSCRIBE_PUBLIC_KEY_FILE",
+        format!("{dir}/rsa.pub.pem"),
+    );
+    let p = Running::start(cmd);
+    let open = |token: &str| {
+        let r = request(p.addrs[0], "GET", &format!("/test/idp?token={token}"), &[], b"").unwrap();
+        (r.status, String::from_utf8_lossy(&r.body).into_owned())
+    };
+    let mut stream = StreamClient::open_raw(
+        p.addrs[0],
+        &format!("GET /test/idp?token={rs256} HTTP/1.1\r\nhost: t\r\n\r\n"),
+    );
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.line(), "Switchboard welcomes you! Your Id: idp");
+    let (status, body) = open(&confused);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("token alg HS256 is not accepted"), "{body}");
+    let (status, body) = open(&es256);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("token alg ES256 is not accepted"), "{body}");
+
+    for (path, expect) in [
+        (format!("{dir}/missing.pem"), "cannot read"),
+        (format!("{dir}/rsa.key.pem"), "private key"),
+    ] {
+        let out = server()
+            .env("SWITCHBOARD__AUTH__SUBSCRIBE_PUBLIC_KEY_FILE", &path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{path} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("auth.subscribe_public_key_file") && err.contains(expect),
+            "{path}: {err}"
+        );
+    }
+}
