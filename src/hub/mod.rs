@@ -110,8 +110,9 @@ impl<S: StreamActor> Hub<S> {
         };
         let router = {
             let (stats, broker) = (Arc::clone(stats), Arc::clone(&broker));
+            let window = router::fanout_window(settings.workers());
             Supervisor::start_in_arbiter(arbiter, move |_| {
-                Router::<S>::new(Arc::clone(&stats), Arc::clone(&broker))
+                Router::<S>::new(Arc::clone(&stats), Arc::clone(&broker)).with_window(window)
             })
         };
         let bus = cluster.as_ref().map(|cluster| {

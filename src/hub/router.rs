@@ -45,18 +45,29 @@ use crate::supervision::{Crash, guarded};
 
 /// Most broadcast deliveries the Router keeps queued at its streams at once,
 /// so ticks, routed messages and requests of a worker wait behind at most
-/// this many, not behind a whole broadcast (why 16: docs/design-notes.md,
+/// this many, not behind a whole broadcast (why 64: docs/design-notes.md,
 /// "Broadcast pacing").
-const FANOUT_WINDOW: usize = 16;
+const FANOUT_WINDOW: usize = 64;
+
+/// The window of a process with one worker thread, as each of a fleet's
+/// processes on a small box runs: the Router refills it on its own thread,
+/// and a routed message waits behind it at every hop at the process's small
+/// share of the CPU (why 16: the same note).
+const FANOUT_WINDOW_ONE_WORKER: usize = 16;
+
+/// The window for a process of `workers` worker threads.
+pub(crate) fn fanout_window(workers: usize) -> usize {
+    if workers == 1 {
+        FANOUT_WINDOW_ONE_WORKER
+    } else {
+        FANOUT_WINDOW
+    }
+}
 
 /// An id with at most this many streams is handed its message at once (a
 /// stream still owed a broadcast gets that first); one with more is handed
 /// out in windows, as a broadcast is.
 const AT_ONCE: usize = 64;
-
-/// A broadcast whose window is full is handed more once this few are left
-/// in flight (the delivery that brings it there wakes the Router).
-const FANOUT_REFILL: usize = FANOUT_WINDOW / 2;
 
 /// How long a stream that joined after a read of the fleet's history is
 /// guarded from a message it had already (see `Router::floors`): far
@@ -75,10 +86,25 @@ pub(crate) fn fits_backlog(backlog: u64, need: u64, max: u64) -> bool {
 }
 
 /// A broadcast's deliveries in flight, and the Router's wake-up.
-#[derive(Default)]
 pub(crate) struct InFlight {
     in_flight: AtomicUsize,
+    /// Most in flight at once.
+    size: usize,
+    /// A full window is handed more once this few are left in flight (the
+    /// delivery that brings it there wakes the Router): half of it.
+    refill_at: usize,
     refill: tokio::sync::Notify,
+}
+
+impl InFlight {
+    fn new(size: usize) -> Self {
+        InFlight {
+            in_flight: AtomicUsize::new(0),
+            size,
+            refill_at: size / 2,
+            refill: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 /// What the Router needs of a stream: an actor that takes its messages.
@@ -167,7 +193,7 @@ impl Drop for Deliver {
             stats.publish_backlog.fetch_sub(1, Relaxed);
         }
         if let Some(window) = self.window.take()
-            && window.in_flight.fetch_sub(1, Relaxed) == FANOUT_REFILL + 1
+            && window.in_flight.fetch_sub(1, Relaxed) == window.refill_at + 1
         {
             window.refill.notify_one();
         }
@@ -487,18 +513,24 @@ impl<S: StreamActor> Router<S> {
             stats,
             awaiting: HashMap::new(),
             fanouts: VecDeque::new(),
-            window: Arc::default(),
+            window: Arc::new(InFlight::new(FANOUT_WINDOW)),
             pumping: false,
         }
     }
 
+    /// The same with a broadcast window of `size` ([`fanout_window`]).
+    pub(crate) fn with_window(mut self, size: usize) -> Self {
+        self.window = Arc::new(InFlight::new(size.max(2)));
+        self
+    }
+
     /// Hands out broadcast deliveries while the window has room, oldest
     /// broadcast first; while any is left, again once the window is down to
-    /// [`FANOUT_REFILL`] (or after [`FANOUT_RECHECK`]).
+    /// half of it (or after [`FANOUT_RECHECK`]).
     fn pump(&mut self, ctx: &mut Context<Self>) {
         self.pumping = false;
         while let Some(f) = self.fanouts.front_mut() {
-            while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < FANOUT_WINDOW {
+            while f.next < f.targets.len() && self.window.in_flight.load(Relaxed) < self.window.size {
                 let (conn, target) = &f.targets[f.next];
                 f.next += 1;
                 if !f.early.is_empty() && f.early.remove(conn) {
@@ -1963,6 +1995,42 @@ mod tests {
         fakes[0].send(Cut { panic: false }).await.unwrap();
         eventually(|| backlog() == 2).await;
         assert_eq!(stats.messages_dropped.load(Relaxed), 1);
+    }
+
+    #[actix_rt::test]
+    async fn a_process_of_one_worker_hands_a_broadcast_out_in_smaller_windows() {
+        assert_eq!(fanout_window(1), FANOUT_WINDOW_ONE_WORKER);
+        assert_eq!(fanout_window(2), FANOUT_WINDOW);
+        let stats = Arc::new(Stats::new());
+        let router = Router::<Fake>::new(Arc::clone(&stats), memory(16, &stats))
+            .with_window(fanout_window(1))
+            .start();
+        let n = FANOUT_WINDOW + 5;
+        let mut fakes = Vec::new();
+        for _ in 0..n {
+            fakes.push(log_in(&router, "a", None).await);
+        }
+        let b = Broadcast {
+            msg: Arc::from("x"),
+            event: None,
+            accepted: Instant::now(),
+            limit: None,
+        };
+        assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut out = 0;
+        for (f, _, _) in &fakes {
+            out += f.send(Held).await.unwrap();
+        }
+        assert_eq!(out, FANOUT_WINDOW_ONE_WORKER);
+        // Taking lets the rest come, in windows of that size.
+        eventually(|| {
+            for (f, _, _) in &fakes {
+                f.do_send(Take);
+            }
+            fakes.iter().all(|(_, _, l)| l.took.lock().unwrap().len() == 1)
+        })
+        .await;
     }
 
     #[actix_rt::test]
