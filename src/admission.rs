@@ -98,6 +98,16 @@ impl Admission {
                 )
             }
         };
+        if public_key.is_some() && auth.subscribe_audience.is_empty() {
+            // An identity provider signs every application's tokens with
+            // the same key: without an audience, one minted for another
+            // application opens streams here.
+            tracing::warn!(
+                event = "token_audience_unset",
+                "auth.subscribe_public_key_file is set without auth.subscribe_audience: a token the \
+                 identity provider signed for any application it serves is taken"
+            );
+        }
         let verifier = match (auth.subscribe_secret.as_str(), public_key) {
             ("", None) => None,
             (secret, public_key) => Some(

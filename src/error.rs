@@ -39,7 +39,7 @@ pub(crate) enum ApiError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
     /// A stream without a valid subscriber token (`auth.subscribe_secret`
-    /// set): 401, the reason given.
+    /// or `auth.subscribe_public_key_file` set): 401, the reason given.
     #[error("subscriber token refused: {0}")]
     BadToken(String),
     /// A page origin `http.cors_origins` does not list opened a WebSocket: 403.

@@ -77,9 +77,18 @@ fn algorithms(family: AlgorithmFamily) -> Vec<Algorithm> {
     }
 }
 
+/// An identity provider's public key, and the algorithms it verifies.
+pub(crate) struct PublicKey {
+    key: DecodingKey,
+    algorithms: Vec<Algorithm>,
+}
+
 /// A public key in PEM (`BEGIN PUBLIC KEY`, or `BEGIN RSA PUBLIC KEY`):
-/// RSA, EC (P-256 or P-384) or Ed25519; its kind decides its algorithms.
-pub(crate) fn public_key(pem: &[u8]) -> Result<DecodingKey, String> {
+/// RSA, EC P-256 (ES256 only), EC P-384 (ES384 only) or Ed25519. The key
+/// is tried now, so that one the library cannot use (another curve, an RSA
+/// key of an unsupported size) stops the start instead of failing every
+/// token later.
+pub(crate) fn public_key(pem: &[u8]) -> Result<PublicKey, String> {
     let text = String::from_utf8_lossy(pem);
     if text.contains("PRIVATE KEY-----") {
         return Err(
@@ -89,10 +98,56 @@ pub(crate) fn public_key(pem: &[u8]) -> Result<DecodingKey, String> {
     if !text.contains("-----BEGIN PUBLIC KEY-----") && !text.contains("-----BEGIN RSA PUBLIC KEY-----") {
         return Err("not a PEM public key (-----BEGIN PUBLIC KEY-----)".into());
     }
-    DecodingKey::from_rsa_pem(pem)
+    let key = DecodingKey::from_rsa_pem(pem)
         .or_else(|_| DecodingKey::from_ec_pem(pem))
         .or_else(|_| DecodingKey::from_ed_pem(pem))
-        .map_err(|_| "not an RSA, EC (P-256, P-384) or Ed25519 public key".to_owned())
+        .map_err(|_| "not an RSA, EC (P-256, P-384) or Ed25519 public key".to_owned())?;
+    let family = key.family();
+    // An EC key verifies the one algorithm of its curve: each is tried.
+    let algorithms: Vec<Algorithm> = match family {
+        AlgorithmFamily::Ec => [Algorithm::ES256, Algorithm::ES384]
+            .into_iter()
+            .filter(|&alg| usable(&key, alg))
+            .collect(),
+        _ if usable(&key, algorithms(family)[0]) => algorithms(family),
+        _ => Vec::new(),
+    };
+    if algorithms.is_empty() {
+        return Err(match family {
+            AlgorithmFamily::Ec => "an EC key on a curve other than P-256 or P-384".to_owned(),
+            _ => "a key the token library cannot use (an RSA key of an unsupported size?)".to_owned(),
+        });
+    }
+    Ok(PublicKey { key, algorithms })
+}
+
+/// Whether `key` can check a token in `alg`: a probe whose signature
+/// cannot match is refused for its signature when the key is usable, and
+/// for the key when it is not.
+fn usable(key: &DecodingKey, alg: Algorithm) -> bool {
+    use jsonwebtoken::errors::ErrorKind;
+    // `{"alg":"..."}`, base64url.
+    let header = match alg {
+        Algorithm::RS256 => "eyJhbGciOiJSUzI1NiJ9",
+        Algorithm::ES256 => "eyJhbGciOiJFUzI1NiJ9",
+        Algorithm::ES384 => "eyJhbGciOiJFUzM4NCJ9",
+        Algorithm::EdDSA => "eyJhbGciOiJFZERTQSJ9",
+        _ => return true,
+    };
+    let mut validation = Validation::new(alg);
+    validation.validate_exp = false;
+    validation.set_required_spec_claims::<&str>(&[]);
+    let probe = format!("{header}.e30.AAAA");
+    match jsonwebtoken::decode::<serde_json::Value>(probe, key, &validation) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            ErrorKind::InvalidEcdsaKey
+                | ErrorKind::InvalidEddsaKey
+                | ErrorKind::InvalidRsaKey(_)
+                | ErrorKind::InvalidKeyFormat
+        ),
+    }
 }
 
 impl Verifier {
@@ -101,25 +156,25 @@ impl Verifier {
     /// what `aud` and `iss` must say. At least one key is needed.
     pub(crate) fn new(
         secret: &str,
-        public_key: Option<DecodingKey>,
+        public_key: Option<PublicKey>,
         audience: &str,
         issuer: &str,
     ) -> Result<Self, String> {
         let mut keys = Vec::new();
         if !secret.is_empty() {
             let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|e| e.to_string())?;
-            keys.push(key);
+            keys.push((key, algorithms(AlgorithmFamily::Hmac)));
         }
-        keys.extend(public_key);
+        keys.extend(public_key.map(|p| (p.key, p.algorithms)));
         if keys.is_empty() {
             return Err("no key to check tokens with".into());
         }
         let rule = claims_rule(audience, issuer);
         let keys: Vec<Key> = keys
             .into_iter()
-            .map(|key| {
+            .map(|(key, algorithms)| {
                 let mut validation = rule.clone();
-                validation.algorithms = algorithms(key.family());
+                validation.algorithms = algorithms;
                 Key { key, validation }
             })
             .collect();
@@ -286,7 +341,8 @@ fn since_epoch() -> Duration {
 pub fn mint(secret: &str, ids: &[String], ttl: Duration) -> anyhow::Result<String> {
     anyhow::ensure!(
         !secret.is_empty(),
-        "auth.subscribe_secret is empty: set it to mint tokens"
+        "auth.subscribe_secret is empty: set it to mint tokens (tokens checked with \
+         auth.subscribe_public_key_file are minted by the identity provider that holds its private key)"
     );
     anyhow::ensure!(!ids.is_empty(), "a token needs at least one id");
     let exp = (since_epoch() + ttl).as_secs();
@@ -528,10 +584,10 @@ mod tests {
                 .check(&signed_with(ES384, &p384_key), "foo")
                 .is_ok()
         );
-        // A P-384 signature against the P-256 key does not match it.
+        // A P-256 key verifies ES256 only, a P-384 key ES384 only.
         assert_eq!(
             v256.check(&signed_with(ES384, &p384_key), "foo").unwrap_err(),
-            "token signature does not match"
+            "token alg ES384 is not accepted (ES256 only)"
         );
         let ed_key = EncodingKey::from_ed_pem(&ed).unwrap();
         assert!(
@@ -546,7 +602,7 @@ mod tests {
         );
         assert_eq!(
             v256.check(&signed_with(EdDSA, &ed_key), "foo").unwrap_err(),
-            "token alg EdDSA is not accepted (accepted: ES256, ES384)"
+            "token alg EdDSA is not accepted (ES256 only)"
         );
     }
 
@@ -585,13 +641,27 @@ mod tests {
     #[test]
     fn only_a_public_key_in_pem_is_taken() {
         let (private, _) = pair("rsa");
-        assert!(public_key(&private).unwrap_err().contains("private key"));
-        assert!(public_key(b"hello").unwrap_err().contains("not a PEM public key"));
+        assert!(public_key(&private).err().unwrap().contains("private key"));
+        assert!(
+            public_key(b"hello")
+                .err()
+                .unwrap()
+                .contains("not a PEM public key")
+        );
         let garbled = b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
         assert!(public_key(garbled).is_err());
         for name in ["rsa", "p256", "p384", "ed25519"] {
             assert!(public_key(&pair(name).1).is_ok(), "{name}");
         }
+        // Another curve is refused at start-up, not with every token.
+        let k1 = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/jwt/secp256k1.pub.pem"
+        );
+        assert_eq!(
+            public_key(&std::fs::read(k1).unwrap()).err().as_deref(),
+            Some("an EC key on a curve other than P-256 or P-384")
+        );
         assert!(Verifier::new("", None, "", "").is_err());
     }
 

@@ -523,6 +523,8 @@ fn an_identity_providers_public_key_lets_its_tokens_in() {
         format!("{dir}/rsa.pub.pem"),
     );
     let p = Running::start(cmd);
+    // No audience set: any application's token from that provider would do.
+    p.wait_event("token_audience_unset", Duration::from_secs(5), |_| true);
     let open = |token: &str| {
         let r = request(p.addrs[0], "GET", &format!("/test/idp?token={token}"), &[], b"").unwrap();
         (r.status, String::from_utf8_lossy(&r.body).into_owned())
