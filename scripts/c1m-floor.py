@@ -24,10 +24,12 @@ import json
 import math
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 import urllib.request
 
@@ -77,8 +79,10 @@ def main():
         r = subprocess.run([os.path.join(ROOT, "scripts", "tune-kernel.sh"), "--connections", str(n), "--apply"],
                            capture_output=True, text=True)
         for line in r.stdout.splitlines():
-            if line.startswith("applied") or line.startswith("could not"):
+            if line.lower().startswith(("applied", "could not", "advisory")):
                 log(f"kernel: {line}")
+        if r.returncode != 0:
+            log(f"kernel: tune-kernel.sh --apply exited {r.returncode}: the box is partly tuned")
     log(f"{n} streams over {procs} bench-floor processes (one writer each), clients from {source_ips}")
     started = []
     flood = None
@@ -93,7 +97,9 @@ def main():
             if not first.startswith("listening on "):
                 raise RuntimeError(f"bench-floor {i} said {first!r}")
             ports.append(int(first.rsplit(":", 1)[1]))
-        urls = "/tmp/c1m-floor-urls.txt"
+        work = tempfile.mkdtemp(prefix="c1m-floor-")
+        urls = os.path.join(work, "urls.txt")
+        flood_json = os.path.join(work, "flood.json")
         with open(urls, "w") as f:
             for port in ports:
                 f.write(f"http://127.0.0.1:{port}/test/all\n")
@@ -101,7 +107,7 @@ def main():
         cmd = [os.path.join(BIN, "floodtest"), "--urls", urls, "--count", str(n), "--rate", str(args.rate),
                "--duration", f"{int(ramp_limit + 120)}s", "--interval", "10s", "--source-ips", source_ips,
                "--stats-url", "none", "--connect-timeout", "30s", "--until-drained",
-               "--json", "/tmp/c1m-floor-flood.json"]
+               "--json", flood_json]
         log("floodtest: " + " ".join(cmd))
         t0 = time.time()
         flood = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -147,9 +153,17 @@ def main():
                 flood.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 flood.send_signal(signal.SIGTERM)
-                flood.wait(timeout=30)
-    with open("/tmp/c1m-floor-flood.json") as f:
-        b = json.load(f).get("broadcast") or {}
+                try:
+                    flood.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    flood.kill()
+                    flood.wait()
+    try:
+        with open(flood_json) as f:
+            b = json.load(f).get("broadcast") or {}
+    except (OSError, ValueError) as e:
+        sys.exit(f"c1m-floor: floodtest wrote no summary: {e}")
+    shutil.rmtree(work, ignore_errors=True)
     result["received"] = b.get("received")
     result["last_ms"] = b.get("last_ms")
     result["latency_ms"] = b.get("latency_ms")

@@ -270,7 +270,7 @@ def tune_kernel(n):
     apply = ["--apply"] if os.geteuid() == 0 else []
     out = subprocess.run([script, "--connections", str(n), *apply], capture_output=True, text=True)
     changed = [l.strip() for l in (out.stdout + out.stderr).splitlines()
-               if l.strip().lower().startswith(("applied:", "could not", "failed"))]
+               if l.strip().lower().startswith(("applied:", "could not", "failed", "advisory"))]
     if not apply:
         log("not root: kernel settings checked, not applied")
     for line in changed:

@@ -30,9 +30,9 @@ row() { printf '%-34s %-26s %-26s %s\n' "$1" "$2" "$3" "$4"; }
 row "ulimit -n (soft/hard)" "$soft/$hard" ">= $((N + 1024)) per process" \
   "hard limit caps one process at ~$per_proc sockets: N=$N needs $procs process(es) on each side (floodtest splits itself; the server side is switchboard --processes $procs with cluster.redis_url set, one port for all)"
 
-failed=(); applied=()
-check() { # key recommended-value compare-mode(min|min3|exact) note
-  local key=$1 want=$2 mode=$3 note=$4 path cur ok=1
+failed=(); applied=(); advisory=()
+check() { # key recommended-value compare-mode(min|min3|exact) note [advisory]
+  local key=$1 want=$2 mode=$3 note=$4 soft=${5:-} path cur ok=1
   path=/proc/sys/${key//./\/}
   if [ ! -r "$path" ]; then row "$key" "(absent)" "$want" "$note; not present on this kernel"; return; fi
   cur=$(tr -s '\t ' ' ' <"$path")
@@ -48,7 +48,9 @@ check() { # key recommended-value compare-mode(min|min3|exact) note
       min3) new="$(( a > x ? a : x )) $(( b > y ? b : y )) $(( c > z ? c : z ))" ;;
       range) new="$(( a < x ? a : x )) $(( b > y ? b : y ))" ;;
     esac
-    if printf '%s\n' "$new" 2>/dev/null >"$path"; then applied+=("$key=$new"); else failed+=("$key"); fi
+    if printf '%s\n' "$new" 2>/dev/null >"$path"; then applied+=("$key=$new")
+    elif [ -n "$soft" ]; then advisory+=("$key")
+    else failed+=("$key"); fi
   fi
 }
 check fs.file-max $((SOCKETS + 100000)) min "all open files on the machine"
@@ -65,7 +67,7 @@ check net.netfilter.nf_conntrack_max $((SOCKETS + 65536)) min "only matters if c
 # of cold cache lines (at 1,000,000 streams with the default 262,144 buckets,
 # __nf_conntrack_find_get was 12% of the servers' CPU during a broadcast).
 buckets=1; while [ $buckets -lt $SOCKETS ]; do buckets=$((buckets * 2)); done
-check net.netfilter.nf_conntrack_buckets $buckets min "conntrack hash buckets, one per entry (only matters if conntrack tracks these flows)"
+check net.netfilter.nf_conntrack_buckets $buckets min "conntrack hash buckets, one per entry (only matters if conntrack tracks these flows)" advisory
 # TCP's own hash of established sockets is sized at boot and read-only here;
 # __inet_lookup_established walks its chains for every packet the same way.
 ehash_path=/proc/sys/net/ipv4/tcp_ehash_entries
@@ -77,12 +79,15 @@ fi
 if [ $APPLY = 1 ]; then
   echo
   [ ${#applied[@]} -gt 0 ] && printf 'applied: %s\n' "${applied[@]}"
+  # Speed, not capacity: one that cannot be set here (read-only in a
+  # container) slows lookups but refuses nothing, so it does not fail.
+  [ ${#advisory[@]} -gt 0 ] && printf 'advisory, not set (read-only here?): %s\n' "${advisory[@]}"
   if [ ${#failed[@]} -gt 0 ]; then
     printf 'COULD NOT SET (not root, read-only /proc/sys, or refused by the kernel): %s\n' "${failed[@]}"
     echo "The machine is partly tuned: the settings above marked without [ok] still limit it."
     exit 1
   fi
-  [ ${#applied[@]} -eq 0 ] && echo "nothing to apply: every sysctl already meets the recommendation"
+  [ ${#applied[@]} -eq 0 ] && [ ${#advisory[@]} -eq 0 ] && echo "nothing to apply: every sysctl already meets the recommendation"
   echo "ulimit -n is per process: raise it where the server starts (systemd LimitNOFILE, docker --ulimit nofile=...)."
 fi
 exit 0

@@ -60,13 +60,24 @@ fn main() -> anyhow::Result<()> {
     if args.uring == Some(0) {
         bail!("--uring takes a batch of 1 or more");
     }
+    // One descriptor per stream: the soft limit goes up to the hard one,
+    // as switchboard's and floodtest's do.
+    if let Ok((_, hard)) = rlimit::Resource::NOFILE.get() {
+        let _ = rlimit::Resource::NOFILE.set(hard, hard);
+    }
     let listener = TcpListener::bind(("127.0.0.1", args.port)).context("bind")?;
     println!("listening on {}", listener.local_addr()?);
     std::io::stdout().flush()?;
     let mut held: Vec<TcpStream> = Vec::new();
     for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
+        let Ok(mut s) = conn else {
+            // Out of descriptors (or another accept error): not a spin.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        // A client that stops reading cannot hold a fan-out for long.
+        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
         let _ = s.set_nodelay(true);
         let Some((head, rest)) = read_head(&mut s) else {
             continue;
@@ -206,8 +217,17 @@ fn write_uring(held: &[TcpStream], chunk: &[u8], batch: usize) -> usize {
                 }
             }
         }
-        if ring.submit_and_wait(part.len()).is_err() {
-            return whole;
+        loop {
+            match ring.submit_and_wait(part.len()) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Sends may still be in flight on `chunk`: end the
+                    // process (which ends the ring) before it is freed.
+                    eprintln!("bench-floor: io_uring submission failed: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         whole += ring
             .completion()
