@@ -14,7 +14,7 @@ mod common;
 mod chromium;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -28,18 +28,19 @@ type Cut = Box<dyn Fn(&str) + Send>;
 
 /// Serves the page at `/` and takes the DOM the page posts to `/result`;
 /// `POST /cut/<id>` runs `cut` (when given) before it answers.
-fn page_server(page: Arc<Mutex<String>>, cut: Option<Cut>) -> (u16, mpsc::Receiver<String>) {
+fn page_server(page: Arc<Mutex<String>>, cut: Option<Cut>) -> (SocketAddr, mpsc::Receiver<String>) {
     page_server_on(page, cut, None)
 }
 
-/// [`page_server`], over https with `tls` when given.
+/// [`page_server`], over https with `tls` when given. It keeps the
+/// listener it bound (port 0) and answers its address.
 fn page_server_on(
     page: Arc<Mutex<String>>,
     cut: Option<Cut>,
     tls: Option<Arc<rustls::ServerConfig>>,
-) -> (u16, mpsc::Receiver<String>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
+) -> (SocketAddr, mpsc::Receiver<String>) {
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
@@ -56,7 +57,7 @@ fn page_server_on(
             }
         }
     });
-    (port, rx)
+    (addr, rx)
 }
 
 /// One request of the page server.
@@ -115,8 +116,8 @@ fn serve_page<S: Read + Write>(conn: S, page: &Mutex<String>, tx: &mpsc::Sender<
 
 /// Opens the page server's page in headless Chromium and waits for the
 /// DOM the page posts back when it is done.
-fn run_page(page_port: u16, results: &mpsc::Receiver<String>) -> String {
-    run_page_at(&format!("http://127.0.0.1:{page_port}/"), &[], results)
+fn run_page(page: SocketAddr, results: &mpsc::Receiver<String>) -> String {
+    run_page_at(&format!("http://{page}/"), &[], results)
 }
 
 /// [`run_page`] for the page at `url`, Chromium started with `args`.
@@ -162,15 +163,15 @@ fn chromium_resumes_eventsource_and_websocket_after_the_server_cuts_them() {
     // The page names the server, and the server allows the page's origin:
     // the page server starts first and gets its page once the server runs.
     let page = Arc::new(Mutex::new(String::new()));
-    let (page_port, results) = page_server(Arc::clone(&page), None);
+    let (page_addr, results) = page_server(Arc::clone(&page), None);
     let mut s = settings();
     s.debug.fault_injection = true;
     s.stream.sse_retry_ms = 300;
-    s.http.cors_origins = format!("http://127.0.0.1:{page_port}");
+    s.http.cors_origins = format!("http://{page_addr}");
     let srv = TestServer::start(s);
     *page.lock().unwrap() = resume_page(&format!("http://{}", srv.addr), srv.admin, None);
 
-    let dom = run_page(page_port, &results);
+    let dom = run_page(page_addr, &results);
     every_message_once_in_order(&dom);
     let st = srv.stats();
     // m3 and m4 were sent while each client was away: from history.
@@ -253,11 +254,11 @@ fn chromium_on_an_https_page_streams_eventsource_and_wss_over_tls() {
             .unwrap()
     };
     let page = Arc::new(Mutex::new(String::new()));
-    let (page_port, results) = page_server_on(Arc::clone(&page), None, Some(Arc::new(page_tls)));
+    let (page_addr, results) = page_server_on(Arc::clone(&page), None, Some(Arc::new(page_tls)));
     let mut s = settings();
     s.debug.fault_injection = true;
     s.stream.sse_retry_ms = 300;
-    s.http.cors_origins = format!("https://127.0.0.1:{page_port}");
+    s.http.cors_origins = format!("https://{page_addr}");
     let srv = TestServer::start_tls(s, &certs);
     *page.lock().unwrap() = resume_page(&format!("https://{}", srv.addrs[1]), srv.admin, None);
 
@@ -265,7 +266,7 @@ fn chromium_on_an_https_page_streams_eventsource_and_wss_over_tls() {
         "--ignore-certificate-errors-spki-list={}",
         common::spki_hash(&certs.cert)
     );
-    let dom = run_page_at(&format!("https://127.0.0.1:{page_port}/"), &[trust], &results);
+    let dom = run_page_at(&format!("https://{page_addr}/"), &[trust], &results);
     every_message_once_in_order(&dom);
     let st = srv.stats();
     assert_eq!(st["transports"]["sse_opened"], 2, "{st}");
@@ -295,7 +296,7 @@ fn chromium_resumes_on_another_process_of_a_fleet() {
         })
     };
     let page = Arc::new(Mutex::new(String::new()));
-    let (page_port, results) = page_server(Arc::clone(&page), Some(cut));
+    let (page_addr, results) = page_server(Arc::clone(&page), Some(cut));
     let fleet_on = |ports: &[u16]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
         cmd.args(["--processes", "4"])
@@ -303,10 +304,7 @@ fn chromium_resumes_on_another_process_of_a_fleet() {
             .env("SWITCHBOARD__SERVER__ADMIN_PORT", ports[1].to_string())
             .env("SWITCHBOARD__SERVER__WORKERS", "1")
             .env("SWITCHBOARD__STREAM__SSE_RETRY_MS", "300")
-            .env(
-                "SWITCHBOARD__HTTP__CORS_ORIGINS",
-                format!("http://127.0.0.1:{page_port}"),
-            )
+            .env("SWITCHBOARD__HTTP__CORS_ORIGINS", format!("http://{page_addr}"))
             .env("SWITCHBOARD__CLUSTER__REDIS_URL", redis.url())
             .env(
                 "SWITCHBOARD__CLUSTER__PREFIX",
@@ -324,9 +322,9 @@ fn chromium_resumes_on_another_process_of_a_fleet() {
     chosen.set((port, admin_port)).expect("set once");
     let fleet = format!("http://127.0.0.1:{port}");
     let admin = ([127, 0, 0, 1], admin_port).into();
-    *page.lock().unwrap() = resume_page(&fleet, admin, Some(&format!("http://127.0.0.1:{page_port}/cut/")));
+    *page.lock().unwrap() = resume_page(&fleet, admin, Some(&format!("http://{page_addr}/cut/")));
 
-    let dom = run_page(page_port, &results);
+    let dom = run_page(page_addr, &results);
     every_message_once_in_order(&dom);
 }
 
@@ -372,10 +370,10 @@ fn kill_holder(fleet: &str, port: u16, admin_port: u16, id: &str) {
 #[test]
 fn chromium_opens_a_stream_with_a_bearer_token_through_the_preflight() {
     let page = Arc::new(Mutex::new(String::new()));
-    let (page_port, results) = page_server(Arc::clone(&page), None);
+    let (page_addr, results) = page_server(Arc::clone(&page), None);
     let mut s = settings();
     s.auth.subscribe_secret = "browser-secret".into();
-    s.http.cors_origins = format!("http://127.0.0.1:{page_port}");
+    s.http.cors_origins = format!("http://{page_addr}");
     let srv = TestServer::start(s);
     let token = switchboard::token::mint(
         "browser-secret",
@@ -387,7 +385,7 @@ fn chromium_opens_a_stream_with_a_bearer_token_through_the_preflight() {
         .replace("{{SERVER}}", &format!("http://{}", srv.addr))
         .replace("{{TOKEN}}", &token);
 
-    let dom = run_page(page_port, &results);
+    let dom = run_page(page_addr, &results);
     assert_eq!(text_of(&dom, "status"), Some("done"), "{dom}");
     let lines = items(&dom, "lines");
     assert_eq!(

@@ -41,6 +41,10 @@ pub struct TestServer {
     proxy_prefix: Vec<u8>,
 }
 
+/// 127.0.0.1, port 0: the kernel picks the port of a listener the test
+/// keeps (and hands to the server it starts).
+const LOOPBACK_ANY_PORT: (std::net::Ipv4Addr, u16) = (std::net::Ipv4Addr::LOCALHOST, 0);
+
 impl TestServer {
     pub fn start(settings: Settings) -> Self {
         Self::start_on_ports(settings, 1)
@@ -49,7 +53,7 @@ impl TestServer {
     /// A server listening on `ports` free ports at once.
     pub fn start_on_ports(settings: Settings, ports: usize) -> Self {
         let listeners = (0..ports)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .map(|_| TcpListener::bind(LOOPBACK_ANY_PORT).unwrap())
             .collect();
         Self::start_on_listeners(settings, listeners)
     }
@@ -59,7 +63,7 @@ impl TestServer {
     /// (`server.tls_ports`).
     pub fn start_tls(mut settings: Settings, certs: &Certificates) -> Self {
         let listeners: Vec<TcpListener> = (0..2)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .map(|_| TcpListener::bind(LOOPBACK_ANY_PORT).unwrap())
             .collect();
         settings.server.tls_cert_file = certs.cert.display().to_string();
         settings.server.tls_key_file = certs.key.display().to_string();
@@ -501,20 +505,54 @@ pub fn redis_command(port: u16, args: &[&str]) -> io::Result<Resp> {
     read_resp(&mut r)
 }
 
-/// A TCP port on 127.0.0.1 that was free when this returned: a hint, not
-/// a reservation. Another test can take it before the server binds it
-/// (this machine's ephemeral range is 1024-65535, so no range is safe from
-/// port-0 binds), so whoever hands it to a server retries with another on
-/// "in use": `RedisServer`'s constructors, `Proc::start_on_free_ports`.
-/// A server that can bind port 0 itself and report it should; one that
+/// A TCP port on 127.0.0.1 for a server that cannot bind port 0 itself
+/// and report it (redis-server and its sentinels, haproxy, a fleet whose
+/// processes share a named port): a candidate, never a reservation. It is
+/// drawn at random from 20000-59999 among the ports no socket on this
+/// machine uses now (`/proc/net/tcp`), without binding it: a port bound and
+/// released here is the very one the kernel may hand the next port-0 bind
+/// of another test. Another process can still take it before the server
+/// binds it, so every caller starts its server on it and tries another on
+/// "in use": `RedisServer`'s constructors, `Proc::start_on_free_ports`,
+/// edge.rs's haproxy. A server that can bind port 0 itself (switchboard,
+/// `TestServer`'s listeners, the test pages) does that instead; one that
 /// cannot is found by its pid on the port it was given
 /// ([`listening_ports`]), not by whoever answers there.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::hash::{BuildHasher, Hasher};
+    let taken = ports_in_use();
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos(),
+        );
+        let port = 20_000 + (h.finish() % 40_000) as u16;
+        if !taken.contains(&port) {
+            return port;
+        }
+    }
+}
+
+/// Every local TCP port some socket on this machine has now, in any state.
+fn ports_in_use() -> std::collections::HashSet<u16> {
+    let mut ports = std::collections::HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let local = line.split_whitespace().nth(1).unwrap_or_default();
+            if let Some(port) = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok())
+            {
+                ports.insert(port);
+            }
+        }
+    }
+    ports
 }
 
 /// The TCP ports on which process `pid` listens (its sockets in LISTEN
