@@ -19,13 +19,16 @@ use actix_web::HttpRequest;
 use actix_web::http::header;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::Backend;
 use crate::config::{HttpSettings, Nets, Settings};
 use crate::conn::edge::{self, Client, Limits};
+use crate::conn::handshake::StreamRequest;
 use crate::conn::handshake::{self, Transport};
 use crate::error::{ApiError, Cors, CorsAnswer};
+use crate::jwks::{Jwks, Learned};
 use crate::stats::Stats;
 use crate::stream::{Open, Via};
-use crate::token::{self, Verifier};
+use crate::token::{self, Verdict, Verifier};
 
 /// A stream request refused before any stream state exists.
 #[derive(Debug)]
@@ -37,6 +40,29 @@ pub(crate) struct Refusal {
     pub(crate) cors: CorsAnswer,
 }
 
+/// An admission decided now, or one that must wait for something first.
+pub(crate) enum Admitted {
+    /// Admitted: the stream opens.
+    Open(Open),
+    /// Its token names a `kid` not among the identity provider's keys
+    /// held: decided by [`Admission::complete`], once they are fetched
+    /// again. Boxed: only such requests pay for its size.
+    Later(Box<Pending>),
+}
+
+/// A stream request that passed every check up to its token, whose `kid`
+/// is not known yet.
+pub(crate) struct Pending {
+    id: String,
+    token: String,
+    kid: String,
+    req: StreamRequest,
+    cors: CorsAnswer,
+    early: Vec<u8>,
+    via: Via,
+    client: Client,
+}
+
 /// Every input of an admission, shared by `Arc` (in the server's state)
 /// between the workers and actix-web's handlers.
 pub(crate) struct Admission {
@@ -45,8 +71,10 @@ pub(crate) struct Admission {
     /// counted place back.
     pub(crate) limits: Arc<Limits>,
     /// Checks subscriber tokens (`auth.subscribe_secret`,
-    /// `auth.subscribe_public_key_file`); `None`: open.
+    /// `auth.subscribe_public_key_file`, `auth.jwks_url`); `None`: open.
     verifier: Option<Verifier>,
+    /// Fetches `auth.jwks_url`'s keys into the verifier's.
+    jwks: Option<Arc<Jwks>>,
     /// `http.trusted_proxies`, parsed.
     trusted_proxies: Nets,
     /// The `[http]` settings: the CORS rule (`http.cors_origins`).
@@ -98,27 +126,59 @@ impl Admission {
                 )
             }
         };
-        if public_key.is_some() && auth.subscribe_audience.is_empty() {
+        let jwks_url = auth.jwks_url.trim();
+        if !jwks_url.is_empty() {
+            check_url(jwks_url).map_err(|e| invalid("auth.jwks_url", e))?;
+        }
+        if (public_key.is_some() || !jwks_url.is_empty()) && auth.subscribe_audience.is_empty() {
             // An identity provider signs every application's tokens with
             // the same key: without an audience, one minted for another
             // application opens streams here.
             tracing::warn!(
                 event = "token_audience_unset",
-                "auth.subscribe_public_key_file is set without auth.subscribe_audience: a token the \
-                 identity provider signed for any application it serves is taken"
+                "auth.subscribe_public_key_file or auth.jwks_url is set without auth.subscribe_audience: \
+                 a token the identity provider signed for any application it serves is taken"
             );
         }
-        let verifier = match (auth.subscribe_secret.as_str(), public_key) {
-            ("", None) => None,
-            (secret, public_key) => Some(
+        let other_key = public_key.is_some() || !auth.subscribe_secret.is_empty();
+        let verifier = match (auth.subscribe_secret.as_str(), public_key, jwks_url) {
+            ("", None, "") => None,
+            (secret, public_key, url) => Some(
                 Verifier::new(
                     secret,
                     public_key,
+                    !url.is_empty(),
                     &auth.subscribe_audience,
                     &auth.subscribe_issuer,
                 )
                 .map_err(|e| invalid("auth.subscribe_secret", e))?,
             ),
+        };
+        let jwks = match verifier.as_ref().and_then(Verifier::jwks) {
+            None => None,
+            Some(keys) => {
+                let backend = Backend::start()?;
+                let refresh = std::time::Duration::from_millis(auth.jwks_refresh_ms);
+                let (jwks, first) =
+                    Jwks::start(jwks_url, refresh, Arc::clone(keys), backend, Arc::clone(&stats));
+                match first {
+                    Ok(_) => {}
+                    // Logged by the fetch (`jwks_fetch_failed`); the keys
+                    // come with a later one.
+                    Err(_) if other_key => {}
+                    Err(why) => {
+                        return Err(invalid(
+                            "auth.jwks_url",
+                            format!(
+                                "the identity provider's keys could not be fetched from {jwks_url} ({why}), \
+                                 and no other key (auth.subscribe_secret, auth.subscribe_public_key_file) \
+                                 is configured to check tokens with"
+                            ),
+                        ));
+                    }
+                }
+                Some(jwks)
+            }
         };
         let limits = Arc::new(Limits::new(&settings.limits).map_err(|e| invalid("limits.exempt", e))?);
         let trusted_proxies =
@@ -126,6 +186,7 @@ impl Admission {
         Ok(Admission {
             limits,
             verifier,
+            jwks,
             trusted_proxies,
             http: settings.http.clone(),
             max_streams: settings.stream.max_streams,
@@ -191,6 +252,7 @@ impl Admission {
             ApiError::OriginNotAllowed => Some(&self.stats.origins_refused),
             // Counted where they are decided (`limits.refused`).
             ApiError::ShuttingDown | ApiError::StreamLimit(_) | ApiError::OverLimit { .. } => None,
+            ApiError::KeysUnavailable(_) => Some(&self.stats.jwks_kid_unavailable),
             _ => Some(&self.stats.bad_heads),
         };
         if let Some(counter) = counter {
@@ -213,6 +275,9 @@ impl Admission {
     /// connection's first request (on the lean path), then a
     /// `stream.max_streams` slot, which it takes (given back when the
     /// stream stops). Refusals are counted ([`Admission::refusal`]).
+    ///
+    /// A token whose `kid` names none of the identity provider's keys held
+    /// is decided later ([`Admitted::Later`], [`Admission::complete`]).
     pub(crate) fn admit_stream(
         &self,
         id: &str,
@@ -220,7 +285,7 @@ impl Admission {
         early: &[u8],
         via: Via,
         client: Client,
-    ) -> Result<Open, Refusal> {
+    ) -> Result<Admitted, Refusal> {
         // The origin first, read once, and what CORS says to it decided
         // once, so that every answer after it, refusal or stream, names it.
         // Two `Origin` headers leave the page unknown: none is named, and
@@ -253,13 +318,75 @@ impl Admission {
                         "none given: use ?token=<jwt> or Authorization: Bearer <jwt>".to_owned(),
                     )));
                 };
-                Some(
-                    verifier
-                        .check(token, id)
-                        .map_err(|why| refused(ApiError::BadToken(why)))?,
-                )
+                match verifier.verify(token, id) {
+                    Verdict::Valid(left) => Some(left),
+                    Verdict::Refused(why) => return Err(refused(ApiError::BadToken(why))),
+                    Verdict::UnknownKid(kid) => {
+                        return Ok(Admitted::Later(Box::new(Pending {
+                            id: id.to_owned(),
+                            token: token.to_owned(),
+                            kid,
+                            req,
+                            cors: cors.into(),
+                            early: early.to_vec(),
+                            via,
+                            client,
+                        })));
+                    }
+                }
             }
         };
+        self.open(req, cors, expires, early.to_vec(), via, client)
+            .map(Admitted::Open)
+    }
+
+    /// A stream request whose token's `kid` was not known
+    /// ([`Admitted::Later`]): the identity provider's keys are fetched
+    /// again (at most [`crate::jwks::REFETCH_EVERY`] after the last fetch,
+    /// waited for at most [`crate::jwks::KID_WAIT`]), its token checked
+    /// with them, and the rest of [`Admission::admit_stream`] decided. A
+    /// `kid` still unknown is refused 401; keys that could not be fetched,
+    /// 503 with `Retry-After`.
+    pub(crate) async fn complete(&self, pending: Box<Pending>) -> Result<Open, Refusal> {
+        let Pending {
+            id,
+            token,
+            kid,
+            req,
+            cors,
+            early,
+            via,
+            client,
+        } = *pending;
+        let refused = |error: ApiError| self.refusal(error, cors.as_cors());
+        let (Some(verifier), Some(jwks)) = (&self.verifier, &self.jwks) else {
+            return Err(refused(ApiError::BadToken(token::kid_not_listed(&kid))));
+        };
+        let learned = jwks.learn(&kid).await;
+        if self.shutdown.is_cancelled() {
+            return Err(refused(ApiError::ShuttingDown));
+        }
+        if let Learned::Unreachable(why) = learned {
+            return Err(refused(ApiError::KeysUnavailable(why)));
+        }
+        let left = verifier
+            .check(&token, &id)
+            .map_err(|why| refused(ApiError::BadToken(why)))?;
+        self.open(req, cors.as_cors(), Some(left), early, via, client)
+    }
+
+    /// The steps of [`Admission::admit_stream`] after the token.
+    fn open(
+        &self,
+        req: StreamRequest,
+        cors: Cors<'_>,
+        expires: Option<std::time::Duration>,
+        early: Vec<u8>,
+        via: Via,
+        client: Client,
+    ) -> Result<Open, Refusal> {
+        let refused = |error: ApiError| self.refusal(error, cors);
+        let limits = &self.limits;
         if req.transport == Transport::Ws && via == Via::Fallback {
             // Only a first request on a connection is peeked and can become a
             // WebSocket (every WebSocket client opens a connection for it).
@@ -280,7 +407,7 @@ impl Admission {
             req,
             cors: cors.into(),
             expires,
-            early: early.to_vec(),
+            early,
             counted,
         })
     }
@@ -316,6 +443,16 @@ impl Admission {
             Err(ApiError::Unauthorized)
         }
     }
+}
+
+/// Whether `url` is one the HTTP client can call: http:// or https://
+/// with a host.
+fn check_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL ({e})"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(format!("{url:?} is not an http:// or https:// URL"));
+    }
+    Ok(())
 }
 
 /// A loopback client: its socket's peer is a loopback address. An
@@ -462,7 +599,9 @@ mod tests {
         let a = admission(|s| s.auth.subscribe_secret = secret.clone(), false);
         let token = token::mint(&secret, &["a".to_owned()], Duration::from_secs(60)).unwrap();
         let h = head(&format!("/test/a?token={token}"), "");
-        let open = a.admit_stream("a", &h, b"tail", Via::Lean, remote()).unwrap();
+        let Ok(Admitted::Open(open)) = a.admit_stream("a", &h, b"tail", Via::Lean, remote()) else {
+            panic!("not admitted at once");
+        };
         let left = open.expires.expect("a token's lifetime");
         assert!(
             left <= Duration::from_secs(60) && left > Duration::from_secs(50),
@@ -486,7 +625,9 @@ mod tests {
             false,
         );
         let h = head("/test/a", "");
-        let first = a.admit_stream("a", &h, b"", Via::Lean, remote()).unwrap();
+        let Ok(Admitted::Open(first)) = a.admit_stream("a", &h, b"", Via::Lean, remote()) else {
+            panic!("not admitted at once");
+        };
         assert!(first.counted.is_some());
         // Another address: the server-wide cap refuses it (503) ...
         let other = Client::new(IpAddr::from([192, 0, 2, 8]), false);

@@ -285,6 +285,12 @@ pub struct AuthSettings {
     /// A PEM public key (RSA, EC P-256/P-384, Ed25519) subscriber tokens
     /// may be signed with; empty: none. With neither, streams are open.
     pub subscribe_public_key_file: String,
+    /// An identity provider's JWKS (http:// or https://) whose keys
+    /// subscriber tokens may be signed with, chosen by their `kid`; empty:
+    /// none.
+    pub jwks_url: String,
+    /// How often the JWKS is fetched again, in milliseconds.
+    pub jwks_refresh_ms: u64,
     /// What a subscriber token's `aud` must be; empty: `aud` is not checked.
     pub subscribe_audience: String,
     /// What a subscriber token's `iss` must be; empty: `iss` is not checked.
@@ -351,6 +357,10 @@ impl std::fmt::Debug for AuthSettings {
             .field("admin_token", &admin)
             .field("subscribe_secret", &secret)
             .field("subscribe_public_key_file", &self.subscribe_public_key_file)
+            .field("jwks_url", &self.jwks_url)
+            .field("jwks_refresh_ms", &self.jwks_refresh_ms)
+            .field("subscribe_audience", &self.subscribe_audience)
+            .field("subscribe_issuer", &self.subscribe_issuer)
             .finish()
     }
 }

@@ -156,6 +156,13 @@ pub(crate) enum ApiError {
         /// Seconds until the address may try again.
         retry_after_s: u64,
     },
+    /// A subscriber token names a `kid` none of the identity provider's
+    /// keys held has, and they could not be fetched again in time
+    /// (`auth.jwks_url` down or slow): 503 with `Retry-After`.
+    #[error(
+        "the identity provider's keys (auth.jwks_url) could not be fetched to check this token's kid ({0}); retry later"
+    )]
+    KeysUnavailable(String),
     /// Shutting down: 503.
     #[error("server is shutting down")]
     ShuttingDown,
@@ -257,6 +264,7 @@ impl ApiError {
             ApiError::WebSocketVersion => header(header::SEC_WEBSOCKET_VERSION, "13"),
             ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
             ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
+            ApiError::KeysUnavailable(_) => header(header::RETRY_AFTER, "5"),
             ApiError::FleetClockAhead { ahead_s } => {
                 Some((header::RETRY_AFTER, ahead_s.max(&1).to_string().into()))
             }
@@ -335,6 +343,7 @@ impl ResponseError for ApiError {
             | ApiError::Backlogged { .. }
             | ApiError::TooManyKeys
             | ApiError::ShuttingDown
+            | ApiError::KeysUnavailable(_)
             | ApiError::Crashed(_)
             | ApiError::BusUnavailable
             | ApiError::RedisRefused(_)

@@ -43,6 +43,10 @@
 //!   lean or fallback, and for every publish; it owns their inputs (limits,
 //!   token verifier, trusted proxies, CORS rule, `stream.max_streams`
 //!   slots, publish token with protected mode, shutdown).
+//! - `jwks`: the identity provider's keys (`auth.jwks_url`), fetched at
+//!   start-up, on a timer, and when a token names a `kid` not held;
+//!   `backend`: the thread (its own runtime and HTTP client with a
+//!   keep-alive pool) the application's endpoints are called from.
 //! - `counter`: the Counter actor behind `/dispatcher` (in cluster mode its
 //!   numbers come from Redis, through the hub's command connection).
 //! - `stream`: the Stream actor (one per streaming connection), the one
@@ -77,6 +81,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod backend;
 mod conn;
 
 pub mod config;
@@ -86,6 +91,7 @@ mod error;
 mod hub;
 mod id;
 mod idempotency;
+mod jwks;
 mod metrics;
 mod routes;
 mod server;

@@ -131,7 +131,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 40] = [
+        let counters: [CounterSpec<'_>; 43] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -265,6 +265,21 @@ impl Collector for StatsCollector {
                 &s.tokens_expired,
             ),
             (
+                "jwks_fetches",
+                "Fetches of the identity provider's keys (auth.jwks_url), taken or failed.",
+                &s.jwks_fetches,
+            ),
+            (
+                "jwks_failures",
+                "Fetches of auth.jwks_url that failed; the keys held were kept.",
+                &s.jwks_failures,
+            ),
+            (
+                "jwks_kid_unavailable",
+                "Streams refused 503: their token's kid was unknown and auth.jwks_url could not be fetched in time.",
+                &s.jwks_kid_unavailable,
+            ),
+            (
                 "origins_refused",
                 "WebSockets refused 403 for their Origin.",
                 &s.origins_refused,
@@ -344,7 +359,7 @@ impl Collector for StatsCollector {
         let active = s.streams_active.load(Relaxed) as i64;
         let rss = rss_bytes().unwrap_or(0) as i64;
         let baseline = s.baseline_rss.load(Relaxed) as i64;
-        let gauges: [GaugeSpec<'_>; 7] = [
+        let gauges: [GaugeSpec<'_>; 8] = [
             ("streams_active", "Streams open now.", active),
             (
                 "http_connections_active",
@@ -362,6 +377,11 @@ impl Collector for StatsCollector {
                 "history_messages",
                 "Messages kept in history now.",
                 s.history_messages.load(Relaxed) as i64,
+            ),
+            (
+                "jwks_keys",
+                "Keys held from the identity provider's JWKS (auth.jwks_url).",
+                s.jwks_keys.load(Relaxed) as i64,
             ),
             (
                 "publish_backlog",

@@ -35,7 +35,7 @@ use actix_web::{HttpRequest, HttpResponse, Route};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use crate::admission::bearer_is;
+use crate::admission::{Admitted, bearer_is};
 use crate::conn::socket::{CloseHandle, Internal};
 use crate::counter::Take;
 use crate::error::{ApiError, Cors};
@@ -169,7 +169,7 @@ async fn stream(
         return Err(state.admission.refusal(e, Cors::default()).error);
     }
     id::validate(&id, state.settings.stream.max_id_len)?;
-    let open = state
+    let admitted = state
         .admission
         .admit_stream(
             &id,
@@ -179,6 +179,14 @@ async fn stream(
             state.admission.client_of(&req),
         )
         .map_err(|refused| refused.error)?;
+    let open = match admitted {
+        Admitted::Open(open) => open,
+        Admitted::Later(pending) => state
+            .admission
+            .complete(pending)
+            .await
+            .map_err(|refused| refused.error)?,
+    };
     let head = Head::of(&open);
     let mut res = HttpResponse::Ok();
     for field in head.fields() {

@@ -118,6 +118,15 @@ pub(crate) struct Stats {
     pub(crate) tokens_refused: AtomicU64,
     /// Streams ended because their token expired.
     pub(crate) tokens_expired: AtomicU64,
+    /// Fetches of `auth.jwks_url`, taken or failed.
+    pub(crate) jwks_fetches: AtomicU64,
+    /// Fetches of `auth.jwks_url` that failed (the keys held were kept).
+    pub(crate) jwks_failures: AtomicU64,
+    /// Keys held from `auth.jwks_url` now.
+    pub(crate) jwks_keys: AtomicU64,
+    /// Streams refused 503 because their token's `kid` was unknown and
+    /// the keys could not be fetched in time.
+    pub(crate) jwks_kid_unavailable: AtomicU64,
     /// WebSocket streams refused for their Origin (403).
     pub(crate) origins_refused: AtomicU64,
     /// Ids with a history ring now (set by the Router).
@@ -209,6 +218,10 @@ impl Stats {
             ws_protocol_errors: AtomicU64::new(0),
             tokens_refused: AtomicU64::new(0),
             tokens_expired: AtomicU64::new(0),
+            jwks_fetches: AtomicU64::new(0),
+            jwks_failures: AtomicU64::new(0),
+            jwks_keys: AtomicU64::new(0),
+            jwks_kid_unavailable: AtomicU64::new(0),
             origins_refused: AtomicU64::new(0),
             history_ids: AtomicU64::new(0),
             history_messages: AtomicU64::new(0),
@@ -324,6 +337,10 @@ impl Stats {
             "auth": {
                 "tokens_refused": get(&self.tokens_refused),
                 "tokens_expired": get(&self.tokens_expired),
+                "jwks_fetches": get(&self.jwks_fetches),
+                "jwks_failures": get(&self.jwks_failures),
+                "jwks_keys": get(&self.jwks_keys),
+                "jwks_kid_unavailable": get(&self.jwks_kid_unavailable),
                 "origins_refused": get(&self.origins_refused),
             },
             "history": {

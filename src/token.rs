@@ -16,6 +16,9 @@
 //! our own words, never the JWT library's, naming the actual problem (an
 //! algorithm no configured key takes, a missing `exp`, ...).
 
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, EncodingKey, Header, Validation};
@@ -59,10 +62,164 @@ struct Key {
 /// Checks tokens against the configured keys. Built once per server.
 pub(crate) struct Verifier {
     keys: Vec<Key>,
+    /// The identity provider's keys from `auth.jwks_url`, as last fetched
+    /// (filled by [`crate::jwks`]).
+    jwks: Option<Arc<JwksKeys>>,
     /// Every algorithm some key takes, as a token's `alg` names it.
     accepted: Vec<String>,
     /// `auth.subscribe_issuer` is set: `iss` must be that one string.
     issuer: bool,
+}
+
+/// What [`Verifier::verify`] says of a token.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Verdict {
+    /// Valid for the id, for this long yet.
+    Valid(Duration),
+    /// Refused, and why.
+    Refused(String),
+    /// Its `kid` names no key fetched from `auth.jwks_url` (yet): known
+    /// only once the keys are fetched again.
+    UnknownKid(String),
+}
+
+/// The keys fetched from `auth.jwks_url`, replaced whole at each fetch
+/// that brings any usable key; read by every check that names a `kid`.
+pub(crate) struct JwksKeys {
+    /// The claims rule every key checks with.
+    rule: Validation,
+    set: RwLock<Arc<KeySet>>,
+}
+
+/// One fetch's keys.
+#[derive(Default)]
+struct KeySet {
+    /// By `kid`.
+    named: HashMap<String, Key>,
+    /// Keys without a `kid`: tried in turn for a token without one.
+    unnamed: Vec<Key>,
+}
+
+/// The algorithms no JWKS key ever takes: a key an identity provider
+/// publishes is public, so a symmetric one would let anyone sign.
+const JWKS_ALGORITHMS: [Algorithm; 9] = {
+    use Algorithm::*;
+    [RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA]
+};
+
+impl JwksKeys {
+    /// No keys yet; `rule` as [`Verifier::new`] makes it.
+    fn new(rule: Validation) -> JwksKeys {
+        JwksKeys {
+            rule,
+            set: RwLock::new(Arc::default()),
+        }
+    }
+
+    /// How many keys are held.
+    pub(crate) fn len(&self) -> usize {
+        let set = self.current();
+        set.named.len() + set.unnamed.len()
+    }
+
+    /// Whether a key of `kid` is held.
+    pub(crate) fn knows(&self, kid: &str) -> bool {
+        self.current().named.contains_key(kid)
+    }
+
+    fn current(&self) -> Arc<KeySet> {
+        Arc::clone(&self.set.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Takes the keys of a JWKS document (RFC 7517 `{"keys": [...]}`) in
+    /// place of those held, and says how many it took and why it skipped
+    /// any. Only signing keys of the kinds [`public_key`] takes are used:
+    /// a symmetric (`oct`) key, an encryption key (`"use": "enc"`), an
+    /// algorithm other than [`JWKS_ALGORITHMS`], another curve, are
+    /// skipped. A document with no usable key changes nothing and is an
+    /// error (the keys held keep working).
+    pub(crate) fn install(&self, document: &[u8]) -> Result<(usize, Vec<String>), String> {
+        #[derive(Deserialize)]
+        struct Document {
+            keys: Vec<serde_json::Value>,
+        }
+        let doc: Document = serde_json::from_slice(document)
+            .map_err(|e| format!("not a JWKS document ({{\"keys\": [...]}}): {e}"))?;
+        let mut set = KeySet::default();
+        let mut skipped = Vec::new();
+        for (i, value) in doc.keys.into_iter().enumerate() {
+            let kid = value.get("kid").and_then(|k| k.as_str()).map(str::to_owned);
+            let name = kid
+                .as_deref()
+                .map_or_else(|| format!("key {i}"), |k| format!("key {k:?}"));
+            match self.key_of(value) {
+                Ok(key) => match kid {
+                    Some(kid) => {
+                        set.named.insert(kid, key);
+                    }
+                    None => set.unnamed.push(key),
+                },
+                Err(why) => skipped.push(format!("{name}: {why}")),
+            }
+        }
+        let taken = set.named.len() + set.unnamed.len();
+        if taken == 0 {
+            return Err(match skipped.as_slice() {
+                [] => "the JWKS holds no key".to_owned(),
+                why => format!("the JWKS holds no usable key ({})", why.join("; ")),
+            });
+        }
+        *self
+            .set
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(set);
+        Ok((taken, skipped))
+    }
+
+    /// A JWK as a key, with the algorithms it verifies: those its `alg`
+    /// names (one), or those its kind and curve fit.
+    fn key_of(&self, value: serde_json::Value) -> Result<Key, String> {
+        use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
+        let jwk: Jwk =
+            serde_json::from_value(value).map_err(|e| format!("not a JWK this server reads ({e})"))?;
+        if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
+            return Err("an encryption key (\"use\": \"enc\")".to_owned());
+        }
+        let fits: Vec<Algorithm> = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => algorithms(AlgorithmFamily::Rsa),
+            AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+                EllipticCurve::P256 => vec![Algorithm::ES256],
+                EllipticCurve::P384 => vec![Algorithm::ES384],
+                _ => return Err("an EC key on a curve other than P-256 or P-384".to_owned()),
+            },
+            AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => {
+                vec![Algorithm::EdDSA]
+            }
+            AlgorithmParameters::OctetKey(_) => {
+                return Err("a symmetric (oct) key: a published secret would let anyone sign".to_owned());
+            }
+            _ => return Err("not an RSA, EC or Ed25519 key".to_owned()),
+        };
+        let algorithms = match jwk.common.key_algorithm {
+            None => fits,
+            Some(named) => {
+                let named = Algorithm::from_str(&format!("{named:?}"))
+                    .ok()
+                    .filter(|a| JWKS_ALGORITHMS.contains(a) && fits.contains(a));
+                match named {
+                    Some(alg) => vec![alg],
+                    None => return Err(format!("its alg {named:?} does not fit its kind of key")),
+                }
+            }
+        };
+        let key = DecodingKey::from_jwk(&jwk).map_err(|e| format!("unreadable ({e})"))?;
+        if !usable(&key, algorithms[0]) {
+            return Err("a key the token library cannot use".to_owned());
+        }
+        let mut validation = self.rule.clone();
+        validation.algorithms = algorithms;
+        Ok(Key { key, validation })
+    }
 }
 
 /// The algorithms a key of `family` verifies. A shared secret takes HS256
@@ -157,6 +314,7 @@ impl Verifier {
     pub(crate) fn new(
         secret: &str,
         public_key: Option<PublicKey>,
+        jwks: bool,
         audience: &str,
         issuer: &str,
     ) -> Result<Self, String> {
@@ -166,7 +324,7 @@ impl Verifier {
             keys.push((key, algorithms(AlgorithmFamily::Hmac)));
         }
         keys.extend(public_key.map(|p| (p.key, p.algorithms)));
-        if keys.is_empty() {
+        if keys.is_empty() && !jwks {
             return Err("no key to check tokens with".into());
         }
         let rule = claims_rule(audience, issuer);
@@ -178,27 +336,115 @@ impl Verifier {
                 Key { key, validation }
             })
             .collect();
-        let accepted = keys
+        let mut accepted: Vec<Algorithm> = keys
             .iter()
-            .flat_map(|k| k.validation.algorithms.iter().map(|a| format!("{a:?}")))
+            .flat_map(|k| k.validation.algorithms.iter().copied())
             .collect();
+        let jwks = jwks.then(|| Arc::new(JwksKeys::new(rule)));
+        if jwks.is_some() {
+            accepted.extend(
+                JWKS_ALGORITHMS
+                    .iter()
+                    .filter(|a| !accepted.contains(a))
+                    .collect::<Vec<_>>(),
+            );
+        }
         Ok(Verifier {
             keys,
-            accepted,
+            jwks,
+            accepted: accepted.iter().map(|a| format!("{a:?}")).collect(),
             issuer: !issuer.is_empty(),
         })
     }
 
-    /// The time left on `token` if it is valid for `id`; else why not.
+    /// The keys `auth.jwks_url` gives, when it is set.
+    pub(crate) fn jwks(&self) -> Option<&Arc<JwksKeys>> {
+        self.jwks.as_ref()
+    }
+
+    /// The time left on `token` if it is valid for `id`; else why not (a
+    /// `kid` not among the JWKS keys held is refused: see
+    /// [`Verifier::verify`] for the verdict that asks for a fetch).
     pub(crate) fn check(&self, token: &str, id: &str) -> Result<Duration, String> {
-        let alg = match jsonwebtoken::decode_header(token) {
-            Ok(header) => header.alg,
-            Err(_) => return Err(unreadable(token, &self.accepted)),
+        match self.verify(token, id) {
+            Verdict::Valid(left) => Ok(left),
+            Verdict::Refused(why) => Err(why),
+            Verdict::UnknownKid(kid) => Err(kid_not_listed(&kid)),
+        }
+    }
+
+    /// What `token` is for `id`. The key is chosen by the token's header:
+    /// its `kid` among the JWKS keys, else the configured key its `alg`
+    /// fits, else (no `kid`) a JWKS key without a `kid` its `alg` fits. A
+    /// key checks only the algorithms it fits, so no `none`, and no HS256
+    /// "signed" with a public key. A `kid` no key has, on a token a
+    /// configured key does not verify, is [`Verdict::UnknownKid`].
+    pub(crate) fn verify(&self, token: &str, id: &str) -> Verdict {
+        let header = match jsonwebtoken::decode_header(token) {
+            Ok(header) => header,
+            Err(_) => return Verdict::Refused(unreadable(token, &self.accepted)),
         };
-        let Some(k) = self.keys.iter().find(|k| k.validation.algorithms.contains(&alg)) else {
-            return Err(not_accepted(&format!("{alg:?}"), &self.accepted));
+        let alg = header.alg;
+        let fits = |k: &&Key| k.validation.algorithms.contains(&alg);
+        let verdict = |checked: Result<Duration, String>| match checked {
+            Ok(left) => Verdict::Valid(left),
+            Err(why) => Verdict::Refused(why),
         };
-        self.check_with(k, token, id)
+        let jwks = self.jwks.as_ref().map(|j| j.current());
+        let asymmetric = JWKS_ALGORITHMS.contains(&alg);
+        // A `kid` names a JWKS key only for the algorithms such keys take:
+        // an HS256 token is the secret's, whatever its `kid`.
+        if let (Some(set), Some(kid), true) = (&jwks, &header.kid, asymmetric)
+            && let Some(k) = set.named.get(kid)
+        {
+            if !fits(&k) {
+                let fit: Vec<String> = k.validation.algorithms.iter().map(|a| format!("{a:?}")).collect();
+                return Verdict::Refused(not_accepted(&format!("{alg:?}"), &fit));
+            }
+            return verdict(self.check_with(k, token, id));
+        }
+        let configured = self.keys.iter().find(fits);
+        match (&jwks, &header.kid, configured) {
+            // A configured key of its kind: checked with it, unless its
+            // signature fails it and the JWKS may yet have its key.
+            (_, kid, Some(k)) => match (self.check_with(k, token, id), &jwks) {
+                (Err(why), Some(set)) if why == BAD_SIGNATURE && asymmetric => match kid {
+                    Some(kid) => Verdict::UnknownKid(kid.clone()),
+                    None => self
+                        .try_unnamed(set, token, id, alg)
+                        .unwrap_or(Verdict::Refused(why)),
+                },
+                (checked, _) => verdict(checked),
+            },
+            (Some(_), Some(kid), None) if asymmetric => Verdict::UnknownKid(kid.clone()),
+            (Some(set), None, None) if asymmetric => {
+                self.try_unnamed(set, token, id, alg).unwrap_or_else(|| {
+                    Verdict::Refused(
+                        "token has no kid, and auth.jwks_url has no key of its kind without one".to_owned(),
+                    )
+                })
+            }
+            _ => Verdict::Refused(not_accepted(&format!("{alg:?}"), &self.accepted)),
+        }
+    }
+
+    /// `token` (without a `kid`) checked with the JWKS keys without one
+    /// that fit `alg`, in turn, until one's signature matches; `None`
+    /// when no such key is held.
+    fn try_unnamed(&self, set: &KeySet, token: &str, id: &str, alg: Algorithm) -> Option<Verdict> {
+        let mut last = None;
+        for k in set
+            .unnamed
+            .iter()
+            .filter(|k| k.validation.algorithms.contains(&alg))
+        {
+            match self.check_with(k, token, id) {
+                Ok(left) => return Some(Verdict::Valid(left)),
+                Err(why) if why == BAD_SIGNATURE => last = Some(Verdict::Refused(why)),
+                Err(why) => return Some(Verdict::Refused(why)),
+            }
+        }
+        last
     }
 
     fn check_with(&self, k: &Key, token: &str, id: &str) -> Result<Duration, String> {
@@ -207,7 +453,7 @@ impl Verifier {
             match e.kind() {
                 ErrorKind::ExpiredSignature => "token expired".to_owned(),
                 ErrorKind::ImmatureSignature => "token not valid yet (its nbf is in the future)".to_owned(),
-                ErrorKind::InvalidSignature => "token signature does not match".to_owned(),
+                ErrorKind::InvalidSignature => BAD_SIGNATURE.to_owned(),
                 ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
                     unreadable(token, &self.accepted)
                 }
@@ -229,7 +475,7 @@ impl Verifier {
                 ErrorKind::InvalidEcdsaKey
                 | ErrorKind::InvalidEddsaKey
                 | ErrorKind::InvalidRsaKey(_)
-                | ErrorKind::InvalidKeyFormat => "token signature does not match".to_owned(),
+                | ErrorKind::InvalidKeyFormat => BAD_SIGNATURE.to_owned(),
                 _ => NOT_A_JWT.to_owned(),
             }
         })?;
@@ -272,6 +518,23 @@ fn claims_rule(audience: &str, issuer: &str) -> Validation {
     }
     validation.set_required_spec_claims(&required);
     validation
+}
+
+/// The refusal of a signature its key does not verify.
+const BAD_SIGNATURE: &str = "token signature does not match";
+
+/// The refusal of a `kid` that names none of `auth.jwks_url`'s keys, after
+/// they were fetched again (or lately enough).
+pub(crate) fn kid_not_listed(kid: &str) -> String {
+    if kid.len() <= 64
+        && kid
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        format!("token kid \"{kid}\" names none of auth.jwks_url's keys")
+    } else {
+        "token kid names none of auth.jwks_url's keys".to_owned()
+    }
 }
 
 /// The refusal of a token that is not three base64url parts.
@@ -391,7 +654,7 @@ mod tests {
 
     #[test]
     fn tokens_name_their_ids_and_expire() {
-        let v = Verifier::new("s3cret", None, "", "").unwrap();
+        let v = Verifier::new("s3cret", None, false, "", "").unwrap();
         let one = mint("s3cret", &["foo".into()], Duration::from_secs(60)).unwrap();
         assert!(v.check(&one, "foo").unwrap() <= Duration::from_secs(60));
         assert!(v.check(&one, "bar").unwrap_err().contains("not for id"));
@@ -439,15 +702,15 @@ mod tests {
                 "iat": now, "nbf": nbf, "exp": now + 600, "jti": "x1", "email": "a@b.example"
             }))
         };
-        let open = Verifier::new("s3cret", None, "", "").unwrap();
+        let open = Verifier::new("s3cret", None, false, "", "").unwrap();
         assert!(open.check(&idp("some-client", now), "foo").is_ok());
-        let strict = Verifier::new("s3cret", None, "switchboard", "https://id.example/").unwrap();
+        let strict = Verifier::new("s3cret", None, false, "switchboard", "https://id.example/").unwrap();
         assert!(strict.check(&idp("switchboard", now), "foo").is_ok());
         assert_eq!(
             strict.check(&idp("other", now), "foo").unwrap_err(),
             "token is not for this audience (aud)"
         );
-        let other_issuer = Verifier::new("s3cret", None, "", "https://elsewhere/").unwrap();
+        let other_issuer = Verifier::new("s3cret", None, false, "", "https://elsewhere/").unwrap();
         assert_eq!(
             other_issuer.check(&idp("x", now), "foo").unwrap_err(),
             "token is not from the expected issuer (iss)"
@@ -492,7 +755,7 @@ mod tests {
     #[test]
     fn refusals_name_the_problem() {
         let now = since_epoch().as_secs();
-        let v = Verifier::new("s3cret", None, "", "").unwrap();
+        let v = Verifier::new("s3cret", None, false, "", "").unwrap();
         let claims = serde_json::json!({ "sub": "foo", "exp": now + 60 });
         let none = forged(serde_json::json!({ "alg": "none" }), claims.clone());
         let unsigned = format!("{}.", none.rsplit_once('.').unwrap().0);
@@ -516,7 +779,7 @@ mod tests {
         assert_eq!(v.check(&no_exp, "foo").unwrap_err(), "token has no exp claim");
         let iss = "https://id.example/";
         let listed = signed(serde_json::json!({ "sub": "foo", "exp": now + 60, "iss": [iss] }));
-        let strict = Verifier::new("s3cret", None, "", iss).unwrap();
+        let strict = Verifier::new("s3cret", None, false, "", iss).unwrap();
         assert_eq!(
             v.check(&listed, "foo").map(|_| ()),
             Ok(()),
@@ -558,7 +821,7 @@ mod tests {
 
     /// A verifier of `public` alone (and `secret`, when not empty).
     fn verifier(secret: &str, public: &[u8]) -> Verifier {
-        Verifier::new(secret, Some(public_key(public).unwrap()), "", "").unwrap()
+        Verifier::new(secret, Some(public_key(public).unwrap()), false, "", "").unwrap()
     }
 
     #[test]
@@ -662,7 +925,227 @@ mod tests {
             public_key(&std::fs::read(k1).unwrap()).err().as_deref(),
             Some("an EC key on a curve other than P-256 or P-384")
         );
-        assert!(Verifier::new("", None, "", "").is_err());
+        assert!(Verifier::new("", None, false, "", "").is_err());
+    }
+
+    /// The JWK of the fixture key pair `name`, with `kid` (if any), and
+    /// its `alg` left out unless given.
+    fn jwk(name: &str, kid: Option<&str>, alg: Option<Algorithm>) -> serde_json::Value {
+        let private = pair(name).0;
+        let (key, fits) = match name {
+            "rsa" => (EncodingKey::from_rsa_pem(&private).unwrap(), Algorithm::RS256),
+            "p256" => (EncodingKey::from_ec_pem(&private).unwrap(), Algorithm::ES256),
+            "p384" => (EncodingKey::from_ec_pem(&private).unwrap(), Algorithm::ES384),
+            _ => (EncodingKey::from_ed_pem(&private).unwrap(), Algorithm::EdDSA),
+        };
+        let mut jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&key, alg.unwrap_or(fits)).unwrap();
+        if alg.is_none() {
+            jwk.common.key_algorithm = None;
+        }
+        jwk.common.key_id = kid.map(str::to_owned);
+        serde_json::to_value(jwk).unwrap()
+    }
+
+    /// A token for `foo`, valid for a minute, signed in `alg` with the
+    /// fixture key `name`, its header naming `kid`.
+    fn signed_by(name: &str, alg: Algorithm, kid: Option<&str>) -> String {
+        let private = pair(name).0;
+        let key = match name {
+            "rsa" => EncodingKey::from_rsa_pem(&private),
+            "p256" | "p384" => EncodingKey::from_ec_pem(&private),
+            _ => EncodingKey::from_ed_pem(&private),
+        }
+        .unwrap();
+        let mut header = Header::new(alg);
+        header.kid = kid.map(str::to_owned);
+        let claims = Claims {
+            sub: Some("foo".into()),
+            exp: since_epoch().as_secs() + 60,
+            ..Claims::default()
+        };
+        jsonwebtoken::encode(&header, &claims, &key).unwrap()
+    }
+
+    fn jwks_verifier(secret: &str, keys: &[serde_json::Value]) -> Verifier {
+        let v = Verifier::new(secret, None, true, "", "").unwrap();
+        let document = serde_json::json!({ "keys": keys }).to_string();
+        v.jwks().unwrap().install(document.as_bytes()).unwrap();
+        v
+    }
+
+    #[test]
+    fn a_jwks_key_is_chosen_by_kid_and_decides_its_algorithm() {
+        use Algorithm::*;
+        let v = jwks_verifier(
+            "",
+            &[
+                jwk("rsa", Some("r1"), None),
+                jwk("p256", Some("e1"), None),
+                jwk("ed25519", Some("d1"), Some(EdDSA)),
+                jwk("p384", Some("e2"), Some(ES384)),
+            ],
+        );
+        assert_eq!(v.jwks().unwrap().len(), 4);
+        for alg in [RS256, RS512, PS256] {
+            assert!(
+                matches!(
+                    v.verify(&signed_by("rsa", alg, Some("r1")), "foo"),
+                    Verdict::Valid(_)
+                ),
+                "{alg:?}"
+            );
+        }
+        assert!(matches!(
+            v.verify(&signed_by("p256", ES256, Some("e1")), "foo"),
+            Verdict::Valid(_)
+        ));
+        assert!(matches!(
+            v.verify(&signed_by("p384", ES384, Some("e2")), "foo"),
+            Verdict::Valid(_)
+        ));
+        assert!(matches!(
+            v.verify(&signed_by("ed25519", EdDSA, Some("d1")), "foo"),
+            Verdict::Valid(_)
+        ));
+        // Another key's kid: its signature does not match.
+        assert_eq!(
+            v.verify(&signed_by("rsa", RS256, Some("e1")), "foo"),
+            Verdict::Refused("token alg RS256 is not accepted (ES256 only)".to_owned())
+        );
+        assert_eq!(
+            v.verify(&signed_by("p256", ES256, Some("r1")), "foo"),
+            Verdict::Refused(
+                "token alg ES256 is not accepted (accepted: RS256, RS384, RS512, PS256, PS384, PS512)"
+                    .to_owned()
+            )
+        );
+        // A kid not held asks for a fetch; the same refused by `check`.
+        let rotated = signed_by("rsa", RS256, Some("r2"));
+        assert_eq!(v.verify(&rotated, "foo"), Verdict::UnknownKid("r2".to_owned()));
+        assert_eq!(
+            v.check(&rotated, "foo").unwrap_err(),
+            "token kid \"r2\" names none of auth.jwks_url's keys"
+        );
+        // The claims rule is the same.
+        assert!(
+            v.check(&signed_by("rsa", RS256, Some("r1")), "bar")
+                .unwrap_err()
+                .contains("not for id")
+        );
+    }
+
+    #[test]
+    fn a_jwks_never_lends_a_symmetric_key_and_none_is_never_an_algorithm() {
+        use base64::Engine as _;
+        let (_, rsa_pub) = pair("rsa");
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"s3cret");
+        let v = jwks_verifier(
+            "",
+            &[
+                jwk("rsa", Some("r1"), None),
+                serde_json::json!({ "kty": "oct", "kid": "o1", "k": secret }),
+            ],
+        );
+        assert_eq!(v.jwks().unwrap().len(), 1, "the oct key is skipped");
+        // HS256 signed with the published key's secret, or the RSA public
+        // key as an HMAC secret: refused by its alg, whatever its kid.
+        let claims = serde_json::json!({ "sub": "foo", "exp": since_epoch().as_secs() + 60 });
+        for kid in ["o1", "r1"] {
+            let hs = forged(serde_json::json!({ "alg": "HS256", "kid": kid }), claims.clone());
+            let why = v.check(&hs, "foo").unwrap_err();
+            assert!(why.starts_with("token alg HS256 is not accepted"), "{kid}: {why}");
+        }
+        let confused = {
+            let mut h = Header::new(Algorithm::HS256);
+            h.kid = Some("r1".into());
+            jsonwebtoken::encode(&h, &claims, &EncodingKey::from_secret(&rsa_pub).unwrap()).unwrap()
+        };
+        assert!(
+            v.check(&confused, "foo")
+                .unwrap_err()
+                .starts_with("token alg HS256 is not accepted")
+        );
+        let none = forged(serde_json::json!({ "alg": "none", "kid": "r1" }), claims);
+        assert!(
+            v.check(&none, "foo")
+                .unwrap_err()
+                .starts_with("token alg none is not accepted")
+        );
+    }
+
+    #[test]
+    fn a_jwks_with_no_usable_key_changes_nothing() {
+        let v = jwks_verifier("", &[jwk("rsa", Some("r1"), None)]);
+        let keys = v.jwks().unwrap();
+        let mut enc = jwk("p256", Some("e1"), None);
+        enc["use"] = "enc".into();
+        let mut wrong = jwk("p256", Some("e2"), None);
+        wrong["alg"] = "RS256".into();
+        for document in [
+            "not json".to_owned(),
+            r#"{"keys": []}"#.to_owned(),
+            serde_json::json!({ "keys": [enc, wrong, { "kty": "EC", "crv": "P-521", "x": "AA", "y": "AA" }] }).to_string(),
+        ] {
+            assert!(keys.install(document.as_bytes()).is_err(), "{document}");
+            assert!(keys.knows("r1"), "{document}");
+        }
+        // A document with some usable keys is taken, and says what it skipped.
+        let mut enc = jwk("p256", Some("e1"), None);
+        enc["use"] = "enc".into();
+        let doc = serde_json::json!({ "keys": [jwk("p384", Some("e3"), None), enc] }).to_string();
+        let (taken, skipped) = keys.install(doc.as_bytes()).unwrap();
+        assert_eq!(taken, 1);
+        assert!(
+            skipped[0].contains("\"e1\"") && skipped[0].contains("encryption"),
+            "{skipped:?}"
+        );
+        assert!(!keys.knows("r1"), "replaced whole");
+    }
+
+    #[test]
+    fn tokens_without_a_kid_and_keys_beside_the_jwks() {
+        use Algorithm::*;
+        // The secret, and a JWKS key without a kid: a token without a kid
+        // is checked with the key its alg fits.
+        let v = jwks_verifier("s3cret", &[jwk("rsa", None, None), jwk("p256", Some("e1"), None)]);
+        let hs = mint("s3cret", &["foo".into()], Duration::from_secs(60)).unwrap();
+        assert!(v.check(&hs, "foo").is_ok());
+        assert!(v.check(&signed_by("rsa", RS256, None), "foo").is_ok());
+        // No kid and no key without one of its kind.
+        assert_eq!(
+            v.check(&signed_by("p256", ES256, None), "foo").unwrap_err(),
+            "token has no kid, and auth.jwks_url has no key of its kind without one"
+        );
+        // An HS256 token with a kid is the secret's.
+        let mut h = Header::new(HS256);
+        h.kid = Some("e1".into());
+        let claims = serde_json::json!({ "sub": "foo", "exp": since_epoch().as_secs() + 60 });
+        let hs_kid =
+            jsonwebtoken::encode(&h, &claims, &EncodingKey::from_secret(b"s3cret").unwrap()).unwrap();
+        assert!(v.check(&hs_kid, "foo").is_ok());
+        // A public key beside the JWKS: its tokens with a kid the JWKS
+        // does not have still pass with it; another key's ask for a fetch.
+        let both = Verifier::new("", Some(public_key(&pair("rsa").1).unwrap()), true, "", "").unwrap();
+        assert!(matches!(
+            both.verify(&signed_by("rsa", RS256, Some("pem")), "foo"),
+            Verdict::Valid(_)
+        ));
+        assert!(matches!(
+            both.verify(&signed_by("p256", ES256, Some("e9")), "foo"),
+            Verdict::UnknownKid(_)
+        ));
+        // A JWKS alone, empty yet: every asymmetric token asks.
+        let empty = Verifier::new("", None, true, "", "").unwrap();
+        assert!(matches!(
+            empty.verify(&signed_by("rsa", RS256, Some("r1")), "foo"),
+            Verdict::UnknownKid(_)
+        ));
+        assert!(
+            empty
+                .check(&hs, "foo")
+                .unwrap_err()
+                .starts_with("token alg HS256 is not accepted")
+        );
     }
 
     #[test]

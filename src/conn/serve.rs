@@ -19,6 +19,7 @@ use actix_service::Service;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep};
 
+use crate::admission::Admitted;
 use crate::config::ProxyProtocol;
 use crate::conn::classify::{self, Class, HeadError, HeadSource, Peeked};
 use crate::conn::dispatcher;
@@ -285,6 +286,14 @@ async fn serve_stream(
         state.admission.admit_stream(&id, head, early, Via::Lean, client)
     })
     .await;
+    let admitted = match admitted {
+        // Its token's key must be fetched first. Boxed: only such
+        // requests carry the wait's future.
+        Ok(Ok(Admitted::Later(pending))) => Ok(Box::pin(state.admission.complete(pending)).await),
+        Ok(Ok(Admitted::Open(open))) => Ok(Ok(open)),
+        Ok(Err(refused)) => Ok(Err(refused)),
+        Err(e) => Err(e),
+    };
     match admitted {
         Ok(Ok(open)) => {
             // A stream is not an HTTP connection: its slot is counted by

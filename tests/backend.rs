@@ -1,0 +1,381 @@
+//! The application in the loop, as real processes: the identity provider's
+//! JWKS served by a Python backend (tests/backend/app.py), its tokens
+//! minted with PyJWT (tests/backend/idp.py), the server as its binary.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::process::Proc;
+use common::{StreamClient, request};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+const HERE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/backend");
+
+/// The Python backend (tests/backend/app.py) on a port it bound itself,
+/// serving from its state directory; stopped by pid when dropped.
+struct Backend {
+    child: Child,
+    addr: SocketAddr,
+    state: PathBuf,
+}
+
+impl Backend {
+    fn start(name: &str) -> Backend {
+        let state = std::env::temp_dir().join(format!("switchboard-backend-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir_all(&state).unwrap();
+        let mut child = Command::new("python3")
+            .arg(format!("{HERE}/app.py"))
+            .arg(&state)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3 (README: Quick start)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("app.py said {line:?}"))
+            .parse()
+            .unwrap();
+        Backend { child, addr, state }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn write(&self, file: &str, content: &str) {
+        let tmp = self.state.join(format!("{file}.tmp"));
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(tmp, self.state.join(file)).unwrap();
+    }
+
+    /// How many requests it had for `path`.
+    fn asked(&self, path: &str) -> usize {
+        std::fs::read_to_string(self.state.join("requests.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split(' ').nth(1) == Some(path))
+            .count()
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// The identity provider's side, by PyJWT (tests/backend/idp.py).
+fn idp(args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg(format!("{HERE}/idp.py"))
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "idp.py {args:?}: {} (pip install 'pyjwt[crypto]': README, Quick start)",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A token for `sub` (audience `switchboard`) signed by the fixture key
+/// `key` in `alg`, naming `kid`.
+fn token(key: &str, alg: &str, kid: &str, sub: &str) -> String {
+    idp(&["token", key, alg, kid, sub, "switchboard"])
+}
+
+fn server(jwks: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("SWITCHBOARD__SERVER__PORT", "0")
+        .env("SWITCHBOARD__AUTH__JWKS_URL", jwks)
+        .env("SWITCHBOARD__AUTH__SUBSCRIBE_AUDIENCE", "switchboard")
+        .env("SWITCHBOARD__STREAM__TICK_INTERVAL_MS", "3600000");
+    cmd
+}
+
+struct Running {
+    p: Proc,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Running {
+    fn start(cmd: Command) -> Running {
+        let p = Proc::spawn(cmd);
+        let addr = p.wait_listening()[0];
+        let admin = p.wait_admin();
+        Running { p, addr, admin }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        request(self.admin, "GET", "/stats", &[], b"").unwrap().json()
+    }
+
+    /// A stream request with `token`, refused: its status, its error, and
+    /// its `Retry-After`.
+    fn refused(&self, id: &str, token: &str) -> (u16, String, Option<String>) {
+        let r = request(self.addr, "GET", &format!("/test/{id}?token={token}"), &[], b"").unwrap();
+        assert_ne!(r.status, 200, "admitted");
+        (r.status, r.error(), r.header("retry-after").map(str::to_owned))
+    }
+
+    /// [`Running::refused`], through actix-web's route: the stream request
+    /// second on a keep-alive connection.
+    fn refused_fallback(&self, id: &str, token: &str) -> (u16, String, Option<String>) {
+        use std::io::Write as _;
+        let mut c = std::net::TcpStream::connect(self.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+        let mut reader = BufReader::new(c);
+        assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
+        let req = format!("GET /test/{id}?token={token} HTTP/1.1\r\nhost: t\r\n\r\n");
+        reader.get_mut().write_all(req.as_bytes()).unwrap();
+        let r = common::read_response(&mut reader).unwrap();
+        assert_ne!(r.status, 200, "admitted");
+        (r.status, r.error(), r.header("retry-after").map(str::to_owned))
+    }
+
+    /// A stream opened with `token`, its welcome read.
+    fn opens(&self, id: &str, token: &str) -> StreamClient {
+        let mut s = StreamClient::open_raw(
+            self.addr,
+            &format!("GET /test/{id}?token={token} HTTP/1.1\r\nhost: t\r\n\r\n"),
+        );
+        assert_eq!(s.status, 200, "{id} refused");
+        assert_eq!(s.line(), format!("Switchboard welcomes you! Your Id: {id}"));
+        s
+    }
+}
+
+fn jwks_of(keys: &[&str]) -> String {
+    let mut args = vec!["jwks"];
+    args.extend_from_slice(keys);
+    idp(&args)
+}
+
+/// Tokens PyJWT signs with the keys of a JWKS (RS256, ES256, EdDSA) open
+/// streams, their `kid` choosing the key. A key rotated in is fetched
+/// again when a token first names it; `kid`s nobody published cost the
+/// provider at most one fetch per 5 s. Algorithm confusion (HS256 signed
+/// with the published RSA key), `alg: none`, another audience: refused.
+#[test]
+fn identity_provider_keys_from_a_jwks_rotate_by_kid() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let idp_app = Backend::start("jwks");
+    idp_app.write("jwks.json", &jwks_of(&["rsa:r1"]));
+    let started = Instant::now();
+    let s = Running::start(server(&idp_app.url("/jwks")));
+    assert_eq!(idp_app.asked("/jwks"), 1, "fetched at start-up");
+    assert_eq!(s.stats()["auth"]["jwks_keys"], 1);
+
+    let mut a = s.opens("foo", &token("rsa", "RS256", "r1", "foo"));
+    // Another id than the token's, another audience: refused.
+    let (status, why, _) = s.refused("bar", &token("rsa", "RS256", "r1", "foo"));
+    assert_eq!((status, why.contains("not for id")), (401, true), "{why}");
+    let other_aud = idp(&["token", "rsa", "RS256", "r1", "foo", "another-app"]);
+    let (status, why, _) = s.refused("foo", &other_aud);
+    assert_eq!((status, why.contains("audience")), (401, true), "{why}");
+
+    // The classic confusion: HS256 with the published public key as secret.
+    let exp = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + Duration::from_secs(600))
+    .as_secs();
+    let claims = serde_json::json!({ "sub": "foo", "exp": exp, "aud": "switchboard" });
+    let public = std::fs::read(format!("{HERE}/../fixtures/jwt/rsa.pub.pem")).unwrap();
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = Some("r1".into());
+    let confused = encode(&header, &claims, &EncodingKey::from_secret(&public).unwrap()).unwrap();
+    let (status, why, _) = s.refused("foo", &confused);
+    assert_eq!(
+        (status, why.contains("token alg HS256 is not accepted")),
+        (401, true),
+        "{why}"
+    );
+    let none = {
+        use base64::Engine as _;
+        let b64 =
+            |v: serde_json::Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        format!(
+            "{}.{}.",
+            b64(serde_json::json!({ "alg": "none", "kid": "r1" })),
+            b64(claims)
+        )
+    };
+    let (status, why, _) = s.refused("foo", &none);
+    assert_eq!(
+        (status, why.contains("token alg none is not accepted")),
+        (401, true),
+        "{why}"
+    );
+    assert_eq!(
+        idp_app.asked("/jwks"),
+        1,
+        "no fetch for tokens refused by their alg"
+    );
+
+    // A kid nobody published, within 5 s of the last fetch: refused at
+    // once, and no fetch.
+    let es = token("p256", "ES256", "e1", "foo");
+    let (status, why, _) = s.refused("foo", &es);
+    assert_eq!(status, 401, "{why}");
+    assert!(
+        why.contains("kid \"e1\" names none of auth.jwks_url's keys"),
+        "{why}"
+    );
+    assert_eq!(idp_app.asked("/jwks"), 1);
+
+    // The provider rotates e1 and an Ed25519 key in. Past 5 s the first
+    // token naming one fetches them again, and opens.
+    idp_app.write("jwks.json", &jwks_of(&["rsa:r1", "p256:e1", "ed25519:d1"]));
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(started.elapsed()) + Duration::from_millis(300));
+    let mut b = s.opens("foo", &es);
+    assert_eq!(idp_app.asked("/jwks"), 2);
+    let _c = s.opens("foo", &token("ed25519", "EdDSA", "d1", "foo"));
+    assert_eq!(s.stats()["auth"]["jwks_keys"], 3);
+
+    // A flood of made-up kids: one fetch at most per 5 s, each refused.
+    for i in 0..20 {
+        let (status, _, _) = s.refused("foo", &token("rsa", "RS256", &format!("made-up-{i}"), "foo"));
+        assert_eq!(status, 401);
+    }
+    assert!(idp_app.asked("/jwks") <= 3, "{} fetches", idp_app.asked("/jwks"));
+
+    // The streams opened with either key get what is published.
+    let r = request(s.addr, "POST", "/send/foo", &[], b"rotated").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(a.line(), "Recvd msg #1: 'rotated'");
+    assert_eq!(b.line(), "Recvd msg #1: 'rotated'");
+}
+
+/// The provider down: the keys held keep opening streams at once (no
+/// network call on the stream path for a known kid), each failed fetch is
+/// counted and logged; an unknown kid while it hangs waits at most 3 s and
+/// is answered 503 with Retry-After, not 401. It comes back: the next
+/// fetch takes its keys.
+#[test]
+fn a_jwks_endpoint_that_fails_keeps_the_keys_held() {
+    let idp_app = Backend::start("jwks-down");
+    idp_app.write("jwks.json", &jwks_of(&["rsa:r1"]));
+    let mut cmd = server(&idp_app.url("/jwks"));
+    cmd.env("SWITCHBOARD__AUTH__JWKS_REFRESH_MS", "1000");
+    let s = Running::start(cmd);
+    let known = token("rsa", "RS256", "r1", "foo");
+    let _a = s.opens("foo", &known);
+
+    for mode in ["500", "garbage"] {
+        idp_app.write("jwks.mode", mode);
+        let failures = s.stats()["auth"]["jwks_failures"].as_u64().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.stats()["auth"]["jwks_failures"].as_u64().unwrap() == failures {
+            assert!(Instant::now() < deadline, "{mode}: no failure counted");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _b = s.opens("foo", &known);
+        assert_eq!(s.stats()["auth"]["jwks_keys"], 1);
+    }
+    s.p.wait_event("jwks_fetch_failed", Duration::from_secs(1), |e| {
+        e["error"].as_str().is_some_and(|why| why.contains("500"))
+    });
+    s.p.wait_event("jwks_fetch_failed", Duration::from_secs(1), |e| {
+        e["error"].as_str().is_some_and(|why| why.contains("not a JWKS"))
+    });
+    let metrics = request(s.admin, "GET", "/metrics", &[], b"").unwrap().text();
+    let failed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("switchboard_jwks_failures_total "))
+        .expect("switchboard_jwks_failures_total");
+    assert!(failed.parse::<u64>().unwrap() >= 2, "{failed}");
+
+    // Hanging: a known kid opens at once, an unknown one waits for the
+    // fetch at most 3 s and is told to retry.
+    idp_app.write("jwks.mode", "hang");
+    std::thread::sleep(Duration::from_millis(1500));
+    let t = Instant::now();
+    let _c = s.opens("foo", &known);
+    assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+    let t = Instant::now();
+    let (status, why, retry) = s.refused("foo", &token("p256", "ES256", "e1", "foo"));
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("auth.jwks_url"), "{why}");
+    assert_eq!(retry.as_deref(), Some("5"));
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    // The same through actix-web's route.
+    let (status, why, retry) = s.refused_fallback("foo", &token("p256", "ES256", "e1", "foo"));
+    assert_eq!((status, retry.as_deref()), (503, Some("5")), "{why}");
+    assert_eq!(s.stats()["auth"]["jwks_kid_unavailable"], 2);
+
+    // Back, with e1 rotated in: the next fetch takes it.
+    idp_app.write("jwks.json", &jwks_of(&["rsa:r1", "p256:e1"]));
+    idp_app.write("jwks.mode", "ok");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while s.stats()["auth"]["jwks_keys"] != 2 {
+        assert!(Instant::now() < deadline, "the keys did not come back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _d = s.opens("foo", &token("p256", "ES256", "e1", "foo"));
+}
+
+/// At start-up: a JWKS that cannot be fetched stops the start when no
+/// other key is set, naming the setting; with a secret beside it the
+/// server starts, says so, and HS256 tokens work. A URL that is not
+/// http(s) is refused before any fetch.
+#[test]
+fn an_unreachable_jwks_at_start_up() {
+    let idp_app = Backend::start("jwks-start");
+    idp_app.write("jwks.mode", "500");
+    let out = server(&idp_app.url("/jwks")).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("auth.jwks_url") && err.contains("500") && err.contains("no other key"),
+        "{err}"
+    );
+    for bad in ["ftp://127.0.0.1/jwks", "not a url"] {
+        let out = server(bad).output().unwrap();
+        assert!(!out.status.success(), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("auth.jwks_url"), "{bad}: {err}");
+    }
+
+    let secret = "s".repeat(32);
+    let mut cmd = server(&idp_app.url("/jwks"));
+    cmd.env("SWITCHBOARD__AUTH__SUBSCRIBE_SECRET", &secret);
+    let s = Running::start(cmd);
+    s.p.wait_event("jwks_fetch_failed", Duration::from_secs(5), |_| true);
+    let hs = {
+        use jsonwebtoken::{EncodingKey, Header, encode};
+        let exp = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            + Duration::from_secs(600))
+        .as_secs();
+        let claims = serde_json::json!({ "sub": "foo", "exp": exp, "aud": "switchboard" });
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+        )
+        .unwrap()
+    };
+    let _a = s.opens("foo", &hs);
+    assert_eq!(s.stats()["auth"]["jwks_failures"], 1);
+    // Unreachable, and fetched within 5 s: an RS256 token is told to retry.
+    let (status, why, _) = s.refused("foo", &token("rsa", "RS256", "r1", "foo"));
+    assert_eq!(status, 503, "{why}");
+}
