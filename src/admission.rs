@@ -25,6 +25,7 @@ use crate::conn::edge::{self, Client, Limits};
 use crate::conn::handshake::StreamRequest;
 use crate::conn::handshake::{self, Transport};
 use crate::error::{ApiError, Cors, CorsAnswer};
+use crate::hooks::{Ask, SubscribeHook};
 use crate::jwks::{Jwks, Learned};
 use crate::stats::Stats;
 use crate::stream::{Open, Via};
@@ -44,22 +45,27 @@ pub(crate) struct Refusal {
 pub(crate) enum Admitted {
     /// Admitted: the stream opens.
     Open(Open),
-    /// Its token names a `kid` not among the identity provider's keys
-    /// held: decided by [`Admission::complete`], once they are fetched
-    /// again. Boxed: only such requests pay for its size.
+    /// Decided by [`Admission::complete`]: its token names a `kid` not
+    /// among the identity provider's keys held (they are fetched again),
+    /// or the application's subscribe hook is asked. Boxed: only such
+    /// requests pay for its size.
     Later(Box<Pending>),
 }
 
-/// A stream request that passed every check up to its token, whose `kid`
-/// is not known yet.
+/// A stream request that passed every check up to its token, and waits
+/// for the identity provider's keys or the application.
 pub(crate) struct Pending {
     id: String,
-    token: String,
-    kid: String,
+    /// Its token's `kid`, when not among the keys held: the token is
+    /// checked once they are fetched again.
+    kid: Option<String>,
+    /// Its token's time left, once checked.
+    expires: Option<std::time::Duration>,
+    /// The subscribe hook's call, unless a yes is remembered.
+    ask: Option<Ask>,
     req: StreamRequest,
     cors: CorsAnswer,
     early: Vec<u8>,
-    via: Via,
     client: Client,
 }
 
@@ -75,6 +81,9 @@ pub(crate) struct Admission {
     verifier: Option<Verifier>,
     /// Fetches `auth.jwks_url`'s keys into the verifier's.
     jwks: Option<Arc<Jwks>>,
+    /// `hooks.subscribe_url`: the application asked before a stream is
+    /// admitted.
+    hook: Option<SubscribeHook>,
     /// `http.trusted_proxies`, parsed.
     trusted_proxies: Nets,
     /// The `[http]` settings: the CORS rule (`http.cors_origins`).
@@ -154,10 +163,27 @@ impl Admission {
                 .map_err(|e| invalid("auth.subscribe_secret", e))?,
             ),
         };
-        let jwks = match verifier.as_ref().and_then(Verifier::jwks) {
-            None => None,
-            Some(keys) => {
-                let backend = Backend::start()?;
+        let hook_url = settings.hooks.subscribe_url.trim();
+        if !hook_url.is_empty() {
+            check_url(hook_url).map_err(|e| invalid("hooks.subscribe_url", e))?;
+        }
+        // One backend thread for every endpoint of the application's.
+        let backend = match (verifier.as_ref().and_then(Verifier::jwks), hook_url) {
+            (None, "") => None,
+            _ => Some(Backend::start()?),
+        };
+        let hook = match (&backend, hook_url) {
+            (Some(backend), url) if !url.is_empty() => Some(SubscribeHook::new(
+                &settings.hooks,
+                Arc::clone(backend),
+                Arc::clone(&stats),
+            )),
+            _ => None,
+        };
+        let jwks = match (verifier.as_ref().and_then(Verifier::jwks), &backend) {
+            (None, _) | (_, None) => None,
+            (Some(keys), Some(backend)) => {
+                let backend = Arc::clone(backend);
                 let refresh = std::time::Duration::from_millis(auth.jwks_refresh_ms);
                 let (jwks, first) =
                     Jwks::start(jwks_url, refresh, Arc::clone(keys), backend, Arc::clone(&stats));
@@ -187,6 +213,7 @@ impl Admission {
             limits,
             verifier,
             jwks,
+            hook,
             trusted_proxies,
             http: settings.http.clone(),
             max_streams: settings.stream.max_streams,
@@ -253,6 +280,8 @@ impl Admission {
             // Counted where they are decided (`limits.refused`).
             ApiError::ShuttingDown | ApiError::StreamLimit(_) | ApiError::OverLimit { .. } => None,
             ApiError::KeysUnavailable(_) => Some(&self.stats.jwks_kid_unavailable),
+            // Counted by the hook.
+            ApiError::HookRefused { .. } | ApiError::HookUnavailable(_) | ApiError::HookBusy(_) => None,
             _ => Some(&self.stats.bad_heads),
         };
         if let Some(counter) = counter {
@@ -310,8 +339,8 @@ impl Admission {
         if req.transport == Transport::Ws && cors.vary && page.is_some() && cors.allow.is_none() {
             return Err(refused(ApiError::OriginNotAllowed));
         }
-        let expires = match &self.verifier {
-            None => None,
+        let (expires, kid) = match &self.verifier {
+            None => (None, None),
             Some(verifier) => {
                 let Some(token) = req.token.as_deref() else {
                     return Err(refused(ApiError::BadToken(
@@ -319,74 +348,12 @@ impl Admission {
                     )));
                 };
                 match verifier.verify(token, id) {
-                    Verdict::Valid(left) => Some(left),
+                    Verdict::Valid(left) => (Some(left), None),
                     Verdict::Refused(why) => return Err(refused(ApiError::BadToken(why))),
-                    Verdict::UnknownKid(kid) => {
-                        return Ok(Admitted::Later(Box::new(Pending {
-                            id: id.to_owned(),
-                            token: token.to_owned(),
-                            kid,
-                            req,
-                            cors: cors.into(),
-                            early: early.to_vec(),
-                            via,
-                            client,
-                        })));
-                    }
+                    Verdict::UnknownKid(kid) => (None, Some(kid)),
                 }
             }
         };
-        self.open(req, cors, expires, early.to_vec(), via, client)
-            .map(Admitted::Open)
-    }
-
-    /// A stream request whose token's `kid` was not known
-    /// ([`Admitted::Later`]): the identity provider's keys are fetched
-    /// again (at most [`crate::jwks::REFETCH_EVERY`] after the last fetch,
-    /// waited for at most [`crate::jwks::KID_WAIT`]), its token checked
-    /// with them, and the rest of [`Admission::admit_stream`] decided. A
-    /// `kid` still unknown is refused 401; keys that could not be fetched,
-    /// 503 with `Retry-After`.
-    pub(crate) async fn complete(&self, pending: Box<Pending>) -> Result<Open, Refusal> {
-        let Pending {
-            id,
-            token,
-            kid,
-            req,
-            cors,
-            early,
-            via,
-            client,
-        } = *pending;
-        let refused = |error: ApiError| self.refusal(error, cors.as_cors());
-        let (Some(verifier), Some(jwks)) = (&self.verifier, &self.jwks) else {
-            return Err(refused(ApiError::BadToken(token::kid_not_listed(&kid))));
-        };
-        let learned = jwks.learn(&kid).await;
-        if self.shutdown.is_cancelled() {
-            return Err(refused(ApiError::ShuttingDown));
-        }
-        if let Learned::Unreachable(why) = learned {
-            return Err(refused(ApiError::KeysUnavailable(why)));
-        }
-        let left = verifier
-            .check(&token, &id)
-            .map_err(|why| refused(ApiError::BadToken(why)))?;
-        self.open(req, cors.as_cors(), Some(left), early, via, client)
-    }
-
-    /// The steps of [`Admission::admit_stream`] after the token.
-    fn open(
-        &self,
-        req: StreamRequest,
-        cors: Cors<'_>,
-        expires: Option<std::time::Duration>,
-        early: Vec<u8>,
-        via: Via,
-        client: Client,
-    ) -> Result<Open, Refusal> {
-        let refused = |error: ApiError| self.refusal(error, cors);
-        let limits = &self.limits;
         if req.transport == Transport::Ws && via == Via::Fallback {
             // Only a first request on a connection is peeked and can become a
             // WebSocket (every WebSocket client opens a connection for it).
@@ -394,6 +361,90 @@ impl Admission {
                 "a WebSocket upgrade must be the first request on its connection".to_owned(),
             )));
         }
+        // The application's hook: its claims are the token's, checked
+        // already, or checked before the call (a `kid` not held).
+        let ask = self.hook.as_ref().and_then(|hook| {
+            let token = req.token.as_deref();
+            let claims = token.and_then(token::claims_of);
+            hook.ask_for(id, req.transport, client.ip, token, claims, head)
+        });
+        if kid.is_none() && ask.is_none() {
+            return self
+                .open(req, cors, expires, early.to_vec(), client)
+                .map(Admitted::Open);
+        }
+        Ok(Admitted::Later(Box::new(Pending {
+            id: id.to_owned(),
+            kid,
+            expires,
+            ask,
+            req,
+            cors: cors.into(),
+            early: early.to_vec(),
+            client,
+        })))
+    }
+
+    /// A stream request [`Admission::admit_stream`] could not decide at
+    /// once ([`Admitted::Later`]), decided: a token whose `kid` was not
+    /// held is checked once the identity provider's keys are fetched again
+    /// (at most [`crate::jwks::REFETCH_EVERY`] after the last fetch,
+    /// waited for at most [`crate::jwks::KID_WAIT`]): a `kid` still
+    /// unknown is refused 401, keys that could not be fetched 503 with
+    /// `Retry-After`. Then the application's subscribe hook is asked
+    /// ([`SubscribeHook::ask`]), and the rest of the admission decided.
+    pub(crate) async fn complete(&self, pending: Box<Pending>) -> Result<Open, Refusal> {
+        let Pending {
+            id,
+            kid,
+            mut expires,
+            ask,
+            req,
+            cors,
+            early,
+
+            client,
+        } = *pending;
+        let refused = |error: ApiError| self.refusal(error, cors.as_cors());
+        if let Some(kid) = kid {
+            let token = req.token.as_deref().unwrap_or_default();
+            let (Some(verifier), Some(jwks)) = (&self.verifier, &self.jwks) else {
+                return Err(refused(ApiError::BadToken(token::kid_not_listed(&kid))));
+            };
+            let learned = jwks.learn(&kid).await;
+            if self.shutdown.is_cancelled() {
+                return Err(refused(ApiError::ShuttingDown));
+            }
+            if let Learned::Unreachable(why) = learned {
+                return Err(refused(ApiError::KeysUnavailable(why)));
+            }
+            expires = Some(
+                verifier
+                    .check(token, &id)
+                    .map_err(|why| refused(ApiError::BadToken(why)))?,
+            );
+        }
+        if let (Some(hook), Some(ask)) = (&self.hook, ask) {
+            hook.ask(ask).await.map_err(refused)?;
+            if self.shutdown.is_cancelled() {
+                return Err(refused(ApiError::ShuttingDown));
+            }
+        }
+        self.open(req, cors.as_cors(), expires, early, client)
+    }
+
+    /// The last steps of an admission: the client address's count of
+    /// streams, and a `stream.max_streams` slot.
+    fn open(
+        &self,
+        req: StreamRequest,
+        cors: Cors<'_>,
+        expires: Option<std::time::Duration>,
+        early: Vec<u8>,
+        client: Client,
+    ) -> Result<Open, Refusal> {
+        let refused = |error: ApiError| self.refusal(error, cors);
+        let limits = &self.limits;
         // The client's address: its count (429).
         let counted = limits.count_stream(client).map_err(refused)?;
         let max = self.max_streams;

@@ -1,5 +1,6 @@
 //! The application's HTTP endpoints (the identity provider's JWKS,
-//! `auth.jwks_url`), called from one thread of their own.
+//! `auth.jwks_url`; the subscribe hook, `hooks.subscribe_url`), called
+//! from one thread of their own.
 //!
 //! The HTTP client is reqwest, with its keep-alive pool. Its connections
 //! are tasks of the runtime they were opened on, so it gets one runtime of

@@ -50,6 +50,8 @@ pub struct Settings {
     pub cluster: ClusterSettings,
     /// Limits per client address.
     pub limits: LimitSettings,
+    /// The application's endpoints: the subscribe hook.
+    pub hooks: HookSettings,
     /// Logging.
     pub log: LogSettings,
     /// Test-only switches.
@@ -505,6 +507,37 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
+/// `[hooks]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookSettings {
+    /// Where a stream request is POSTed before it is admitted (after its
+    /// token); empty: no hook.
+    pub subscribe_url: String,
+    /// Request headers passed on to the hook (names, comma-separated).
+    pub forward_headers: String,
+    /// How long a hook call may take, in milliseconds.
+    pub timeout_ms: u64,
+    /// What a hook that fails (no answer in time, an answer other than
+    /// 2xx, 401 or 403) decides.
+    pub on_failure: OnHookFailure,
+    /// Most hook calls at once; past it 503.
+    pub max_in_flight: usize,
+    /// How long an admission is remembered per (id, credentials), in
+    /// milliseconds; 0: every stream request asks.
+    pub cache_ms: u64,
+}
+
+/// `hooks.on_failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnHookFailure {
+    /// 503 with `Retry-After`.
+    Refuse,
+    /// Admitted as if the hook had said yes.
+    Admit,
+}
+
 /// `[log]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -689,6 +722,23 @@ impl Settings {
             );
         }
         self.validate_cluster()?;
+        let hooks = &self.hooks;
+        if !hooks.subscribe_url.is_empty() {
+            if hooks.timeout_ms == 0 || hooks.timeout_ms > 60_000 {
+                return invalid("hooks.timeout_ms", "must be between 1 and 60000");
+            }
+            if hooks.max_in_flight == 0 {
+                return invalid("hooks.max_in_flight", "must be at least 1");
+            }
+        }
+        if let Some(bad) = hooks.forward_headers.split(',').map(str::trim).find(|h| {
+            !h.is_empty()
+                && !h
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        }) {
+            return invalid("hooks.forward_headers", &format!("{bad:?} is not a header name"));
+        }
         if self.message.max_bytes + 64 > self.stream.max_pending_bytes {
             return invalid(
                 "message.max_bytes",

@@ -163,6 +163,22 @@ pub(crate) enum ApiError {
         "the identity provider's keys (auth.jwks_url) could not be fetched to check this token's kid ({0}); retry later"
     )]
     KeysUnavailable(String),
+    /// The application's subscribe hook (`hooks.subscribe_url`) refused
+    /// the stream: its 401 or 403, with its reason.
+    #[error("the application refused this stream: {reason}")]
+    HookRefused {
+        /// 401 or 403, as the application answered.
+        status: u16,
+        /// The application's `reason`.
+        reason: String,
+    },
+    /// The subscribe hook failed and `hooks.on_failure` is `"refuse"`: 503
+    /// with `Retry-After`.
+    #[error("the application's subscribe hook (hooks.subscribe_url) failed ({0}); retry later")]
+    HookUnavailable(String),
+    /// `hooks.max_in_flight` calls run already: 503 with `Retry-After`.
+    #[error("too many subscribe hook calls at once (hooks.max_in_flight = {0}); retry later")]
+    HookBusy(usize),
     /// Shutting down: 503.
     #[error("server is shutting down")]
     ShuttingDown,
@@ -265,6 +281,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
             ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
             ApiError::KeysUnavailable(_) => header(header::RETRY_AFTER, "5"),
+            ApiError::HookUnavailable(_) | ApiError::HookBusy(_) => header(header::RETRY_AFTER, "1"),
             ApiError::FleetClockAhead { ahead_s } => {
                 Some((header::RETRY_AFTER, ahead_s.max(&1).to_string().into()))
             }
@@ -324,6 +341,9 @@ impl ResponseError for ApiError {
             | ApiError::BadWebSocket(_)
             | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
+            ApiError::HookRefused { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::FORBIDDEN)
+            }
             ApiError::OriginNotAllowed | ApiError::PublishProtected | ApiError::OperatorPageElsewhere => {
                 StatusCode::FORBIDDEN
             }
@@ -344,6 +364,8 @@ impl ResponseError for ApiError {
             | ApiError::TooManyKeys
             | ApiError::ShuttingDown
             | ApiError::KeysUnavailable(_)
+            | ApiError::HookUnavailable(_)
+            | ApiError::HookBusy(_)
             | ApiError::Crashed(_)
             | ApiError::BusUnavailable
             | ApiError::RedisRefused(_)

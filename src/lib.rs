@@ -46,7 +46,9 @@
 //! - `jwks`: the identity provider's keys (`auth.jwks_url`), fetched at
 //!   start-up, on a timer, and when a token names a `kid` not held;
 //!   `backend`: the thread (its own runtime and HTTP client with a
-//!   keep-alive pool) the application's endpoints are called from.
+//!   keep-alive pool) the application's endpoints are called from;
+//!   `hooks`: the subscribe hook (`hooks.subscribe_url`), asked before a
+//!   stream is admitted.
 //! - `counter`: the Counter actor behind `/dispatcher` (in cluster mode its
 //!   numbers come from Redis, through the hub's command connection).
 //! - `stream`: the Stream actor (one per streaming connection), the one
@@ -88,6 +90,7 @@ pub mod config;
 mod counter;
 mod dashboard;
 mod error;
+mod hooks;
 mod hub;
 mod id;
 mod idempotency;

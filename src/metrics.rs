@@ -125,13 +125,20 @@ impl Collector for StatsCollector {
         )?;
         s.message_latency.encode(m)?;
         let m = enc.encode_descriptor(
+            "hook_seconds",
+            "Subscribe hook calls, from the stream request's admission asking to the application's answer (or the failure).",
+            None,
+            MetricType::Histogram,
+        )?;
+        s.hook_seconds.encode(m)?;
+        let m = enc.encode_descriptor(
             "stream_lifetime_seconds",
             "How long streams lived, observed when they end.",
             None,
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 43] = [
+        let counters: [CounterSpec<'_>; 50] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -273,6 +280,37 @@ impl Collector for StatsCollector {
                 "jwks_failures",
                 "Fetches of auth.jwks_url that failed; the keys held were kept.",
                 &s.jwks_failures,
+            ),
+            ("hook_calls", "Subscribe hook calls made.", &s.hook_calls),
+            (
+                "hook_admitted",
+                "Subscribe hook calls the application answered 2xx.",
+                &s.hook_admitted,
+            ),
+            (
+                "hook_refused",
+                "Subscribe hook calls the application answered 401 or 403.",
+                &s.hook_refused,
+            ),
+            (
+                "hook_failures",
+                "Subscribe hook calls that failed (another status, a redirect, an answer over 64 KiB, an error, a timeout).",
+                &s.hook_failures,
+            ),
+            (
+                "hook_failures_admitted",
+                "Failed subscribe hook calls admitted anyway (hooks.on_failure = admit).",
+                &s.hook_failures_admitted,
+            ),
+            (
+                "hook_busy",
+                "Stream requests refused 503 past hooks.max_in_flight.",
+                &s.hook_busy,
+            ),
+            (
+                "hook_remembered",
+                "Stream requests admitted by a subscribe hook's yes remembered (hooks.cache_ms).",
+                &s.hook_remembered,
             ),
             (
                 "jwks_kid_unavailable",

@@ -127,6 +127,23 @@ pub(crate) struct Stats {
     /// Streams refused 503 because their token's `kid` was unknown and
     /// the keys could not be fetched in time.
     pub(crate) jwks_kid_unavailable: AtomicU64,
+    /// Subscribe hook calls made.
+    pub(crate) hook_calls: AtomicU64,
+    /// Calls the application answered 2xx.
+    pub(crate) hook_admitted: AtomicU64,
+    /// Calls the application answered 401 or 403.
+    pub(crate) hook_refused: AtomicU64,
+    /// Calls that failed (another status, a redirect, an answer too long,
+    /// an error, a timeout).
+    pub(crate) hook_failures: AtomicU64,
+    /// Failed calls admitted anyway (`hooks.on_failure = "admit"`).
+    pub(crate) hook_failures_admitted: AtomicU64,
+    /// Stream requests refused 503 past `hooks.max_in_flight`.
+    pub(crate) hook_busy: AtomicU64,
+    /// Stream requests admitted by a yes remembered (`hooks.cache_ms`).
+    pub(crate) hook_remembered: AtomicU64,
+    /// How long the subscribe hook's calls took.
+    pub(crate) hook_seconds: Histogram,
     /// WebSocket streams refused for their Origin (403).
     pub(crate) origins_refused: AtomicU64,
     /// Ids with a history ring now (set by the Router).
@@ -222,6 +239,14 @@ impl Stats {
             jwks_failures: AtomicU64::new(0),
             jwks_keys: AtomicU64::new(0),
             jwks_kid_unavailable: AtomicU64::new(0),
+            hook_calls: AtomicU64::new(0),
+            hook_admitted: AtomicU64::new(0),
+            hook_refused: AtomicU64::new(0),
+            hook_failures: AtomicU64::new(0),
+            hook_failures_admitted: AtomicU64::new(0),
+            hook_busy: AtomicU64::new(0),
+            hook_remembered: AtomicU64::new(0),
+            hook_seconds: Histogram::new(&LATENCY_BUCKETS),
             origins_refused: AtomicU64::new(0),
             history_ids: AtomicU64::new(0),
             history_messages: AtomicU64::new(0),
@@ -342,6 +367,15 @@ impl Stats {
                 "jwks_keys": get(&self.jwks_keys),
                 "jwks_kid_unavailable": get(&self.jwks_kid_unavailable),
                 "origins_refused": get(&self.origins_refused),
+            },
+            "hooks": {
+                "calls": get(&self.hook_calls),
+                "admitted": get(&self.hook_admitted),
+                "refused": get(&self.hook_refused),
+                "failures": get(&self.hook_failures),
+                "failures_admitted": get(&self.hook_failures_admitted),
+                "busy": get(&self.hook_busy),
+                "remembered": get(&self.hook_remembered),
             },
             "history": {
                 "ids": get(&self.history_ids),

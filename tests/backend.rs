@@ -379,3 +379,316 @@ fn an_unreachable_jwks_at_start_up() {
     let (status, why, _) = s.refused("foo", &token("rsa", "RS256", "r1", "foo"));
     assert_eq!(status, 503, "{why}");
 }
+
+// --- The subscribe hook (hooks.subscribe_url) ---
+
+/// A server in this process asking `app`'s hook, with `edit` applied.
+fn hooked(app: &Backend, edit: impl FnOnce(&mut switchboard::Settings)) -> common::TestServer {
+    let mut s = common::settings();
+    s.hooks.subscribe_url = app.url("/hook");
+    edit(&mut s);
+    common::TestServer::start(s)
+}
+
+/// The hook's requests so far, as JSON.
+fn hook_log(app: &Backend) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(app.state.join("hook.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A refused stream request: status, error, `Retry-After`, and the CORS
+/// origin allowed.
+fn refused_at(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, Option<String>, Option<String>) {
+    let r = request(addr, "GET", path, headers, b"").unwrap();
+    assert_ne!(r.status, 200, "{path} admitted");
+    (
+        r.status,
+        r.error(),
+        r.header("retry-after").map(str::to_owned),
+        r.header("access-control-allow-origin").map(str::to_owned),
+    )
+}
+
+fn hs256(secret: &str, sub: &str) -> String {
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    let exp = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + Duration::from_secs(600))
+    .as_secs();
+    let claims = serde_json::json!({ "sub": sub, "exp": exp, "role": "reader" });
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The application decides on every transport, lean, fallback and TLS:
+/// it is asked with the id, the transport, the client's address, the
+/// verified token's claims and the forwarded headers; its 2xx admits, its
+/// 403 and 401 refuse with its reason, CORS headers included.
+#[test]
+fn the_subscribe_hook_decides_on_every_transport() {
+    let app = Backend::start("hook");
+    let secret = "k".repeat(32);
+    let dir = std::env::temp_dir().join(format!("switchboard-hook-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let certs = common::make_certificates(&dir, "hook");
+    let mut s = common::settings();
+    s.hooks.subscribe_url = app.url("/hook");
+    s.auth.subscribe_secret = secret.clone();
+    s.http.cors_origins = "http://app.example".into();
+    let srv = common::TestServer::start_tls(s, &certs);
+    let token = |id: &str| hs256(&secret, id);
+
+    // Chunked, with the forwarded headers.
+    let req = format!(
+        "GET /test/allow-1 HTTP/1.1\r\nhost: t\r\nAuthorization: Bearer {}\r\nCookie: session=abc\r\nOrigin: http://app.example\r\nX-Other: no\r\n\r\n",
+        token("allow-1")
+    );
+    let mut chunked = StreamClient::open_raw(srv.addr, &req);
+    assert_eq!(chunked.status, 200);
+    assert_eq!(chunked.line(), "Switchboard welcomes you! Your Id: allow-1");
+    let asked = hook_log(&app).pop().unwrap();
+    assert_eq!(asked["id"], "allow-1");
+    assert_eq!(asked["transport"], "chunked");
+    assert_eq!(asked["client"], "127.0.0.1");
+    assert_eq!(asked["claims"]["sub"], "allow-1");
+    assert_eq!(asked["claims"]["role"], "reader");
+    assert_eq!(asked["headers"]["cookie"], "session=abc");
+    assert_eq!(asked["headers"]["origin"], "http://app.example");
+    assert!(
+        asked["headers"]["authorization"]
+            .as_str()
+            .unwrap()
+            .starts_with("Bearer ")
+    );
+    assert!(asked["headers"].get("x-other").is_none(), "{asked}");
+
+    // SSE and WebSocket on the lean path, chunked on the fallback.
+    let sse = StreamClient::open_raw(
+        srv.addr,
+        &format!(
+            "GET /test/allow-2?token={} HTTP/1.1\r\nhost: t\r\nAccept: text/event-stream\r\n\r\n",
+            token("allow-2")
+        ),
+    );
+    assert_eq!(sse.status, 200);
+    assert_eq!(hook_log(&app).pop().unwrap()["transport"], "sse");
+    let ws = StreamClient::open_raw(
+        srv.addr,
+        &format!(
+            "GET /test/allow-3?token={} HTTP/1.1\r\nhost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            token("allow-3")
+        ),
+    );
+    assert_eq!(ws.status, 101);
+    assert_eq!(hook_log(&app).pop().unwrap()["transport"], "ws");
+    let before = hook_log(&app).len();
+    {
+        use std::io::Write as _;
+        let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+        let mut reader = BufReader::new(c);
+        assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
+        let req = format!(
+            "GET /test/deny-fb?token={} HTTP/1.1\r\nhost: t\r\n\r\n",
+            token("deny-fb")
+        );
+        reader.get_mut().write_all(req.as_bytes()).unwrap();
+        let r = common::read_response(&mut reader).unwrap();
+        assert_eq!(r.status, 403, "the fallback path asks too: {}", r.text());
+        assert!(r.error().contains("not a member of deny-fb"), "{}", r.text());
+    }
+    assert_eq!(hook_log(&app).len(), before + 1);
+
+    // Refusals: the application's status and reason, CORS named.
+    let origin = [("Origin", "http://app.example")];
+    for (id, status) in [("deny-1", 403), ("unauth-1", 401)] {
+        let (got, why, _, cors) = refused_at(srv.addr, &format!("/test/{id}?token={}", token(id)), &origin);
+        assert_eq!(got, status, "{why}");
+        assert_eq!(
+            why,
+            format!("the application refused this stream: not a member of {id}")
+        );
+        assert_eq!(cors.as_deref(), Some("http://app.example"));
+    }
+    // A bad token is refused before the application is asked.
+    let asked = hook_log(&app).len();
+    let (status, _, _, _) = refused_at(srv.addr, "/test/allow-9?token=nope", &[]);
+    assert_eq!(status, 401);
+    assert_eq!(hook_log(&app).len(), asked);
+
+    // Over TLS, with curl.
+    let tls = srv.addrs[1];
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(&certs.ca)
+            .args(args)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let held = curl(&[
+        "-N",
+        "--max-time",
+        "2",
+        &format!(
+            "https://127.0.0.1:{}/test/allow-tls?token={}",
+            tls.port(),
+            token("allow-tls")
+        ),
+    ]);
+    assert!(
+        held.starts_with("Switchboard welcomes you! Your Id: allow-tls"),
+        "{held}"
+    );
+    assert_eq!(hook_log(&app).pop().unwrap()["id"], "allow-tls");
+    let denied = curl(&[
+        "-w",
+        " %{http_code}",
+        &format!(
+            "https://127.0.0.1:{}/test/deny-tls?token={}",
+            tls.port(),
+            token("deny-tls")
+        ),
+    ]);
+    assert!(
+        denied.ends_with(" 403") && denied.contains("not a member of deny-tls"),
+        "{denied}"
+    );
+
+    let st = srv.stats();
+    assert_eq!(st["hooks"]["refused"], 4, "{st}");
+    assert_eq!(st["hooks"]["admitted"], 4, "{st}");
+    // The streams it admitted are streams like any other.
+    let r = srv.post("/send/allow-1", "hooked");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(chunked.line(), "Recvd msg #1: 'hooked'");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every way the application can fail, with `hooks.on_failure = "refuse"`:
+/// 503 with `Retry-After: 1` and why, counted; nothing else waits for it
+/// (streams of other ids open and publishes are answered while a call
+/// hangs); a redirect is not followed.
+#[test]
+fn a_failing_subscribe_hook_refuses_with_503_and_blocks_nothing() {
+    let app = Backend::start("hook-fail");
+    let srv = hooked(&app, |s| s.hooks.timeout_ms = 700);
+    let hang = std::thread::spawn({
+        let addr = srv.addr;
+        move || {
+            let t = Instant::now();
+            let r = refused_at(addr, "/test/hang-1", &[]);
+            (r, t.elapsed())
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // While it hangs: another id opens, a publish is answered.
+    let t = Instant::now();
+    let mut other = srv.open("allow-during");
+    assert_eq!(other.status, 200);
+    assert_eq!(other.line(), "Switchboard welcomes you! Your Id: allow-during");
+    let r = srv.post("/send/allow-during", "meanwhile");
+    assert_eq!(r.status, 200);
+    assert_eq!(other.line(), "Recvd msg #1: 'meanwhile'");
+    assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+    let ((status, why, retry, _), took) = hang.join().unwrap();
+    assert_eq!((status, retry.as_deref()), (503, Some("1")), "{why}");
+    assert!(why.contains("no answer within 700 ms"), "{why}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+
+    for (id, expect) in [
+        ("error-1", "answered 500"),
+        ("garbage-1", "error"),
+        ("huge-1", "over 65536 bytes"),
+        ("redirect-1", "302"),
+    ] {
+        let (status, why, retry, _) = refused_at(srv.addr, &format!("/test/{id}"), &[]);
+        assert_eq!((status, retry.as_deref()), (503, Some("1")), "{id}: {why}");
+        assert!(
+            why.contains("hooks.subscribe_url") && why.contains(expect),
+            "{id}: {why}"
+        );
+    }
+    assert_eq!(app.asked("/hook-followed"), 0, "a redirect was followed");
+    let st = srv.stats();
+    assert_eq!(st["hooks"]["failures"], 5, "{st}");
+    assert_eq!(st["hooks"]["failures_admitted"], 0, "{st}");
+    let metrics = srv.admin_get("/metrics").text();
+    assert!(metrics.contains("switchboard_hook_failures_total 5"), "{metrics}");
+    assert!(metrics.contains("switchboard_hook_seconds_count 6"), "{metrics}");
+}
+
+/// `hooks.on_failure = "admit"`: a hook that fails lets the stream in,
+/// counted; `hooks.max_in_flight`: calls past it are refused 503 at once.
+#[test]
+fn a_failing_hook_can_admit_and_calls_in_flight_are_bounded() {
+    let app = Backend::start("hook-admit");
+    let srv = hooked(&app, |s| {
+        s.hooks.timeout_ms = 500;
+        s.hooks.on_failure = switchboard::config::OnHookFailure::Admit;
+        s.hooks.max_in_flight = 2;
+    });
+    let mut a = srv.open("error-2");
+    assert_eq!(a.status, 200);
+    assert_eq!(a.line(), "Switchboard welcomes you! Your Id: error-2");
+    // Two hang; the third is refused at once.
+    let hanging: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = srv.addr;
+            std::thread::spawn(move || StreamClient::open(addr, &format!("hang-{i}")).status)
+        })
+        .collect();
+    srv.wait_stats(Duration::from_secs(5), |s| s["hooks"]["calls"] == 3);
+    let t = Instant::now();
+    let (status, why, retry, _) = refused_at(srv.addr, "/test/allow-3", &[]);
+    assert_eq!((status, retry.as_deref()), (503, Some("1")), "{why}");
+    assert!(why.contains("hooks.max_in_flight = 2"), "{why}");
+    assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+    for h in hanging {
+        assert_eq!(h.join().unwrap(), 200, "admitted when the hook timed out");
+    }
+    // Their places are given back.
+    assert_eq!(srv.open("allow-4").status, 200);
+    let st = srv.stats();
+    assert_eq!(st["hooks"]["failures_admitted"], 3, "{st}");
+    assert_eq!(st["hooks"]["busy"], 1, "{st}");
+}
+
+/// `hooks.cache_ms`: a yes is remembered per (id, credentials), a no never.
+#[test]
+fn a_hooks_yes_is_remembered_per_id_and_credentials() {
+    let app = Backend::start("hook-cache");
+    let srv = hooked(&app, |s| s.hooks.cache_ms = 60_000);
+    let open = |id: &str, cookie: &str| {
+        StreamClient::open_raw(
+            srv.addr,
+            &format!("GET /test/{id} HTTP/1.1\r\nhost: t\r\nCookie: {cookie}\r\n\r\n"),
+        )
+        .status
+    };
+    assert_eq!(open("allow-c", "u=1"), 200);
+    assert_eq!(open("allow-c", "u=1"), 200);
+    assert_eq!(hook_log(&app).len(), 1, "remembered");
+    assert_eq!(open("allow-c", "u=2"), 200);
+    assert_eq!(open("allow-d", "u=1"), 200);
+    assert_eq!(hook_log(&app).len(), 3, "other credentials, another id: asked");
+    assert_eq!(open("deny-c", "u=1"), 403);
+    assert_eq!(open("deny-c", "u=1"), 403);
+    assert_eq!(hook_log(&app).len(), 5, "a no is not remembered");
+    assert_eq!(srv.stats()["hooks"]["remembered"], 1);
+}

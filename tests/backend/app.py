@@ -8,6 +8,14 @@ Serves, on 127.0.0.1 and a port the kernel picks (printed as
               as STATE/jwks.mode says, "500" (an error), "hang" (no answer
               for 60 s) or "garbage" (not JSON).
 
+  POST /hook  the subscribe hook: decides by the stream id's first part
+              (before "-"): "allow" 200, "deny" 403 and "unauth" 401 with
+              {"reason": ...}, "hang" no answer for 30 s, "slow" 200 after
+              0.3 s, "error" 500, "garbage" bytes that are not HTTP,
+              "huge" 200 with a 10 MB body, "redirect" 302 to
+              /hook-followed (which nobody should ask). Each request's
+              body is appended to STATE/hook.log, a JSON line.
+
 Every request is appended to STATE/requests.log ("METHOD PATH"), so a test
 can count what the server asked. The files are read at each request: the
 test rotates keys or breaks the endpoint by rewriting them.
@@ -16,6 +24,7 @@ Usage: app.py STATE
 """
 
 import http.server
+import json
 import os
 import sys
 import threading
@@ -46,9 +55,50 @@ class App(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):
+    def logged(self, method):
         with LOCK, open(os.path.join(STATE, "requests.log"), "a") as log:
-            log.write(f"GET {self.path}\n")
+            log.write(f"{method} {self.path}\n")
+
+    def do_POST(self):
+        self.logged("POST")
+        length = int(self.headers.get("content-length", "0"))
+        body = self.rfile.read(length)
+        if self.path != "/hook":
+            return self.answer(404, b'{"error": "not found"}')
+        with LOCK, open(os.path.join(STATE, "hook.log"), "ab") as log:
+            log.write(body + b"\n")
+        asked = json.loads(body)
+        kind = asked["id"].split("-")[0]
+        if kind in ("allow", "chat:allow"):
+            return self.answer(200, b'{"ok": true}')
+        if kind == "slow":
+            time.sleep(0.3)
+            return self.answer(200, b"{}")
+        if kind in ("deny", "unauth"):
+            status = 403 if kind == "deny" else 401
+            reason = json.dumps({"reason": f"not a member of {asked['id']}"}).encode()
+            return self.answer(status, reason)
+        if kind == "hang":
+            time.sleep(30)
+            return
+        if kind == "error":
+            return self.answer(500, b'{"error": "boom"}')
+        if kind == "garbage":
+            self.wfile.write(b"this is not HTTP at all\r\n\r\n")
+            self.close_connection = True
+            return
+        if kind == "huge":
+            return self.answer(200, b" " * (10 * 1024 * 1024))
+        if kind == "redirect":
+            self.send_response(302)
+            self.send_header("location", "/hook-followed")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        self.answer(400, b'{"error": "unknown kind"}')
+
+    def do_GET(self):
+        self.logged("GET")
         if self.path != "/jwks":
             return self.answer(404, b'{"error": "not found"}')
         mode = read("jwks.mode", "ok").decode().strip()
