@@ -37,6 +37,12 @@ const MAX_REMEMBERED: usize = 100_000;
 /// The longest reason of the application's passed on to the client.
 const MAX_REASON: usize = 512;
 
+/// Most calls on the wire at once, each on a connection of the keep-alive
+/// pool: the others wait for one (within `hooks.timeout_ms`). A burst of
+/// stream requests then reuses warm connections instead of opening one per
+/// call (a thousand connections set up at once, and as many open files).
+pub(crate) const CONNECTIONS: usize = 64;
+
 /// The subscribe hook, shared by every worker.
 pub(crate) struct SubscribeHook {
     url: String,
@@ -49,6 +55,8 @@ pub(crate) struct SubscribeHook {
     remember: Duration,
     /// Admissions remembered: the (id, credentials) digest, and until when.
     remembered: Mutex<HashMap<[u8; 32], Instant>>,
+    /// [`CONNECTIONS`] permits.
+    wire: Arc<tokio::sync::Semaphore>,
     backend: Arc<Backend>,
     stats: Arc<Stats>,
 }
@@ -96,6 +104,7 @@ impl SubscribeHook {
             in_flight: Arc::new(AtomicUsize::new(0)),
             remember: Duration::from_millis(settings.cache_ms),
             remembered: Mutex::new(HashMap::new()),
+            wire: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS)),
             backend,
             stats,
         }
@@ -201,6 +210,7 @@ impl SubscribeHook {
         let started = Instant::now();
         let call = self.backend.spawn(call(
             self.backend.client().clone(),
+            Arc::clone(&self.wire),
             self.url.clone(),
             ask.body,
             self.timeout,
@@ -248,21 +258,33 @@ impl SubscribeHook {
     }
 }
 
-/// One call, on the backend thread: what the application answered.
-async fn call(client: reqwest::Client, url: String, body: Vec<u8>, timeout: Duration) -> Answer {
+/// One call, on the backend thread, once a connection is free: what the
+/// application answered within `timeout` (the wait for a connection
+/// included).
+async fn call(
+    client: reqwest::Client,
+    wire: Arc<tokio::sync::Semaphore>,
+    url: String,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Answer {
+    let deadline = Instant::now() + timeout;
+    let late = || Answer::Failed(format!("no answer within {} ms", timeout.as_millis()));
+    let waited = tokio::time::timeout_at(deadline.into(), wire.acquire_owned()).await;
+    let Ok(Ok(_connection)) = waited else {
+        return late();
+    };
     let sent = client
         .post(&url)
         .header("content-type", "application/json")
         .header("accept", "application/json")
-        .timeout(timeout)
+        .timeout(deadline.saturating_duration_since(Instant::now()))
         .body(body)
         .send()
         .await;
     let response = match sent {
         Ok(response) => response,
-        Err(e) if e.is_timeout() => {
-            return Answer::Failed(format!("no answer within {} ms", timeout.as_millis()));
-        }
+        Err(e) if e.is_timeout() => return late(),
         Err(e) => return Answer::Failed(backend::error_chain(&e)),
     };
     let status = response.status();

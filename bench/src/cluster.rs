@@ -244,7 +244,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         processes: Some(args.processes),
         workers: Some(args.workers),
         redis_url: Some(redis.url()),
-        binary: None,
+        ..Launch::default()
     };
     let row = measure(&launch, Some(&redis), &load, dir.path(), &mut rec)?;
     print_row(&row);

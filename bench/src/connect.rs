@@ -51,6 +51,14 @@ pub struct Args {
     /// (chunked, sse, ws); a peer stays on chunked.
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
     pub transport: Transport,
+    /// Also each server with a subscribe hook answered by `bench-hook`
+    /// (actix-web, one worker, keep-alive), right after it without:
+    /// switchboard's `hooks.subscribe_url` (with `hooks.max_in_flight` and
+    /// `hooks.timeout_ms` raised so that the burst waits its turn instead of
+    /// being refused), Nchan's `nchan_authorize_request`. Every stream's
+    /// admission asks it.
+    #[arg(long)]
+    pub hook: bool,
 }
 
 /// What `bench connect` measured.
@@ -74,6 +82,23 @@ pub(crate) struct ConnectRow {
     pub tcp_read_ms: f64,
     /// floodtest's summary (connect_rate, errors).
     pub flood: FloodSummary,
+    /// With a subscribe hook: its calls and times (None: no hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookFigures>,
+}
+
+/// A subscribe hook's figures, from switchboard's `/metrics` after the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub(crate) struct HookFigures {
+    /// Calls made (`switchboard_hook_calls_total`).
+    pub calls: u64,
+    /// Calls that failed.
+    pub failures: u64,
+    /// The median call's time, as the upper bound of its
+    /// `switchboard_hook_seconds` bucket, ms.
+    pub p50_ms: f64,
+    /// The 99th percentile's, ms (the same way).
+    pub p99_ms: f64,
 }
 
 /// Runs `bench connect`.
@@ -86,8 +111,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = TempDir::new("connect")?;
     let mut rec = Recorder::new("connect", c.smoke);
     let mut rows = Vec::new();
-    for kind in servers {
-        println!("connect: {} streams to {}", thousands(streams), kind.label());
+    let runs = servers.iter().flat_map(|&kind| {
+        let hooked = kind != ServerKind::Floor && args.hook;
+        [(kind, false)].into_iter().chain(hooked.then_some((kind, true)))
+    });
+    for (kind, hook) in runs {
+        let label = label(kind, hook);
+        println!("connect: {} streams to {label}", thousands(streams));
         let transport = if kind == ServerKind::Switchboard {
             args.transport
         } else {
@@ -95,6 +125,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         };
         let row = measure(
             kind,
+            hook,
             streams,
             args.rate,
             duration,
@@ -107,14 +138,34 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             whole(row.flood.connect_rate),
             thousands(row.held)
         );
+        if let Some(h) = &row.hook {
+            println!(
+                "  hook: {} calls, {} failed, p50 <= {} ms, p99 <= {} ms",
+                thousands(h.calls),
+                thousands(h.failures),
+                fixed(h.p50_ms, 2),
+                fixed(h.p99_ms, 2)
+            );
+        }
         rows.push(row);
     }
     let outcome = rec.finish(ConnectData { rows });
     outcome.publish(&c.out, &render(&outcome))
 }
 
+/// A row's name.
+fn label(kind: ServerKind, hook: bool) -> String {
+    if hook {
+        format!("{} + subscribe hook", kind.label())
+    } else {
+        kind.label().to_owned()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn measure(
     kind: ServerKind,
+    hook: bool,
     streams: u64,
     rate: f64,
     duration: Duration,
@@ -122,7 +173,32 @@ fn measure(
     dir: &Path,
     rec: &mut Recorder,
 ) -> anyhow::Result<ConnectRow> {
-    let server = Server::start(kind)?;
+    // The application's side, when hooked: started first, on its own port.
+    let app = if hook {
+        let (proc, _log, command, port) = super::servers::start_listening("bench-hook", &[], dir)?;
+        rec.tool(&command);
+        Some((proc, port))
+    } else {
+        None
+    };
+    let server = match &app {
+        None => Server::start(kind)?,
+        Some((_, port)) => Server::start_launched(
+            kind,
+            &super::servers::Launch {
+                env: vec![
+                    (
+                        "SWITCHBOARD__HOOKS__SUBSCRIBE_URL",
+                        format!("http://127.0.0.1:{port}/hook"),
+                    ),
+                    ("SWITCHBOARD__HOOKS__MAX_IN_FLIGHT", "100000".to_owned()),
+                    ("SWITCHBOARD__HOOKS__TIMEOUT_MS", "30000".to_owned()),
+                ],
+                hook: Some(*port),
+                ..Default::default()
+            },
+        )?,
+    };
     rec.tool(&server.command);
     let spec = FloodSpec {
         url: server.url("/test/c{n}"),
@@ -144,6 +220,13 @@ fn measure(
     }
     let (held, read) = procfs::established(server.addr_v4())?;
     let summary = flood.finish()?;
+    let hook = match app {
+        Some(_) if kind != ServerKind::Switchboard => Some(HookFigures::default()),
+        Some(_) => Some(hook_figures(
+            &super::client::request(server.addr(), "GET", "/metrics", "")?.body,
+        )),
+        None => None,
+    };
     if let Some(note) = server.stop() {
         rec.note(note);
     }
@@ -159,7 +242,45 @@ fn measure(
         held,
         tcp_read_ms: read.as_secs_f64() * 1000.0,
         flood: summary,
+        hook,
     })
+}
+
+/// The hook's figures in switchboard's `/metrics` text.
+fn hook_figures(metrics: &str) -> HookFigures {
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    // Cumulative buckets: (upper bound in s, count up to it).
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("switchboard_hook_seconds_bucket{le=\"")?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    let quantile = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, n)| total > 0.0 && *n >= q * total)
+            .map_or(0.0, |(le, _)| le * 1000.0)
+    };
+    HookFigures {
+        calls: value("switchboard_hook_calls_total") as u64,
+        failures: value("switchboard_hook_failures_total") as u64,
+        p50_ms: quantile(0.5),
+        p99_ms: quantile(0.99),
+    }
 }
 
 /// The table: one row per server, then the ratio of connect rates.
@@ -175,7 +296,7 @@ pub(crate) fn render(o: &Outcome<ConnectData>) -> String {
     ]);
     for r in &o.data.rows {
         t.row(vec![
-            r.server.label().into(),
+            label(r.server, r.hook.is_some()),
             thousands(r.streams),
             thousands(r.flood.established),
             errors_text(&r.flood.errors),
@@ -191,15 +312,56 @@ pub(crate) fn render(o: &Outcome<ConnectData>) -> String {
         o.data
             .rows
             .iter()
-            .find(|r| r.server == k)
+            .find(|r| r.server == k && r.hook.is_none())
             .map(|r| r.flood.connect_rate)
     });
+    for r in o.data.rows.iter().filter(|r| r.hook.is_some()) {
+        let plain = o
+            .data
+            .rows
+            .iter()
+            .find(|p| p.hook.is_none() && p.server == r.server);
+        out += &format!(
+            "\n{}: connects/s with the hook ÷ without = {}.",
+            label(r.server, true),
+            plain.map_or_else(
+                || "n/a".to_owned(),
+                |p| crate::table::times(ratio(r.flood.connect_rate, p.flood.connect_rate))
+            ),
+        );
+        if let Some(h) = r.hook.as_ref().filter(|_| r.server == ServerKind::Switchboard) {
+            out += &format!(
+                " {} calls ({} failed), p50 ≤ {} ms, p99 ≤ {} ms (`switchboard_hook_seconds`' buckets: \
+                 the time the hook adds to an admission).",
+                thousands(h.calls),
+                thousands(h.failures),
+                fixed(h.p50_ms, 2),
+                fixed(h.p99_ms, 2),
+            );
+        }
+        out += "\n";
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hooks_quantiles_are_its_buckets_upper_bounds() {
+        let metrics = "switchboard_hook_calls_total 100\n\
+            switchboard_hook_failures_total 2\n\
+            switchboard_hook_seconds_bucket{le=\"0.001\"} 10\n\
+            switchboard_hook_seconds_bucket{le=\"0.0025\"} 60\n\
+            switchboard_hook_seconds_bucket{le=\"0.01\"} 98\n\
+            switchboard_hook_seconds_bucket{le=\"0.1\"} 100\n\
+            switchboard_hook_seconds_bucket{le=\"+Inf\"} 100\n";
+        let h = hook_figures(metrics);
+        assert_eq!((h.calls, h.failures), (100, 2));
+        assert_eq!((h.p50_ms, h.p99_ms), (2.5, 100.0));
+        assert_eq!(hook_figures(""), HookFigures::default());
+    }
 
     #[test]
     fn renders_rows_and_ratio() {
@@ -213,6 +375,7 @@ mod tests {
                 connect_rate: rate,
                 ..FloodSummary::default()
             },
+            hook: None,
         };
         let o = Recorder::new("connect", false).finish(ConnectData {
             rows: vec![

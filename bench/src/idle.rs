@@ -84,6 +84,22 @@ pub struct Args {
     /// two memory readings [default: 65s; --smoke: 0s].
     #[arg(long, value_parser = parse_duration)]
     pub drain: Option<Duration>,
+    /// switchboard with a subscribe hook (`hooks.subscribe_url`) answered by
+    /// `bench-hook`: every stream's admission asks it.
+    #[arg(long)]
+    pub hook: bool,
+    /// More settings for switchboard, as `SWITCHBOARD__SECTION__KEY=VALUE`
+    /// (repeatable): `[namespaces.<name>]` sections, say.
+    #[arg(long = "setting", value_name = "VAR=VALUE", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
+}
+
+/// A `--setting`: a `SWITCHBOARD__` variable and its value.
+fn parse_setting(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if k.starts_with("SWITCHBOARD__") => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not SWITCHBOARD__SECTION__KEY=VALUE")),
+    }
 }
 
 /// What `bench idle` measured.
@@ -212,6 +228,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 ticks_per_sec: data.clock_ticks_per_sec,
                 transport,
                 tls: tls_files.as_ref().filter(|_| transport.tls()),
+                hook: args.hook,
+                settings: &args.settings,
             };
             match measure(kind, n, &phases, dir.path(), &mut rec) {
                 Ok(row) => {
@@ -256,6 +274,10 @@ struct Phases<'a> {
     transport: Wire,
     /// The run's certificates, for a TLS transport.
     tls: Option<&'a TlsFiles>,
+    /// switchboard asks `bench-hook` at every admission.
+    hook: bool,
+    /// More settings for switchboard.
+    settings: &'a [(String, String)],
 }
 
 fn measure(
@@ -266,7 +288,33 @@ fn measure(
     rec: &mut Recorder,
 ) -> anyhow::Result<IdleRow> {
     let (rate, settle, window) = (p.rate, p.settle, p.window);
-    let server = Server::start_tls(kind, p.tls)?;
+    let switchboard = kind == ServerKind::Switchboard;
+    // The application's side, when hooked (its own process: not counted).
+    let app = match p.hook && switchboard {
+        true => {
+            let (proc, _log, command, port) = super::servers::start_listening("bench-hook", &[], dir)?;
+            rec.tool(&command);
+            Some((proc, port))
+        }
+        false => None,
+    };
+    let mut launch = super::servers::Launch::default();
+    if switchboard {
+        // Leaked: `Launch` names its variables as `&'static str`; a few
+        // bytes per measurement of one run.
+        launch.env = p
+            .settings
+            .iter()
+            .map(|(k, v)| (&*k.clone().leak(), v.clone()))
+            .collect();
+    }
+    if let Some((_, port)) = &app {
+        launch.env.push((
+            "SWITCHBOARD__HOOKS__SUBSCRIBE_URL",
+            format!("http://127.0.0.1:{port}/hook"),
+        ));
+    }
+    let server = Server::start_full(kind, &launch, p.tls)?;
     rec.tool(&server.command);
     pause(settle)?;
     // From the baseline to the memory reading: open, settle, and a margin.

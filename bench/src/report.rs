@@ -641,7 +641,7 @@ pub(crate) fn markdown(r: &Results, m: &Machine, results_dir: &str, commit_now: 
     s += &format!(
         "nginx runs as `nginx -p DIR/ -c DIR/nginx.conf -e DIR/error.log` (DIR a fresh temporary directory, \
          PORT a free port), stopped with SIGTERM to the master:\n\n```nginx\n{}```\n\n",
-        nginx_conf("DIR", "PORT", None)
+        nginx_conf("DIR", "PORT", None, None)
     );
     s += &format!(
         "switchboard runs as `SWITCHBOARD__SERVER__HOST=127.0.0.1 SWITCHBOARD__SERVER__PORT=PORT \

@@ -170,6 +170,12 @@ pub(crate) struct Launch {
     pub redis_url: Option<String>,
     /// Another switchboard binary (None: the one beside this harness).
     pub binary: Option<PathBuf>,
+    /// More settings (`SWITCHBOARD__...` variables).
+    pub env: Vec<(&'static str, String)>,
+    /// The port of a `bench-hook` every stream's admission asks: switchboard's
+    /// `hooks.subscribe_url`, Nchan's `nchan_authorize_request` (through a
+    /// keep-alive upstream). Nchan is started with `launch.hook` only.
+    pub hook: Option<u16>,
 }
 
 /// A running server this harness started.
@@ -207,6 +213,21 @@ impl Server {
         Self::start_with(kind, &Launch::default(), files)
     }
 
+    /// Starts a fresh `kind` as `launch` says and waits until it answers.
+    pub(crate) fn start_launched(kind: ServerKind, launch: &Launch) -> anyhow::Result<Self> {
+        Self::start_with(kind, launch, None)
+    }
+
+    /// [`Server::start_launched`], also serving TLS with `files` on a
+    /// second port, when given.
+    pub(crate) fn start_full(
+        kind: ServerKind,
+        launch: &Launch,
+        files: Option<&TlsFiles>,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(kind, launch, files)
+    }
+
     /// Starts a fresh switchboard as `launch` says and waits until it
     /// answers (with several processes: until one of them does).
     pub(crate) fn start_switchboard(launch: &Launch) -> anyhow::Result<Self> {
@@ -234,7 +255,7 @@ impl Server {
                 (p, log, command, port)
             }
             ServerKind::Nchan => {
-                let (p, log, command) = start_nginx(dir.path(), port, tls.as_ref())?;
+                let (p, log, command) = start_nginx(dir.path(), port, tls.as_ref(), launch.hook)?;
                 (p, log, command, port)
             }
             ServerKind::Floor => start_floor(dir.path())?,
@@ -455,10 +476,22 @@ fn start_switchboard(
 /// Starts `bench-floor` on a port it picks itself, and reads which from
 /// its first line.
 fn start_floor(dir: &Path) -> anyhow::Result<(Spawned, PathBuf, String, u16)> {
-    let exe = sibling("bench-floor")?;
-    let log = dir.join("bench-floor.log");
-    let mut proc = Spawned::logged("bench-floor", Command::new(&exe).args(["--port", "0"]), &log)?;
-    let command = shell_line(&display_path(&exe), &["--port".to_owned(), "0".to_owned()]);
+    start_listening("bench-floor", &["--port", "0"], dir)
+}
+
+/// Starts the sibling binary `name` with `args`, which binds a port of its
+/// own choosing and prints `listening on 127.0.0.1:PORT`: the process, its
+/// log, its command line and the port.
+pub(crate) fn start_listening(
+    name: &str,
+    args: &[&str],
+    dir: &Path,
+) -> anyhow::Result<(Spawned, PathBuf, String, u16)> {
+    let exe = sibling(name)?;
+    let log = dir.join(format!("{name}.log"));
+    let mut proc = Spawned::logged(name, Command::new(&exe).args(args), &log)?;
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let command = shell_line(&display_path(&exe), &args);
     let started = Instant::now();
     while started.elapsed() < READY_LIMIT {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -466,11 +499,11 @@ fn start_floor(dir: &Path) -> anyhow::Result<(Spawned, PathBuf, String, u16)> {
             return Ok((proc, log, command, port));
         }
         if let Some(st) = proc.exited() {
-            bail!("bench-floor exited ({st}) before it listened:\n{text}");
+            bail!("{name} exited ({st}) before it listened:\n{text}");
         }
         process::pause(Duration::from_millis(20))?;
     }
-    bail!("bench-floor did not say its port within {READY_LIMIT:?}")
+    bail!("{name} did not say its port within {READY_LIMIT:?}")
 }
 
 /// The port in `bench-floor`'s `listening on 127.0.0.1:PORT` line.
@@ -495,6 +528,7 @@ pub(crate) fn switchboard_env_args(port: u16, launch: &Launch) -> (Vec<(&'static
     if let Some(url) = &launch.redis_url {
         env.push(("SWITCHBOARD__CLUSTER__REDIS_URL", url.clone()));
     }
+    env.extend(launch.env.iter().cloned());
     if launch.binary.is_none() {
         // The harness (and floodtest, by default) reads `/stats` and
         // `/cluster` on the server's one loopback port, as every run
@@ -534,13 +568,17 @@ fn start_nginx(
     dir: &Path,
     port: u16,
     tls: Option<&TlsListen<'_>>,
+    hook: Option<u16>,
 ) -> anyhow::Result<(Spawned, PathBuf, String)> {
     let nginx = find_program("nginx").context("nginx not found; run scripts/bench/peers.sh")?;
     if !Path::new(NCHAN_MODULE).is_file() {
         bail!("{NCHAN_MODULE} not found; run scripts/bench/peers.sh");
     }
     let d = dir.display().to_string();
-    std::fs::write(dir.join("nginx.conf"), nginx_conf(&d, &port.to_string(), tls))?;
+    std::fs::write(
+        dir.join("nginx.conf"),
+        nginx_conf(&d, &port.to_string(), tls, hook),
+    )?;
     let log = dir.join("error.log");
     let args: Vec<String> = vec![
         "-p".into(),
@@ -561,8 +599,20 @@ fn start_nginx(
 /// publisher on `/send/{id}`, a constant `/dispatcher`; `daemon off` so the
 /// PID we start is the master; everything it writes under `dir`. With
 /// `tls`, the same server also listens with `ssl` on the TLS port (TLS 1.2
-/// and 1.3, as switchboard serves; nginx's other SSL defaults).
-pub(crate) fn nginx_conf(dir: &str, port: &str, tls: Option<&TlsListen<'_>>) -> String {
+/// and 1.3, as switchboard serves; nginx's other SSL defaults). With
+/// `hook`, every subscriber is authorized first by a GET to that port's
+/// `/hook` (`nchan_authorize_request`, a keep-alive upstream of 64
+/// connections, as switchboard's hook pool).
+pub(crate) fn nginx_conf(dir: &str, port: &str, tls: Option<&TlsListen<'_>>, hook: Option<u16>) -> String {
+    let (upstream, authorize, auth_location) = match hook {
+        Some(p) => (
+            format!("  upstream hook {{ server 127.0.0.1:{p}; keepalive 64; }}\n"),
+            " nchan_authorize_request /auth;",
+            "    location = /auth { internal; proxy_pass http://hook/hook; proxy_http_version 1.1; \
+             proxy_set_header Connection \"\"; proxy_pass_request_body off; proxy_set_header Content-Length \"\"; }\n",
+        ),
+        None => (String::new(), "", ""),
+    };
     let ssl = match tls {
         Some(t) => format!(
             "    listen 127.0.0.1:{} ssl backlog=4096;
@@ -589,12 +639,12 @@ http {{
   client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
   uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
   keepalive_requests 1000000;
-  server {{
+{upstream}  server {{
     listen 127.0.0.1:{port} backlog=4096;
 {ssl}    location = /dispatcher {{ default_type text/plain; return 200 \"1\"; }}
-    location ~ ^/test/(.+)$ {{ nchan_subscriber http-raw-stream; nchan_channel_id $1; }}
+    location ~ ^/test/(.+)$ {{ nchan_subscriber http-raw-stream; nchan_channel_id $1;{authorize} }}
     location ~ ^/send/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}
-  }}
+{auth_location}  }}
 }}
 "
     )
@@ -623,7 +673,7 @@ mod tests {
 
     #[test]
     fn nginx_conf_is_the_verified_one() {
-        let c = nginx_conf("/tmp/x", "8123", None);
+        let c = nginx_conf("/tmp/x", "8123", None, None);
         assert!(c.starts_with("load_module /usr/lib/nginx/modules/ngx_nchan_module.so;\n"));
         assert!(c.contains("worker_processes 2;"));
         assert!(c.contains("daemon off;"));
@@ -644,7 +694,7 @@ mod tests {
             port: 8443,
             files: &files,
         };
-        let c = nginx_conf("/tmp/x", "8123", Some(&t));
+        let c = nginx_conf("/tmp/x", "8123", Some(&t), None);
         assert!(
             c.contains("listen 127.0.0.1:8123 backlog=4096;\n    listen 127.0.0.1:8443 ssl backlog=4096;")
         );
@@ -687,7 +737,7 @@ mod tests {
             processes: Some(4),
             workers: Some(1),
             redis_url: Some("redis://127.0.0.1:6390".into()),
-            binary: None,
+            ..Launch::default()
         };
         let (env, args) = switchboard_env_args(8123, &fleet);
         assert_eq!(args, ["--processes", "4"]);
