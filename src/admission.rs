@@ -27,6 +27,7 @@ use crate::conn::handshake::{self, Transport};
 use crate::error::{ApiError, Cors, CorsAnswer};
 use crate::hooks::{Ask, SubscribeHook};
 use crate::jwks::{Jwks, Learned};
+use crate::namespace::Namespaces;
 use crate::stats::Stats;
 use crate::stream::{Open, Via};
 use crate::token::{self, Verdict, Verifier};
@@ -84,6 +85,9 @@ pub(crate) struct Admission {
     /// `hooks.subscribe_url`: the application asked before a stream is
     /// admitted.
     hook: Option<SubscribeHook>,
+    /// `[namespaces.<name>]`: whether an id's streams need a token, and
+    /// whether the hook is asked.
+    namespaces: Namespaces,
     /// `http.trusted_proxies`, parsed.
     trusted_proxies: Nets,
     /// The `[http]` settings: the CORS rule (`http.cors_origins`).
@@ -214,6 +218,7 @@ impl Admission {
             verifier,
             jwks,
             hook,
+            namespaces: Namespaces::new(settings),
             trusted_proxies,
             http: settings.http.clone(),
             max_streams: settings.stream.max_streams,
@@ -339,20 +344,25 @@ impl Admission {
         if req.transport == Transport::Ws && cors.vary && page.is_some() && cors.allow.is_none() {
             return Err(refused(ApiError::OriginNotAllowed));
         }
+        // Its namespace's rules (the server's, outside every namespace).
+        let policy = self.namespaces.of(id);
         let (expires, kid) = match &self.verifier {
             None => (None, None),
-            Some(verifier) => {
-                let Some(token) = req.token.as_deref() else {
+            Some(verifier) => match req.token.as_deref() {
+                // `token_required = false`: open, unless a token is given
+                // (then it is checked, and ends the stream).
+                None if !policy.token_required => (None, None),
+                None => {
                     return Err(refused(ApiError::BadToken(
                         "none given: use ?token=<jwt> or Authorization: Bearer <jwt>".to_owned(),
                     )));
-                };
-                match verifier.verify(token, id) {
+                }
+                Some(token) => match verifier.verify(token, id) {
                     Verdict::Valid(left) => (Some(left), None),
                     Verdict::Refused(why) => return Err(refused(ApiError::BadToken(why))),
                     Verdict::UnknownKid(kid) => (None, Some(kid)),
-                }
-            }
+                },
+            },
         };
         if req.transport == Transport::Ws && via == Via::Fallback {
             // Only a first request on a connection is peeked and can become a
@@ -363,11 +373,15 @@ impl Admission {
         }
         // The application's hook: its claims are the token's, checked
         // already, or checked before the call (a `kid` not held).
-        let ask = self.hook.as_ref().and_then(|hook| {
-            let token = req.token.as_deref();
-            let claims = token.and_then(token::claims_of);
-            hook.ask_for(id, req.transport, client.ip, token, claims, head)
-        });
+        let ask = self
+            .hook
+            .as_ref()
+            .filter(|_| policy.subscribe_hook)
+            .and_then(|hook| {
+                let token = req.token.as_deref();
+                let claims = token.and_then(token::claims_of);
+                hook.ask_for(id, req.transport, client.ip, token, claims, head)
+            });
         if kid.is_none() && ask.is_none() {
             return self
                 .open(req, cors, expires, early.to_vec(), client)

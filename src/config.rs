@@ -52,6 +52,10 @@ pub struct Settings {
     pub limits: LimitSettings,
     /// The application's endpoints: the subscribe hook.
     pub hooks: HookSettings,
+    /// `[namespaces.<name>]`: policies of their own for the ids
+    /// `<name>:<rest>`.
+    #[serde(default)]
+    pub namespaces: std::collections::BTreeMap<String, NamespaceSettings>,
     /// Logging.
     pub log: LogSettings,
     /// Test-only switches.
@@ -528,6 +532,21 @@ pub struct HookSettings {
     pub cache_ms: u64,
 }
 
+/// `[namespaces.<name>]`: each key left out is the server-wide setting's.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceSettings {
+    /// Messages kept per id (`history.size`'s meaning).
+    pub history_size: Option<usize>,
+    /// How long, in milliseconds (`history.ttl_ms`'s).
+    pub history_ttl_ms: Option<u64>,
+    /// Whether a stream needs a subscriber token (when a key is
+    /// configured); false: the namespace's ids are open.
+    pub token_required: Option<bool>,
+    /// Whether `hooks.subscribe_url` is asked for the namespace's streams.
+    pub subscribe_hook: Option<bool>,
+}
+
 /// `hooks.on_failure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -722,6 +741,7 @@ impl Settings {
             );
         }
         self.validate_cluster()?;
+        self.validate_namespaces()?;
         let hooks = &self.hooks;
         if !hooks.subscribe_url.is_empty() {
             if hooks.timeout_ms == 0 || hooks.timeout_ms > 60_000 {
@@ -749,6 +769,55 @@ impl Settings {
     }
 
     /// The `[cluster]` rules, and the ones `server.processes` needs.
+    fn validate_namespaces(&self) -> Result<(), SettingsError> {
+        let invalid = |key, reason: String| Err(SettingsError::Invalid { key, reason });
+        let keyed = !self.auth.subscribe_secret.is_empty()
+            || !self.auth.subscribe_public_key_file.is_empty()
+            || !self.auth.jwks_url.trim().is_empty();
+        for (name, ns) in &self.namespaces {
+            if name.is_empty()
+                || name.len() > 64
+                || !name.bytes().all(|b| crate::id::is_id_byte(b) && b != b':')
+            {
+                return invalid(
+                    "namespaces",
+                    format!(
+                        "{name:?} is not a namespace name (1 to 64 of A-Za-z0-9 . _ ~ -; its ids are {name}:<rest>)"
+                    ),
+                );
+            }
+            let size = ns.history_size.unwrap_or(self.history.size);
+            if size > 100_000 {
+                return invalid(
+                    "namespaces.*.history_size",
+                    format!("[namespaces.{name}]: must be at most 100000"),
+                );
+            }
+            if size > 0 && ns.history_ttl_ms.unwrap_or(self.history.ttl_ms) == 0 {
+                return invalid(
+                    "namespaces.*.history_ttl_ms",
+                    format!("[namespaces.{name}]: must be at least 1 when its history size is above 0"),
+                );
+            }
+            if ns.token_required == Some(true) && !keyed {
+                return invalid(
+                    "namespaces.*.token_required",
+                    format!(
+                        "[namespaces.{name}]: no key to check tokens with (auth.subscribe_secret, \
+                         auth.subscribe_public_key_file or auth.jwks_url)"
+                    ),
+                );
+            }
+            if ns.subscribe_hook == Some(true) && self.hooks.subscribe_url.trim().is_empty() {
+                return invalid(
+                    "namespaces.*.subscribe_hook",
+                    format!("[namespaces.{name}]: hooks.subscribe_url is not set"),
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn validate_cluster(&self) -> Result<(), SettingsError> {
         let invalid = |key, reason: String| Err(SettingsError::Invalid { key, reason });
         let c = &self.cluster;

@@ -19,8 +19,8 @@ pub(crate) enum IdError {
         /// The configured maximum.
         max: usize,
     },
-    /// A character outside the unreserved URL set.
-    #[error("invalid id: only A-Za-z0-9 and . _ ~ - are allowed")]
+    /// A character outside the unreserved URL set and `:`.
+    #[error("invalid id: only A-Za-z0-9 and . _ ~ - : are allowed")]
     BadChar,
 }
 
@@ -39,10 +39,12 @@ pub(crate) fn shrink_if_sparse<K: Eq + Hash, V, S: BuildHasher>(table: &mut Hash
     }
 }
 
-/// True for the characters an id may contain: RFC 3986 "unreserved", so an id
-/// never needs escaping in a URL and never breaks a line of the wire format.
+/// True for the characters an id may contain: RFC 3986 "unreserved", and
+/// `:`, which separates a namespace from the rest (`chat:room1`; a path
+/// segment may hold it unescaped, RFC 3986 `pchar`), so an id never needs
+/// escaping in a URL path and never breaks a line of the wire format.
 pub(crate) fn is_id_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-')
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-' | b':')
 }
 
 /// Checks an id against the rules and the configured length limit.
@@ -131,10 +133,10 @@ mod properties {
         #![proptest_config(crate::proptest_config())]
 
         /// Any string, any limit: valid exactly when non-empty, within the
-        /// limit and made of RFC 3986 unreserved characters only.
+        /// limit and made of RFC 3986 unreserved characters and `:` only.
         #[test]
-        fn ids_follow_the_rule(id in prop_oneof!["[A-Za-z0-9._~-]{0,20}", ".{0,20}"], max in 1usize..20) {
-            let unreserved = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~-";
+        fn ids_follow_the_rule(id in prop_oneof!["[A-Za-z0-9._~:-]{0,20}", ".{0,20}"], max in 1usize..20) {
+            let unreserved = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~-:";
             let expected = !id.is_empty() && id.len() <= max && id.chars().all(|c| unreserved.contains(c));
             prop_assert_eq!(validate(&id, max).is_ok(), expected, "{:?}", id);
         }

@@ -73,6 +73,8 @@
 //! - [`config`]: typed settings from `config/default.toml`, a file, and
 //!   `SWITCHBOARD__*` environment variables.
 //! - `error`: the one error vocabulary, for actix-web and the lean paths.
+//! - `namespace`: `[namespaces.<name>]`, the policy of each id (history,
+//!   token, hook), looked up by the id's prefix.
 //! - `id`: stream id rules, connection ids, the shrink rule of tables keyed
 //!   by id.
 //!
@@ -96,6 +98,7 @@ mod id;
 mod idempotency;
 mod jwks;
 mod metrics;
+mod namespace;
 mod routes;
 mod server;
 mod state;

@@ -692,3 +692,143 @@ fn a_hooks_yes_is_remembered_per_id_and_credentials() {
     assert_eq!(hook_log(&app).len(), 5, "a no is not remembered");
     assert_eq!(srv.stats()["hooks"]["remembered"], 1);
 }
+
+// --- Namespaces ---
+
+/// `[namespaces.<name>]`: a namespace whose ids need no token and whose
+/// streams the hook is not asked about, beside one that keeps the server's
+/// rules (token and hook), on every transport, lean and fallback, and over
+/// TLS; ids outside every namespace keep the server's rules too.
+#[test]
+fn namespaces_set_the_token_and_hook_rules_on_every_transport() {
+    use switchboard::config::NamespaceSettings;
+    let app = Backend::start("ns");
+    let secret = "n".repeat(32);
+    let dir = std::env::temp_dir().join(format!("switchboard-ns-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let certs = common::make_certificates(&dir, "ns");
+    let mut s = common::settings();
+    s.auth.subscribe_secret = secret.clone();
+    s.hooks.subscribe_url = app.url("/hook");
+    s.namespaces.insert(
+        "public".into(),
+        NamespaceSettings {
+            token_required: Some(false),
+            subscribe_hook: Some(false),
+            ..NamespaceSettings::default()
+        },
+    );
+    s.namespaces.insert("chat".into(), NamespaceSettings::default());
+    let srv = common::TestServer::start_tls(s, &certs);
+    let ws = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+    // public: no token, no hook, on each transport.
+    for (extra, status) in [("", 200), ("Accept: text/event-stream\r\n", 200), (ws, 101)] {
+        let s = StreamClient::open_raw(
+            srv.addr,
+            &format!("GET /test/public:news HTTP/1.1\r\nhost: t\r\n{extra}\r\n"),
+        );
+        assert_eq!(s.status, status, "{extra}");
+    }
+    let fallback = |path: &str| {
+        use std::io::Write as _;
+        let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+        let mut reader = BufReader::new(c);
+        assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
+        reader
+            .get_mut()
+            .write_all(format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n").as_bytes())
+            .unwrap();
+        common::read_head(&mut reader).unwrap().0
+    };
+    assert_eq!(fallback("/test/public:news"), 200);
+    let tls = srv.addrs[1];
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(&certs.ca)
+            .args(args)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let held = curl(&[
+        "-N",
+        "--max-time",
+        "2",
+        &format!("https://127.0.0.1:{}/test/public:news", tls.port()),
+    ]);
+    assert!(
+        held.starts_with("Switchboard welcomes you! Your Id: public:news"),
+        "{held}"
+    );
+    assert!(hook_log(&app).is_empty(), "the hook was asked about public:");
+    // A token given in an open namespace is still checked.
+    let (status, why, _, _) = refused_at(srv.addr, "/test/public:news?token=nope", &[]);
+    assert_eq!(status, 401, "{why}");
+
+    // Outside every namespace, and in chat: a token, and the hook.
+    for path in ["/test/allow-1", "/test/chat:allow-1"] {
+        let (status, why, _, _) = refused_at(srv.addr, path, &[]);
+        assert_eq!(status, 401, "{path}: {why}");
+        assert_eq!(fallback(path), 401, "{path}");
+        let denied = curl(&[
+            "-w",
+            " %{http_code}",
+            &format!("https://127.0.0.1:{}{path}", tls.port()),
+        ]);
+        assert!(denied.ends_with(" 401"), "{path}: {denied}");
+    }
+    let token = hs256(&secret, "chat:allow-1");
+    let mut chat = StreamClient::open_raw(
+        srv.addr,
+        &format!("GET /test/chat:allow-1?token={token} HTTP/1.1\r\nhost: t\r\n\r\n"),
+    );
+    assert_eq!(chat.status, 200);
+    assert_eq!(chat.line(), "Switchboard welcomes you! Your Id: chat:allow-1");
+    assert_eq!(hook_log(&app).pop().unwrap()["id"], "chat:allow-1");
+    let r = srv.post("/send/chat:allow-1", "in chat");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(chat.line(), "Recvd msg #1: 'in chat'");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A key a namespace does not have, or a rule it cannot keep, stops the
+/// start with the key named.
+#[test]
+fn a_namespace_key_that_does_not_exist_stops_the_start() {
+    for (var, value, expect) in [
+        (
+            "SWITCHBOARD__NAMESPACES__CHAT__HISTORY_SIZES",
+            "5",
+            "history_sizes",
+        ),
+        (
+            "SWITCHBOARD__NAMESPACES__CHAT__TOKEN_REQUIRED",
+            "true",
+            "namespaces.*.token_required",
+        ),
+        (
+            "SWITCHBOARD__NAMESPACES__CHAT__SUBSCRIBE_HOOK",
+            "true",
+            "hooks.subscribe_url",
+        ),
+        (
+            "SWITCHBOARD__NAMESPACES__CHAT__HISTORY_SIZE",
+            "1000001",
+            "at most 100000",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .env("SWITCHBOARD__SERVER__PORT", "0")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{var} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{var}: {err}");
+    }
+}

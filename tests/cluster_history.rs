@@ -264,6 +264,51 @@ fn resuming_beyond_the_history_size_is_told_a_gap() {
     assert_eq!(a.stats()["history"]["gaps"], 0);
 }
 
+/// Issue 37: a namespace's `history_size` is the fleet's for its ids: a
+/// resume on another node gets all five of `keep:t`'s messages (it keeps
+/// five) and is told of a gap in `t`'s (the server's `history.size`, 2),
+/// and a catch-up read (id and broadcasts in one script call, each with
+/// its own size) keeps each to its own.
+#[test]
+fn a_namespace_keeps_its_own_history_across_the_fleet() {
+    use switchboard::config::NamespaceSettings;
+    let redis = RedisServer::start();
+    let p = prefix("nshist");
+    let node = |name| {
+        let mut s = node_settings(&redis, &p, name);
+        s.history.size = 2;
+        s.namespaces.insert(
+            "keep".into(),
+            NamespaceSettings {
+                history_size: Some(5),
+                ..NamespaceSettings::default()
+            },
+        );
+        start_node(s)
+    };
+    let (a, b) = (node("a"), node("b"));
+    let start = send_ok(a.addr, "other", "m0");
+    for id in ["keep:t", "t"] {
+        for i in 1..=5 {
+            send_ok(a.addr, id, &format!("{id} m{i}"));
+        }
+    }
+    let mut kept = open_ids(b.addr, "keep:t", Some(start));
+    kept.line();
+    for i in 1..=5 {
+        let line = kept.line();
+        assert!(line.ends_with(&format!("'keep:t m{i}'")), "{line}");
+    }
+    let mut trimmed = open_ids(b.addr, "t", Some(start));
+    trimmed.line();
+    let gap = trimmed.line();
+    assert!(gap.contains("Gap: messages after event"), "{gap}");
+    for i in 4..=5 {
+        let line = trimmed.line();
+        assert!(line.ends_with(&format!("'t m{i}'")), "{line}");
+    }
+}
+
 /// Issue 23: Redis losing its data (`FLUSHALL`, as a restart without
 /// persistence) starts a new epoch: a resume from before it is told of a
 /// gap, and then gets what was sent since, in order.

@@ -1031,7 +1031,7 @@ mod properties {
     /// Request lines near the interesting cases: stream and dispatcher lines,
     /// their near misses, and noise.
     fn request_line() -> impl Strategy<Value = Vec<u8>> {
-        let id = "[A-Za-z0-9._~%/-]{0,16}";
+        let id = "[A-Za-z0-9._~%/:-]{0,16}";
         let query = proptest::option::of(prop_oneof![
             "[!$-;=?-~]{0,20}",
             "[ -~]{0,20}",

@@ -1059,7 +1059,7 @@ mod tests {
         let cluster = Arc::new(
             Cluster::new(
                 &settings.cluster,
-                &settings.history,
+                crate::namespace::Namespaces::new(&settings),
                 1000,
                 Arc::new(Stats::new()),
                 "test".to_owned(),
@@ -1113,7 +1113,7 @@ mod tests {
         let cluster = Arc::new(
             Cluster::new(
                 &settings.cluster,
-                &settings.history,
+                crate::namespace::Namespaces::new(&settings),
                 1000,
                 Arc::new(Stats::new()),
                 "test".to_owned(),

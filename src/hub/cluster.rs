@@ -37,9 +37,10 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncCommands, IntoConnectionInfo};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ClusterSettings, HistorySettings, redact_url};
+use crate::config::{ClusterSettings, redact_url};
 use crate::error::ApiError;
 use crate::hub::history::{CaughtUp, FleetHistory, FleetRead, KeptMessage};
+use crate::namespace::Namespaces;
 use crate::stats::Stats;
 
 /// How far behind its expiry time a stale name is pruned from the node set;
@@ -156,13 +157,17 @@ pub(crate) const MAX_AHEAD: Duration = Duration::from_secs(60);
 /// `max-deleted-entry-id`; a stream that is not there expired (so nothing
 /// after `now - ttl` was in it) or was lost with the epoch.
 ///
-/// KEYS: fleet, then the histories. ARGV: since, history.ttl_ms,
-/// history.size.
+/// A history stream's key, and what it keeps: TTL (ms) and size.
+type History = (String, u64, usize);
+
+/// KEYS: fleet, then the histories. ARGV: since, then for each history
+/// what it keeps (its namespace's, or `history.ttl_ms` and
+/// `history.size`): its TTL in ms and its size.
 const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
     if ARGV[1] == '' then return out end \
-    local size = tonumber(ARGV[3]) \
-    local floor = math.max(epoch, now - tonumber(ARGV[2]) * 1000) \
     for i = 2, #KEYS do \
+    local size = tonumber(ARGV[2 * i - 1]) \
+    local floor = math.max(epoch, now - tonumber(ARGV[2 * i - 2]) * 1000) \
     local lost, entries = floor, {} \
     if size == 0 then lost = clock \
     elseif redis.call('EXISTS', KEYS[i]) == 1 then \
@@ -172,7 +177,7 @@ const READ_SCRIPT: &str = "local out = {fmt(clock), fmt(epoch)} \
     lost = math.max(epoch, ms(h['max-deleted-entry-id'])) \
     if h['entries-added'] > h['length'] and h['first-entry'] then \
     lost = math.max(lost, ms(h['first-entry'][1]) - 1) end \
-    entries = redis.call('XRANGE', KEYS[i], '(' .. ARGV[1] .. '-0', '+', 'COUNT', ARGV[3]) end \
+    entries = redis.call('XRANGE', KEYS[i], '(' .. ARGV[1] .. '-0', '+', 'COUNT', size) end \
     table.insert(out, fmt(lost)) table.insert(out, entries) end \
     return out";
 
@@ -722,9 +727,9 @@ pub(crate) struct Cluster {
     /// The highest event id this node saw: in its publishes' answers and
     /// on the bus. [`Cluster::fence`] moves the fleet's clock past it.
     seen: AtomicU64,
-    /// `history.size` and `history.ttl_ms`: what the fleet's history keeps.
-    history_size: usize,
-    history_ttl_ms: u64,
+    /// What the fleet's history keeps of each id (`history.size` and
+    /// `history.ttl_ms`, or its namespace's).
+    namespaces: Namespaces,
     /// Redis's version, as its first heartbeat found it (`/stats`).
     redis_version: Mutex<String>,
     /// Redis is older than 7.0: nothing is published (a publish script
@@ -739,7 +744,7 @@ impl Cluster {
     /// run inside a tokio runtime, which drives the connection.
     pub(crate) fn new(
         settings: &ClusterSettings,
-        history: &HistorySettings,
+        namespaces: Namespaces,
         max_message_bytes: usize,
         server_stats: Arc<Stats>,
         addr: String,
@@ -828,8 +833,7 @@ impl Cluster {
             read_script: redis::Script::new(&format!("{LUA_PRELUDE}{READ_SCRIPT}")),
             fence_script: redis::Script::new(&format!("{LUA_PRELUDE}{FENCE_SCRIPT}")),
             seen: AtomicU64::new(0),
-            history_size: history.size,
-            history_ttl_ms: history.ttl_ms,
+            namespaces,
             redis_version: Mutex::new(String::new()),
             unusable: AtomicBool::new(false),
         })
@@ -1040,8 +1044,9 @@ impl Cluster {
         self.awaited().remove(&seq).filter(|p| p.expires > Instant::now())
     }
 
-    /// Publishes `msg` fleet-wide on `channel`, kept in `history` (see
-    /// [`Names::of`]), with [`PUBLISH_SCRIPT`]: one
+    /// Publishes `msg` fleet-wide on the channel of `id` (`None`: of
+    /// broadcasts), kept in its history (see [`Names::of`]) as its
+    /// namespace says, with [`PUBLISH_SCRIPT`]: one
     /// event id, kept in the fleet's history, PUBLISHed in that order; with
     /// `keyed` (an `Idempotency-Key` and the request's fingerprint), only if
     /// the key was not used within `key_ttl`. This node's streams get it
@@ -1052,7 +1057,7 @@ impl Cluster {
     /// waited for.
     pub(crate) async fn publish(
         &self,
-        (channel, history): (String, String),
+        id: Option<&str>,
         msg: &str,
         keyed: Option<(&str, &str)>,
         key_ttl: Duration,
@@ -1094,7 +1099,9 @@ impl Cluster {
         );
         let script = self.publish_script.clone();
         let (fleet, origin, text) = (self.names.fleet_key(), publish_id, msg.to_owned());
-        let (size, ttl) = (self.history_size, self.history_ttl_ms);
+        let (channel, history) = self.names.of(id);
+        let policy = id.map_or(self.namespaces.default_policy(), |id| self.namespaces.of(id));
+        let (size, ttl) = (policy.history_size, policy.history_ttl_ms);
         let (claim_arg, key_ms) = (claim.clone().unwrap_or_default(), key_ttl.as_millis() as u64);
         // The script and its WAIT (below) on one connection: WAIT counts
         // the writes of the connection it is sent on. (Should the manager
@@ -1256,7 +1263,7 @@ impl Cluster {
     /// Reads the fleet's history for a stream of `id` that resumes after
     /// `since` (or, `None`, starts now) with [`READ_SCRIPT`].
     pub(crate) async fn read_history(&self, id: &str, since: Option<u64>) -> Result<FleetRead, ApiError> {
-        let histories = vec![self.names.history_key(id), self.names.broadcasts_key()];
+        let histories = vec![self.history_of(id), self.broadcasts_history()];
         let (clock, epoch, mut kept) = self.read(histories, since).await?;
         let mut read = FleetRead {
             clock,
@@ -1316,8 +1323,8 @@ impl Cluster {
     /// for each of `ids` (at most [`CATCH_UP_BATCH`]), one read for all:
     /// `(clock, epoch, broadcasts, each id's)`.
     pub(crate) async fn catch_up(&self, ids: &[Arc<str>], since: u64) -> Result<CaughtUp, ApiError> {
-        let histories = std::iter::once(self.names.broadcasts_key())
-            .chain(ids.iter().map(|id| self.names.history_key(id)))
+        let histories = std::iter::once(self.broadcasts_history())
+            .chain(ids.iter().map(|id| self.history_of(id)))
             .collect();
         let (clock, epoch, mut kept) = self.read(histories, Some(since)).await?;
         if kept.len() != ids.len() + 1 {
@@ -1332,32 +1339,37 @@ impl Cluster {
         })
     }
 
+    /// The history stream of `id`, with what it keeps.
+    fn history_of(&self, id: &str) -> History {
+        let p = self.namespaces.of(id);
+        (self.names.history_key(id), p.history_ttl_ms, p.history_size)
+    }
+
+    /// The history stream of broadcasts, with what it keeps.
+    fn broadcasts_history(&self) -> History {
+        let p = self.namespaces.default_policy();
+        (self.names.broadcasts_key(), p.history_ttl_ms, p.history_size)
+    }
+
     /// Runs [`READ_SCRIPT`] over `histories`: the fleet's clock and epoch,
     /// and each history's kept messages after `since`.
     async fn read(
         &self,
-        histories: Vec<String>,
+        histories: Vec<History>,
         since: Option<u64>,
     ) -> Result<(u64, u64, Vec<FleetHistory>), ApiError> {
         let started = Instant::now();
         let script = self.read_script.clone();
         let fleet = self.names.fleet_key();
-        let (since_arg, ttl, size) = (
-            since.map(|s| s.to_string()).unwrap_or_default(),
-            self.history_ttl_ms,
-            self.history_size,
-        );
+        let since_arg = since.map(|s| s.to_string()).unwrap_or_default();
         let r = self
             .command("history", async move |mut c| {
                 let mut call = script.key(fleet);
-                for h in histories {
-                    call.key(h);
+                call.arg(since_arg);
+                for (key, ttl, size) in histories {
+                    call.key(key).arg(ttl).arg(size);
                 }
-                call.arg(since_arg)
-                    .arg(ttl)
-                    .arg(size)
-                    .invoke_async::<Vec<redis::Value>>(&mut c)
-                    .await
+                call.invoke_async::<Vec<redis::Value>>(&mut c).await
             })
             .await;
         let s = &self.server_stats;

@@ -30,6 +30,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::namespace::Namespaces;
+
 /// One message kept: its event id and text.
 pub(crate) type KeptMessage = (u64, Arc<str>);
 
@@ -64,8 +66,10 @@ pub(crate) struct Gap {
 
 /// Event ids and rings.
 pub(crate) struct History {
-    size: usize,
-    ttl_us: u64,
+    /// How many messages an id keeps, and how long: its namespace's
+    /// `history_size` and `history_ttl_ms`, or `history.size` and
+    /// `history.ttl_ms`.
+    rules: Namespaces,
     /// The first id this process could give: what came before is not here.
     started: u64,
     /// The largest id minted: ids minted from now on are larger.
@@ -88,11 +92,16 @@ pub(crate) fn now_us() -> u64 {
 
 impl History {
     /// Keeps `size` messages per id for `ttl`.
+    #[cfg(test)]
     pub(crate) fn new(size: usize, ttl: Duration) -> Self {
+        History::with(Namespaces::uniform(size, ttl.as_millis() as u64))
+    }
+
+    /// Keeps as many messages per id, for as long, as `rules` say.
+    pub(crate) fn with(rules: Namespaces) -> Self {
         let now = now_us();
         History {
-            size,
-            ttl_us: ttl.as_micros() as u64,
+            rules,
             started: now,
             clock: now,
             last: now,
@@ -113,21 +122,29 @@ impl History {
         self.last
     }
 
-    /// Ids below this may have had messages that are gone now.
-    fn floor(&self, now: u64) -> u64 {
-        self.started.max(now.saturating_sub(self.ttl_us))
+    /// How many messages `id` keeps, and for how many microseconds.
+    fn rule(&self, id: &str) -> (usize, u64) {
+        let p = self.rules.of(id);
+        (p.history_size, p.history_ttl_ms.saturating_mul(1000))
+    }
+
+    /// Ids below this may have had messages that are gone now, for an id
+    /// whose messages are kept `ttl` microseconds.
+    fn floor(&self, now: u64, ttl: u64) -> u64 {
+        self.started.max(now.saturating_sub(ttl))
     }
 
     /// Keeps message `ev` of `id` (minted by [`History::next_id`], so
     /// after every id kept).
     pub(crate) fn record(&mut self, id: &str, ev: u64, msg: &Arc<str>) {
         self.last = self.last.max(ev);
-        if self.size == 0 {
+        let (size, ttl) = self.rule(id);
+        if size == 0 {
             return;
         }
         let now = now_us();
         if !self.rings.contains_key(id) {
-            let lost_before = self.floor(now);
+            let lost_before = self.floor(now, ttl);
             self.rings.insert(
                 Arc::from(id),
                 Ring {
@@ -136,7 +153,6 @@ impl History {
                 },
             );
         }
-        let (size, ttl) = (self.size, self.ttl_us);
         // unwrap: inserted above if it was missing.
         let ring = self.rings.get_mut(id).expect("ring exists");
         ring.entries.push_back((ev, Arc::clone(msg)));
@@ -165,14 +181,15 @@ impl History {
             return read;
         };
         let now = now_us();
+        let (size, ttl) = self.rule(id);
         let (entries, lost_before) = match self.rings.get_mut(id) {
             Some(ring) => {
-                self.kept -= ring.expire(now, self.ttl_us);
+                self.kept -= ring.expire(now, ttl);
                 let after = ring.entries.partition_point(|(ev, _)| *ev <= since);
                 (ring.entries.range(after..).cloned().collect(), ring.lost_before)
             }
-            None if self.size == 0 => (Vec::new(), u64::MAX),
-            None => (Vec::new(), self.floor(now)),
+            None if size == 0 => (Vec::new(), u64::MAX),
+            None => (Vec::new(), self.floor(now, ttl)),
         };
         // Nothing after the last id given can be missing.
         read.id = FleetHistory {
@@ -191,9 +208,11 @@ impl History {
 
     /// Drops expired messages, and rings left empty.
     pub(crate) fn sweep(&mut self) {
-        let (now, ttl) = (now_us(), self.ttl_us);
+        let now = now_us();
         let mut dropped = 0;
-        self.rings.retain(|_, ring| {
+        let rules = &self.rules;
+        self.rings.retain(|id, ring| {
+            let ttl = rules.of(id).history_ttl_ms.saturating_mul(1000);
             dropped += ring.expire(now, ttl);
             !ring.entries.is_empty()
         });
@@ -203,7 +222,8 @@ impl History {
 
     /// How often [`History::sweep`] should run.
     pub(crate) fn sweep_interval(&self) -> Duration {
-        Duration::from_micros(self.ttl_us / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+        Duration::from_millis(self.rules.shortest_ttl_ms() / 4)
+            .clamp(Duration::from_secs(1), Duration::from_secs(60))
     }
 
     /// Ids with a ring, and messages kept.
@@ -409,6 +429,38 @@ mod tests {
                 ..Resume::default()
             }
         );
+    }
+
+    /// An id of a namespace keeps what its namespace says; one outside,
+    /// the server's `history.size`; a namespace that keeps none, none.
+    #[test]
+    fn each_namespace_keeps_its_own_history() {
+        let mut settings = crate::config::Settings::defaults();
+        settings.history.size = 1;
+        for (name, size) in [("chat", 3), ("quiet", 0)] {
+            settings.namespaces.insert(
+                name.into(),
+                crate::config::NamespaceSettings {
+                    history_size: Some(size),
+                    ..Default::default()
+                },
+            );
+        }
+        let mut h = History::with(Namespaces::new(&settings));
+        let start = h.resume("x", None).position;
+        for id in ["chat:a", "a", "quiet:a"] {
+            for text in ["1", "2", "3"] {
+                let ev = h.next_id();
+                h.record(id, ev, &msg(text));
+            }
+        }
+        let kept = |h: &mut History, id: &str| h.resume(id, Some(start)).replay.len();
+        assert_eq!(kept(&mut h, "chat:a"), 3);
+        assert_eq!(kept(&mut h, "a"), 1);
+        assert_eq!(kept(&mut h, "quiet:a"), 0);
+        assert!(h.resume("chat:a", Some(start)).gap.is_none());
+        assert!(h.resume("a", Some(start)).gap.is_some());
+        assert_eq!(h.sizes(), (2, 4));
     }
 
     #[test]

@@ -82,14 +82,14 @@ impl<S: StreamActor> Hub<S> {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let (c, h, max, s, addr) = (
                 settings.cluster.clone(),
-                settings.history.clone(),
+                crate::namespace::Namespaces::new(settings),
                 settings.message.max_bytes,
                 Arc::clone(stats),
                 cluster::advertised(addr),
             );
             // The connection's tasks run where it is made.
             arbiter.spawn(async move {
-                let _ = tx.send(Cluster::new(&c, &h, max, s, addr));
+                let _ = tx.send(Cluster::new(&c, h, max, s, addr));
             });
             let cluster = rx
                 .await

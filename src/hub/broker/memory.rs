@@ -34,10 +34,7 @@ impl Memory {
     /// for `publish.idempotency_ttl_ms`.
     pub(crate) fn new(settings: &Settings, stats: &Arc<Stats>) -> Self {
         Memory {
-            history: Mutex::new(History::new(
-                settings.history.size,
-                Duration::from_millis(settings.history.ttl_ms),
-            )),
+            history: Mutex::new(History::with(crate::namespace::Namespaces::new(settings))),
             keys: Keys::new(Duration::from_millis(settings.publish.idempotency_ttl_ms)),
             stats: Arc::clone(stats),
         }

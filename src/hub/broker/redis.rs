@@ -137,10 +137,7 @@ impl Broker for Redis {
                 here.count(id).await.unwrap_or(0) > 0 || cluster.is_lingering(id)
             };
             let ttl = Duration::from_millis(here.publish.idempotency_ttl_ms);
-            let failed = match cluster
-                .publish(cluster.names.of(id), msg, keyed, ttl, subscribed_here)
-                .await
-            {
+            let failed = match cluster.publish(id, msg, keyed, ttl, subscribed_here).await {
                 Ok(PublishOutcome::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
                 Ok(PublishOutcome::Repeat(first)) => return Ok(here.replayed(first)),
                 Ok(PublishOutcome::Fresh {
