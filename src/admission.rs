@@ -371,15 +371,17 @@ impl Admission {
                 "a WebSocket upgrade must be the first request on its connection".to_owned(),
             )));
         }
-        // The application's hook: its claims are the token's, checked
-        // already, or checked before the call (a `kid` not held).
+        // The application's hook: the claims it is given are those of a
+        // token checked already, or checked before the call (a `kid` not
+        // held); a token nobody checks (no key configured) gives none.
+        let checked = self.verifier.is_some();
         let ask = self
             .hook
             .as_ref()
             .filter(|_| policy.subscribe_hook)
             .and_then(|hook| {
                 let token = req.token.as_deref();
-                let claims = token.and_then(token::claims_of);
+                let claims = token.filter(|_| checked).and_then(token::claims_of);
                 hook.ask_for(id, req.transport, client.ip, token, claims, head)
             });
         if kid.is_none() && ask.is_none() {
@@ -416,7 +418,6 @@ impl Admission {
             req,
             cors,
             early,
-
             client,
         } = *pending;
         let refused = |error: ApiError| self.refusal(error, cors.as_cors());
@@ -425,10 +426,9 @@ impl Admission {
             let (Some(verifier), Some(jwks)) = (&self.verifier, &self.jwks) else {
                 return Err(refused(ApiError::BadToken(token::kid_not_listed(&kid))));
             };
-            let learned = jwks.learn(&kid).await;
-            if self.shutdown.is_cancelled() {
+            let Some(learned) = self.unless_shut_down(jwks.learn(&kid)).await else {
                 return Err(refused(ApiError::ShuttingDown));
-            }
+            };
             if let Learned::Unreachable(why) = learned {
                 return Err(refused(ApiError::KeysUnavailable(why)));
             }
@@ -439,12 +439,23 @@ impl Admission {
             );
         }
         if let (Some(hook), Some(ask)) = (&self.hook, ask) {
-            hook.ask(ask).await.map_err(refused)?;
-            if self.shutdown.is_cancelled() {
+            let Some(answer) = self.unless_shut_down(hook.ask(ask)).await else {
                 return Err(refused(ApiError::ShuttingDown));
-            }
+            };
+            answer.map_err(refused)?;
         }
         self.open(req, cors.as_cors(), expires, early, client)
+    }
+
+    /// `wait`'s outcome, or `None` once the server shuts down first (the
+    /// request is then answered 503 at once instead of its socket closing
+    /// with the process; the call waited for is dropped, which aborts it).
+    async fn unless_shut_down<T>(&self, wait: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => None,
+            outcome = wait => Some(outcome),
+        }
     }
 
     /// The last steps of an admission: the client address's count of

@@ -99,7 +99,7 @@ pub(crate) async fn body_within(mut response: reqwest::Response, max: usize) -> 
         return Err(format!("its answer is over {max} bytes"));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = response.chunk().await.map_err(request_error)? {
         if body.len() + chunk.len() > max {
             return Err(format!("its answer is over {max} bytes"));
         }
@@ -109,8 +109,14 @@ pub(crate) async fn body_within(mut response: reqwest::Response, max: usize) -> 
 }
 
 /// An HTTP client error with its causes (reqwest's own text says only
-/// "error sending request").
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+/// "error sending request"), without the URL (it may carry a password or
+/// a key, and the text reaches clients in a 503).
+pub(crate) fn request_error(e: reqwest::Error) -> String {
+    error_chain(&e.without_url())
+}
+
+/// An error with its causes.
+fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -363,7 +363,7 @@ impl std::fmt::Debug for AuthSettings {
             .field("admin_token", &admin)
             .field("subscribe_secret", &secret)
             .field("subscribe_public_key_file", &self.subscribe_public_key_file)
-            .field("jwks_url", &self.jwks_url)
+            .field("jwks_url", &redact_endpoint(&self.jwks_url))
             .field("jwks_refresh_ms", &self.jwks_refresh_ms)
             .field("subscribe_audience", &self.subscribe_audience)
             .field("subscribe_issuer", &self.subscribe_issuer)
@@ -511,8 +511,18 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
+/// An application's endpoint as logs may show it: its password (as
+/// [`redact_url`]) and its query (which may carry a key) redacted.
+pub(crate) fn redact_endpoint(url: &str) -> String {
+    let url = redact_url(url);
+    match url.split_once('?') {
+        Some((base, _)) => format!("{base}?<redacted>"),
+        None => url,
+    }
+}
+
 /// `[hooks]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HookSettings {
     /// Where a stream request is POSTed before it is admitted (after its
@@ -545,6 +555,20 @@ pub struct NamespaceSettings {
     pub token_required: Option<bool>,
     /// Whether `hooks.subscribe_url` is asked for the namespace's streams.
     pub subscribe_hook: Option<bool>,
+}
+
+impl std::fmt::Debug for HookSettings {
+    /// Never prints a password or query inside the URL.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookSettings")
+            .field("subscribe_url", &redact_endpoint(&self.subscribe_url))
+            .field("forward_headers", &self.forward_headers)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("on_failure", &self.on_failure)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("cache_ms", &self.cache_ms)
+            .finish()
+    }
 }
 
 /// `hooks.on_failure`.

@@ -281,6 +281,8 @@ impl ApiError {
             ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
             ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
             ApiError::KeysUnavailable(_) => header(header::RETRY_AFTER, "5"),
+            // RFC 9110 §15.5.2: a 401 says how to authenticate.
+            ApiError::HookRefused { status: 401, .. } => header(header::WWW_AUTHENTICATE, "Bearer"),
             ApiError::HookUnavailable(_) | ApiError::HookBusy(_) => header(header::RETRY_AFTER, "1"),
             ApiError::FleetClockAhead { ahead_s } => {
                 Some((header::RETRY_AFTER, ahead_s.max(&1).to_string().into()))

@@ -9,8 +9,9 @@
 //! [`MAX_ANSWER`], an error, no answer within `hooks.timeout_ms`) is a
 //! failure, which `hooks.on_failure` decides. At most
 //! `hooks.max_in_flight` calls run at once; past it, 503. A yes is
-//! remembered for `hooks.cache_ms` per (id, credentials): the token and the
-//! forwarded headers, by their SHA-256.
+//! remembered for `hooks.cache_ms` per request as the application saw it
+//! (id, transport, client address, token, forwarded headers), by their
+//! SHA-256.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +80,16 @@ impl Drop for InFlight {
     }
 }
 
+/// Aborts a call on the backend thread when dropped (a call that ended
+/// is not affected).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How a call ended, before `hooks.on_failure`.
 enum Answer {
     Yes,
@@ -123,11 +134,20 @@ impl SubscribeHook {
         claims: Option<serde_json::Value>,
         head: &[u8],
     ) -> Option<Ask> {
+        let transport = match transport {
+            Transport::Plain => "chunked",
+            Transport::Sse => "sse",
+            Transport::Ws => "ws",
+        };
+        let client = client.to_canonical().to_string();
+        // Everything the application is told is in the digest: a yes is
+        // remembered for the same request from the same address only.
         let mut headers = serde_json::Map::new();
         let mut digest = Sha256::new();
-        digest.update(id.as_bytes());
-        digest.update([0]);
-        digest.update(token.unwrap_or_default().as_bytes());
+        for part in [id, transport, &client, token.unwrap_or_default()] {
+            digest.update(part.as_bytes());
+            digest.update([0]);
+        }
         for name in &self.forward {
             let values: Vec<String> = crate::conn::edge::header_values(head, name.as_bytes())
                 .map(|v| String::from_utf8_lossy(v).into_owned())
@@ -147,15 +167,10 @@ impl SubscribeHook {
             self.stats.hook_remembered.fetch_add(1, Relaxed);
             return None;
         }
-        let transport = match transport {
-            Transport::Plain => "chunked",
-            Transport::Sse => "sse",
-            Transport::Ws => "ws",
-        };
         let body = serde_json::json!({
             "id": id,
             "transport": transport,
-            "client": client.to_canonical().to_string(),
+            "client": client,
             "claims": claims,
             "headers": headers,
         });
@@ -216,15 +231,15 @@ impl SubscribeHook {
             self.timeout,
         ));
         // The backend bounds the call by the same timeout; this bound is
-        // for a backend thread that does not get to it.
-        let abort = call.abort_handle();
+        // for a backend thread that does not get to it. The call is
+        // aborted when nobody waits for it any more (this future dropped:
+        // the request's handler, or shutdown), so it gives its connection
+        // back at once.
+        let _abort = AbortOnDrop(call.abort_handle());
         let answer = match tokio::time::timeout(self.timeout + Duration::from_millis(100), call).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => Answer::Failed(format!("the call failed ({e})")),
-            Err(_) => {
-                abort.abort();
-                Answer::Failed(format!("no answer within {} ms", self.timeout.as_millis()))
-            }
+            Err(_) => Answer::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
         };
         stats.hook_seconds.observe(started.elapsed());
         match answer {
@@ -242,7 +257,7 @@ impl SubscribeHook {
                 let admit = self.on_failure == OnHookFailure::Admit;
                 tracing::warn!(
                     event = "hook_failed",
-                    url = %self.url,
+                    url = %crate::config::redact_endpoint(&self.url),
                     error = %why,
                     admitted = admit,
                     "the subscribe hook failed; hooks.on_failure decides"
@@ -285,7 +300,7 @@ async fn call(
     let response = match sent {
         Ok(response) => response,
         Err(e) if e.is_timeout() => return late(),
-        Err(e) => return Answer::Failed(backend::error_chain(&e)),
+        Err(e) => return Answer::Failed(backend::request_error(e)),
     };
     let status = response.status();
     // Read whole (bounded), so the connection goes back to the pool.

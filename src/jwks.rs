@@ -113,20 +113,31 @@ impl Jwks {
         }
         let mut done = self.done.subscribe();
         {
-            let running = *self
+            // One lock for the decision, as for a fetch's end (which clears
+            // `running` and tells its outcome under it): a learner sees
+            // either a fetch running, whose end it then waits for, or the
+            // outcome of the last one.
+            let mut f = self
                 .fetching
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if running.running {
+            if self.keys.knows(kid) {
+                return Learned::Known;
+            }
+            if f.running {
                 // Waited for below.
-            } else if running.last.is_some_and(|t| t.elapsed() < REFETCH_EVERY) {
+            } else if f.last.is_some_and(|t| t.elapsed() < REFETCH_EVERY) {
                 // Fetched lately: the last fetch's word stands. A failed
                 // one says nothing of this `kid`.
                 return match &*done.borrow() {
                     Ok(()) => Learned::NotListed,
                     Err(why) => Learned::Unreachable(why.clone()),
                 };
-            } else if self.try_start() {
+            } else {
+                *f = Fetching {
+                    last: Some(Instant::now()),
+                    running: true,
+                };
                 let this = Arc::clone(self);
                 self.backend.spawn(async move { this.fetch().await });
             }
@@ -171,7 +182,7 @@ impl Jwks {
                 if !skipped.is_empty() {
                     tracing::warn!(
                         event = "jwks_keys_skipped",
-                        url = %self.url,
+                        url = %crate::config::redact_endpoint(&self.url),
                         skipped = %skipped.join("; "),
                         "some keys of auth.jwks_url are not used"
                     );
@@ -182,7 +193,7 @@ impl Jwks {
                 self.stats.jwks_failures.fetch_add(1, Relaxed);
                 tracing::warn!(
                     event = "jwks_fetch_failed",
-                    url = %self.url,
+                    url = %crate::config::redact_endpoint(&self.url),
                     error = %why,
                     keys_held = self.keys.len(),
                     "the identity provider's keys could not be fetched; the keys held are kept"
@@ -190,13 +201,15 @@ impl Jwks {
                 Err(why)
             }
         };
-        self.fetching
+        let mut f = self
+            .fetching
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .running = false;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f.running = false;
         let _previous = self
             .done
             .send_replace(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
+        drop(f);
         outcome
     }
 
@@ -209,7 +222,7 @@ impl Jwks {
             .header("accept", "application/json")
             .send()
             .await
-            .map_err(|e| backend::error_chain(&e))?;
+            .map_err(backend::request_error)?;
         let status = response.status();
         if status != reqwest::StatusCode::OK {
             return Err(format!("answered {status}"));

@@ -1071,11 +1071,23 @@ mod tests {
                 .unwrap_err()
                 .starts_with("token alg HS256 is not accepted")
         );
-        let none = forged(serde_json::json!({ "alg": "none", "kid": "r1" }), claims);
+        let none = forged(serde_json::json!({ "alg": "none", "kid": "r1" }), claims.clone());
         assert!(
             v.check(&none, "foo")
                 .unwrap_err()
                 .starts_with("token alg none is not accepted")
+        );
+        // With a secret beside the JWKS, HS256 is taken, but only as the
+        // secret signs it: the published key as a secret does not match.
+        let both = jwks_verifier("s3cret", &[jwk("rsa", Some("r1"), None)]);
+        assert_eq!(
+            both.check(&confused, "foo").unwrap_err(),
+            "token signature does not match"
+        );
+        let signed = forged(serde_json::json!({ "alg": "HS256", "kid": "r1" }), claims);
+        assert!(
+            both.check(&signed, "foo").is_ok(),
+            "signed with the secret itself"
         );
     }
 

@@ -77,6 +77,27 @@ impl Drop for Backend {
     }
 }
 
+/// `cmd`'s output, once it exits; killed (and the test failed) if it has
+/// not within 30 s.
+fn output_within(mut cmd: Command) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// The identity provider's side, by PyJWT (tests/backend/idp.py).
 fn idp(args: &[&str]) -> String {
     let out = Command::new("python3")
@@ -177,8 +198,9 @@ fn identity_provider_keys_from_a_jwks_rotate_by_kid() {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
     let idp_app = Backend::start("jwks");
     idp_app.write("jwks.json", &jwks_of(&["rsa:r1"]));
-    let started = Instant::now();
     let s = Running::start(server(&idp_app.url("/jwks")));
+    // The first fetch was over before the server said it listens.
+    let started = Instant::now();
     assert_eq!(idp_app.asked("/jwks"), 1, "fetched at start-up");
     assert_eq!(s.stats()["auth"]["jwks_keys"], 1);
 
@@ -339,7 +361,7 @@ fn a_jwks_endpoint_that_fails_keeps_the_keys_held() {
 fn an_unreachable_jwks_at_start_up() {
     let idp_app = Backend::start("jwks-start");
     idp_app.write("jwks.mode", "500");
-    let out = server(&idp_app.url("/jwks")).output().unwrap();
+    let out = output_within(server(&idp_app.url("/jwks")));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -347,7 +369,7 @@ fn an_unreachable_jwks_at_start_up() {
         "{err}"
     );
     for bad in ["ftp://127.0.0.1/jwks", "not a url"] {
-        let out = server(bad).output().unwrap();
+        let out = output_within(server(bad));
         assert!(!out.status.success(), "{bad}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("auth.jwks_url"), "{bad}: {err}");
@@ -587,7 +609,11 @@ fn the_subscribe_hook_decides_on_every_transport() {
 #[test]
 fn a_failing_subscribe_hook_refuses_with_503_and_blocks_nothing() {
     let app = Backend::start("hook-fail");
-    let srv = hooked(&app, |s| s.hooks.timeout_ms = 700);
+    // One worker: a call that held its worker would hold everything.
+    let srv = hooked(&app, |s| {
+        s.hooks.timeout_ms = 700;
+        s.server.workers = 1;
+    });
     let hang = std::thread::spawn({
         let addr = srv.addr;
         move || {
@@ -623,6 +649,8 @@ fn a_failing_subscribe_hook_refuses_with_503_and_blocks_nothing() {
             why.contains("hooks.subscribe_url") && why.contains(expect),
             "{id}: {why}"
         );
+        // The endpoint (which may carry a password or a key) is not told.
+        assert!(!why.contains(&app.addr.to_string()), "{id}: {why}");
     }
     assert_eq!(app.asked("/hook-followed"), 0, "a redirect was followed");
     let st = srv.stats();
@@ -690,7 +718,59 @@ fn a_hooks_yes_is_remembered_per_id_and_credentials() {
     assert_eq!(open("deny-c", "u=1"), 403);
     assert_eq!(open("deny-c", "u=1"), 403);
     assert_eq!(hook_log(&app).len(), 5, "a no is not remembered");
+    // Another transport is another request as the application sees it.
+    let sse = StreamClient::open_raw(
+        srv.addr,
+        "GET /test/allow-c HTTP/1.1\r\nhost: t\r\nCookie: u=1\r\nAccept: text/event-stream\r\n\r\n",
+    );
+    assert_eq!(sse.status, 200);
+    assert_eq!(hook_log(&app).len(), 6, "asked again for SSE");
     assert_eq!(srv.stats()["hooks"]["remembered"], 1);
+}
+
+/// Shutting down while a stream request waits for the application: it is
+/// answered 503 at once, not left to the socket's close.
+#[test]
+fn a_request_waiting_for_the_hook_is_answered_at_shutdown() {
+    let app = Backend::start("hook-stop");
+    let mut srv = hooked(&app, |s| s.hooks.timeout_ms = 20_000);
+    let addr = srv.addr;
+    let waiting = std::thread::spawn(move || {
+        let t = Instant::now();
+        (refused_at(addr, "/test/hang-stop", &[]), t.elapsed())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while hook_log(&app).is_empty() {
+        assert!(Instant::now() < deadline, "the hook was not asked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    srv.shutdown();
+    let ((status, why, _, _), took) = waiting.join().unwrap();
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("shutting down"), "{why}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// With no subscriber key, nobody checks a token: the hook is given no
+/// claims for one (a forged `alg: none` token names anyone).
+#[test]
+fn the_hook_is_never_given_claims_nobody_checked() {
+    use base64::Engine as _;
+    let app = Backend::start("hook-claims");
+    let srv = hooked(&app, |_| {});
+    let b64 = |v: serde_json::Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    let forged = format!(
+        "{}.{}.",
+        b64(serde_json::json!({ "alg": "none" })),
+        b64(serde_json::json!({ "sub": "victim", "exp": 9_999_999_999u64 }))
+    );
+    let s = StreamClient::open_raw(
+        srv.addr,
+        &format!("GET /test/allow-f?token={forged} HTTP/1.1\r\nhost: t\r\n\r\n"),
+    );
+    assert_eq!(s.status, 200);
+    let asked = hook_log(&app).pop().unwrap();
+    assert_eq!(asked["claims"], serde_json::Value::Null, "{asked}");
 }
 
 // --- Namespaces ---

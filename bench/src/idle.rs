@@ -92,6 +92,10 @@ pub struct Args {
     /// (repeatable): `[namespaces.<name>]` sections, say.
     #[arg(long = "setting", value_name = "VAR=VALUE", value_parser = parse_setting)]
     pub settings: Vec<(String, String)>,
+    /// What switchboard's stream ids start with (`chat:` puts them in
+    /// `[namespaces.chat]`); a peer's stay `i{n}`.
+    #[arg(long, default_value = "")]
+    pub id_prefix: String,
 }
 
 /// A `--setting`: a `SWITCHBOARD__` variable and its value.
@@ -230,6 +234,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 tls: tls_files.as_ref().filter(|_| transport.tls()),
                 hook: args.hook,
                 settings: &args.settings,
+                id_prefix: &args.id_prefix,
             };
             match measure(kind, n, &phases, dir.path(), &mut rec) {
                 Ok(row) => {
@@ -278,6 +283,8 @@ struct Phases<'a> {
     hook: bool,
     /// More settings for switchboard.
     settings: &'a [(String, String)],
+    /// What switchboard's ids start with.
+    id_prefix: &'a str,
 }
 
 fn measure(
@@ -328,7 +335,10 @@ fn measure(
     let baseline_at = Instant::now();
 
     let spec = FloodSpec {
-        url: server.stream_url("/test/i{n}"),
+        url: server.stream_url(&format!(
+            "/test/{}i{{n}}",
+            if switchboard { p.id_prefix } else { "" }
+        )),
         count: n,
         rate,
         // Long enough for every phase; the harness stops it when done.
