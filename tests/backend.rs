@@ -77,6 +77,32 @@ impl Drop for Backend {
     }
 }
 
+/// A request for `target` sent second on a keep-alive connection (after a
+/// `/healthz`), so that actix-web's route serves it: the connection, its
+/// answer next.
+fn fallback(addr: SocketAddr, target: &str) -> BufReader<std::net::TcpStream> {
+    use std::io::Write as _;
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(c);
+    assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
+    let req = format!("GET {target} HTTP/1.1\r\nhost: t\r\n\r\n");
+    reader.get_mut().write_all(req.as_bytes()).unwrap();
+    reader
+}
+
+/// curl's output for `args`, trusting the test authority `ca`.
+fn curl_tls(ca: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-sS", "--cacert"])
+        .arg(ca)
+        .args(args)
+        .output()
+        .expect("curl (apt-get install -y curl)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `cmd`'s output, once it exits; killed (and the test failed) if it has
 /// not within 30 s.
 fn output_within(mut cmd: Command) -> std::process::Output {
@@ -157,15 +183,8 @@ impl Running {
     /// [`Running::refused`], through actix-web's route: the stream request
     /// second on a keep-alive connection.
     fn refused_fallback(&self, id: &str, token: &str) -> (u16, String, Option<String>) {
-        use std::io::Write as _;
-        let mut c = std::net::TcpStream::connect(self.addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
-        let mut reader = BufReader::new(c);
-        assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
-        let req = format!("GET /test/{id}?token={token} HTTP/1.1\r\nhost: t\r\n\r\n");
-        reader.get_mut().write_all(req.as_bytes()).unwrap();
-        let r = common::read_response(&mut reader).unwrap();
+        let mut answer = fallback(self.addr, &format!("/test/{id}?token={token}"));
+        let r = common::read_response(&mut answer).unwrap();
         assert_ne!(r.status, 200, "admitted");
         (r.status, r.error(), r.header("retry-after").map(str::to_owned))
     }
@@ -517,18 +536,8 @@ fn the_subscribe_hook_decides_on_every_transport() {
     assert_eq!(hook_log(&app).pop().unwrap()["transport"], "ws");
     let before = hook_log(&app).len();
     {
-        use std::io::Write as _;
-        let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
-        let mut reader = BufReader::new(c);
-        assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
-        let req = format!(
-            "GET /test/deny-fb?token={} HTTP/1.1\r\nhost: t\r\n\r\n",
-            token("deny-fb")
-        );
-        reader.get_mut().write_all(req.as_bytes()).unwrap();
-        let r = common::read_response(&mut reader).unwrap();
+        let mut answer = fallback(srv.addr, &format!("/test/deny-fb?token={}", token("deny-fb")));
+        let r = common::read_response(&mut answer).unwrap();
         assert_eq!(r.status, 403, "the fallback path asks too: {}", r.text());
         assert!(r.error().contains("not a member of deny-fb"), "{}", r.text());
     }
@@ -553,15 +562,7 @@ fn the_subscribe_hook_decides_on_every_transport() {
 
     // Over TLS, with curl.
     let tls = srv.addrs[1];
-    let curl = |args: &[&str]| {
-        let out = Command::new("curl")
-            .args(["-sS", "--cacert"])
-            .arg(&certs.ca)
-            .args(args)
-            .output()
-            .expect("curl");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let curl = |args: &[&str]| curl_tls(&certs.ca, args);
     let held = curl(&[
         "-N",
         "--max-time",
@@ -810,30 +811,10 @@ fn namespaces_set_the_token_and_hook_rules_on_every_transport() {
         );
         assert_eq!(s.status, status, "{extra}");
     }
-    let fallback = |path: &str| {
-        use std::io::Write as _;
-        let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
-        let mut reader = BufReader::new(c);
-        assert_eq!(common::read_response(&mut reader).unwrap().text(), "ok");
-        reader
-            .get_mut()
-            .write_all(format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n").as_bytes())
-            .unwrap();
-        common::read_head(&mut reader).unwrap().0
-    };
-    assert_eq!(fallback("/test/public:news"), 200);
+    let via_route = |path: &str| common::read_head(&mut fallback(srv.addr, path)).unwrap().0;
+    assert_eq!(via_route("/test/public:news"), 200);
     let tls = srv.addrs[1];
-    let curl = |args: &[&str]| {
-        let out = Command::new("curl")
-            .args(["-sS", "--cacert"])
-            .arg(&certs.ca)
-            .args(args)
-            .output()
-            .expect("curl");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let curl = |args: &[&str]| curl_tls(&certs.ca, args);
     let held = curl(&[
         "-N",
         "--max-time",
@@ -853,7 +834,7 @@ fn namespaces_set_the_token_and_hook_rules_on_every_transport() {
     for path in ["/test/allow-1", "/test/chat:allow-1"] {
         let (status, why, _, _) = refused_at(srv.addr, path, &[]);
         assert_eq!(status, 401, "{path}: {why}");
-        assert_eq!(fallback(path), 401, "{path}");
+        assert_eq!(via_route(path), 401, "{path}");
         let denied = curl(&[
             "-w",
             " %{http_code}",
