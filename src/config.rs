@@ -511,6 +511,20 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
+/// Whether `url` (empty: none) is one the HTTP client can call: http:// or
+/// https:// with a host.
+fn check_endpoint(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Ok(());
+    }
+    let shown = redact_endpoint(url);
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{shown:?} is not a URL ({e})"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(format!("{shown:?} is not an http:// or https:// URL"));
+    }
+    Ok(())
+}
+
 /// An application's endpoint as logs may show it: its password (as
 /// [`redact_url`]) and its query (which may carry a key) redacted.
 pub(crate) fn redact_endpoint(url: &str) -> String {
@@ -766,6 +780,14 @@ impl Settings {
         }
         self.validate_cluster()?;
         self.validate_namespaces()?;
+        for (key, url) in [
+            ("auth.jwks_url", &self.auth.jwks_url),
+            ("hooks.subscribe_url", &self.hooks.subscribe_url),
+        ] {
+            if let Err(e) = check_endpoint(url.trim()) {
+                return invalid(key, &e);
+            }
+        }
         let hooks = &self.hooks;
         if !hooks.subscribe_url.is_empty() {
             if hooks.timeout_ms == 0 || hooks.timeout_ms > 60_000 {

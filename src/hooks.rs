@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -52,7 +51,8 @@ pub(crate) struct SubscribeHook {
     timeout: Duration,
     on_failure: OnHookFailure,
     max_in_flight: usize,
-    in_flight: Arc<AtomicUsize>,
+    /// `hooks.max_in_flight` permits.
+    in_flight: tokio::sync::Semaphore,
     remember: Duration,
     /// Admissions remembered: the (id, credentials) digest, and until when.
     remembered: Mutex<HashMap<[u8; 32], Instant>>,
@@ -68,16 +68,6 @@ pub(crate) struct Ask {
     body: Vec<u8>,
     /// The (id, credentials) digest a yes is remembered by.
     key: [u8; 32],
-}
-
-/// A call's place among `hooks.max_in_flight`, given back when dropped
-/// (also when the stream request's future is).
-struct InFlight(Arc<AtomicUsize>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// Aborts a call on the backend thread when dropped (a call that ended
@@ -112,7 +102,7 @@ impl SubscribeHook {
             timeout: Duration::from_millis(settings.timeout_ms),
             on_failure: settings.on_failure,
             max_in_flight: settings.max_in_flight,
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            in_flight: tokio::sync::Semaphore::new(settings.max_in_flight),
             remember: Duration::from_millis(settings.cache_ms),
             remembered: Mutex::new(HashMap::new()),
             wire: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS)),
@@ -215,12 +205,12 @@ impl SubscribeHook {
     /// with 503). Counted and timed.
     pub(crate) async fn ask(&self, ask: Ask) -> Result<(), ApiError> {
         let stats = &self.stats;
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // Its place among `hooks.max_in_flight`, given back when dropped
+        // (also when the stream request's future is).
+        let Ok(_place) = self.in_flight.try_acquire() else {
             stats.hook_busy.fetch_add(1, Relaxed);
             return Err(ApiError::HookBusy(self.max_in_flight));
-        }
-        let _place = InFlight(Arc::clone(&self.in_flight));
+        };
         stats.hook_calls.fetch_add(1, Relaxed);
         let started = Instant::now();
         let call = self.backend.spawn(call(

@@ -61,10 +61,18 @@ pub(crate) struct Jwks {
 }
 
 /// When a fetch last started, and whether one runs now.
-#[derive(Default, Clone, Copy)]
+#[derive(Default)]
 struct Fetching {
     last: Option<Instant>,
     running: bool,
+}
+
+impl Fetching {
+    /// A fetch starts now.
+    fn started(&mut self) {
+        self.last = Some(Instant::now());
+        self.running = true;
+    }
 }
 
 impl Jwks {
@@ -134,10 +142,7 @@ impl Jwks {
                     Err(why) => Learned::Unreachable(why.clone()),
                 };
             } else {
-                *f = Fetching {
-                    last: Some(Instant::now()),
-                    running: true,
-                };
+                f.started();
                 let this = Arc::clone(self);
                 self.backend.spawn(async move { this.fetch().await });
             }
@@ -161,10 +166,7 @@ impl Jwks {
         if f.running {
             return false;
         }
-        *f = Fetching {
-            last: Some(Instant::now()),
-            running: true,
-        };
+        f.started();
         true
     }
 

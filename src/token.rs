@@ -934,16 +934,22 @@ mod tests {
         assert!(Verifier::new("", None, false, "", "").is_err());
     }
 
-    /// The JWK of the fixture key pair `name`, with `kid` (if any), and
-    /// its `alg` left out unless given.
-    fn jwk(name: &str, kid: Option<&str>, alg: Option<Algorithm>) -> serde_json::Value {
+    /// The private half of the fixture key pair `name`, and the algorithm
+    /// its kind fits first.
+    fn private_key(name: &str) -> (EncodingKey, Algorithm) {
         let private = pair(name).0;
-        let (key, fits) = match name {
+        match name {
             "rsa" => (EncodingKey::from_rsa_pem(&private).unwrap(), Algorithm::RS256),
             "p256" => (EncodingKey::from_ec_pem(&private).unwrap(), Algorithm::ES256),
             "p384" => (EncodingKey::from_ec_pem(&private).unwrap(), Algorithm::ES384),
             _ => (EncodingKey::from_ed_pem(&private).unwrap(), Algorithm::EdDSA),
-        };
+        }
+    }
+
+    /// The JWK of the fixture key pair `name`, with `kid` (if any), and
+    /// its `alg` left out unless given.
+    fn jwk(name: &str, kid: Option<&str>, alg: Option<Algorithm>) -> serde_json::Value {
+        let (key, fits) = private_key(name);
         let mut jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&key, alg.unwrap_or(fits)).unwrap();
         if alg.is_none() {
             jwk.common.key_algorithm = None;
@@ -955,13 +961,6 @@ mod tests {
     /// A token for `foo`, valid for a minute, signed in `alg` with the
     /// fixture key `name`, its header naming `kid`.
     fn signed_by(name: &str, alg: Algorithm, kid: Option<&str>) -> String {
-        let private = pair(name).0;
-        let key = match name {
-            "rsa" => EncodingKey::from_rsa_pem(&private),
-            "p256" | "p384" => EncodingKey::from_ec_pem(&private),
-            _ => EncodingKey::from_ed_pem(&private),
-        }
-        .unwrap();
         let mut header = Header::new(alg);
         header.kid = kid.map(str::to_owned);
         let claims = Claims {
@@ -969,7 +968,7 @@ mod tests {
             exp: since_epoch().as_secs() + 60,
             ..Claims::default()
         };
-        jsonwebtoken::encode(&header, &claims, &key).unwrap()
+        jsonwebtoken::encode(&header, &claims, &private_key(name).0).unwrap()
     }
 
     fn jwks_verifier(secret: &str, keys: &[serde_json::Value]) -> Verifier {
