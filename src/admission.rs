@@ -29,7 +29,7 @@ use crate::hooks::{Ask, SubscribeHook};
 use crate::jwks::{Jwks, Learned};
 use crate::namespace::Namespaces;
 use crate::stats::Stats;
-use crate::stream::{Open, Via};
+use crate::stream::{Member, Open, Via};
 use crate::token::{self, Verdict, Verifier};
 
 /// A stream request refused before any stream state exists.
@@ -120,6 +120,7 @@ impl Admission {
         stats: Arc<Stats>,
         publish_protected: bool,
         shutdown: CancellationToken,
+        backend: Option<&Arc<Backend>>,
     ) -> io::Result<Admission> {
         let auth = &settings.auth;
         let invalid =
@@ -166,12 +167,7 @@ impl Admission {
             ),
         };
         let hook_url = settings.hooks.subscribe_url.trim();
-        // One backend thread for every endpoint of the application's.
-        let backend = match (verifier.as_ref().and_then(Verifier::jwks), hook_url) {
-            (None, "") => None,
-            _ => Some(Backend::start()?),
-        };
-        let hook = match (&backend, hook_url) {
+        let hook = match (backend, hook_url) {
             (Some(backend), url) if !url.is_empty() => Some(SubscribeHook::new(
                 &settings.hooks,
                 Arc::clone(backend),
@@ -179,7 +175,7 @@ impl Admission {
             )),
             _ => None,
         };
-        let jwks = match (verifier.as_ref().and_then(Verifier::jwks), &backend) {
+        let jwks = match (verifier.as_ref().and_then(Verifier::jwks), backend) {
             (None, _) | (_, None) => None,
             (Some(keys), Some(backend)) => {
                 let backend = Arc::clone(backend);
@@ -381,7 +377,7 @@ impl Admission {
             });
         if kid.is_none() && ask.is_none() {
             return self
-                .open(req, cors, expires, early.to_vec(), client)
+                .open(id, req, cors, expires, early.to_vec(), client)
                 .map(Admitted::Open);
         }
         Ok(Admitted::Later(Box::new(Pending {
@@ -439,7 +435,7 @@ impl Admission {
             };
             answer.map_err(refused)?;
         }
-        self.open(req, cors.as_cors(), expires, early, client)
+        self.open(&id, req, cors.as_cors(), expires, early, client)
     }
 
     /// `wait`'s outcome, or `None` once the server shuts down first (the
@@ -457,6 +453,7 @@ impl Admission {
     /// streams, and a `stream.max_streams` slot.
     fn open(
         &self,
+        id: &str,
         req: StreamRequest,
         cors: Cors<'_>,
         expires: Option<std::time::Duration>,
@@ -474,13 +471,29 @@ impl Admission {
             }
             return Err(refused(ApiError::StreamLimit(max)));
         }
+        let member = self.member_of(id, req.token.as_deref());
         Ok(Open {
             req,
             cors: cors.into(),
             expires,
             early,
             counted,
+            member,
         })
+    }
+
+    /// A stream of `id` is a member the Router keeps, with its token's
+    /// `sub` (a token checked: there is a key), when its namespace sends
+    /// `stream_joined` or `stream_left`.
+    fn member_of(&self, id: &str, token: Option<&str>) -> Option<Member> {
+        if !self.namespaces.of(id).events.streams() {
+            return None;
+        }
+        let sub = token
+            .filter(|_| self.verifier.is_some())
+            .and_then(token::claims_of)
+            .and_then(|claims| claims.get("sub")?.as_str().map(Arc::from));
+        Some(Member { sub })
     }
 
     /// What a `/send` or `/broadcast` passes before its body is read, in
@@ -566,6 +579,7 @@ mod tests {
             Arc::new(Stats::new()),
             protected,
             CancellationToken::new(),
+            Backend::of(&settings.endpoints()).unwrap().as_ref(),
         )
         .unwrap()
     }

@@ -1,6 +1,6 @@
 //! The application's HTTP endpoints (the identity provider's JWKS,
-//! `auth.jwks_url`; the subscribe hook, `hooks.subscribe_url`), called
-//! from one thread of their own.
+//! `auth.jwks_url`; the subscribe hook, `hooks.subscribe_url`; the
+//! webhooks, `hooks.events_url`), called from one thread of their own.
 //!
 //! The HTTP client is reqwest, with its keep-alive pool. Its connections
 //! are tasks of the runtime they were opened on, so it gets one runtime of
@@ -31,6 +31,16 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
+    /// The backend of the application's `endpoints` (`auth.jwks_url`,
+    /// `hooks.subscribe_url`, `hooks.events_url`: `Settings::endpoints`),
+    /// started when one is set: one thread for them all.
+    pub(crate) fn of(endpoints: &[&str]) -> io::Result<Option<Arc<Backend>>> {
+        if endpoints.iter().all(|url| url.trim().is_empty()) {
+            return Ok(None);
+        }
+        Backend::start().map(Some)
+    }
+
     /// Starts the thread.
     pub(crate) fn start() -> io::Result<Arc<Backend>> {
         let runtime = tokio::runtime::Builder::new_current_thread()

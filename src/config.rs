@@ -554,6 +554,17 @@ pub struct HookSettings {
     /// How long an admission is remembered per (id, credentials), in
     /// milliseconds; 0: every stream request asks.
     pub cache_ms: u64,
+    /// Where events (`id_occupied`, `id_vacated`, `stream_joined`,
+    /// `stream_left`) are POSTed in signed batches; empty: none.
+    pub events_url: String,
+    /// The events sent for ids outside every namespace (comma-separated).
+    pub events: String,
+    /// The HMAC-SHA256 key each batch is signed with (needed with
+    /// `events_url`).
+    pub secret: String,
+    /// Most events waiting to be sent; past it new ones are dropped, and
+    /// counted.
+    pub events_queue: usize,
 }
 
 /// `[namespaces.<name>]`: each key left out is the server-wide setting's.
@@ -569,6 +580,9 @@ pub struct NamespaceSettings {
     pub token_required: Option<bool>,
     /// Whether `hooks.subscribe_url` is asked for the namespace's streams.
     pub subscribe_hook: Option<bool>,
+    /// The events `hooks.events_url` is sent for the namespace's ids
+    /// (comma-separated, `hooks.events`' meaning; empty: none).
+    pub webhooks: Option<String>,
 }
 
 impl std::fmt::Debug for HookSettings {
@@ -581,6 +595,10 @@ impl std::fmt::Debug for HookSettings {
             .field("on_failure", &self.on_failure)
             .field("max_in_flight", &self.max_in_flight)
             .field("cache_ms", &self.cache_ms)
+            .field("events_url", &redact_endpoint(&self.events_url))
+            .field("events", &self.events)
+            .field("secret", &if self.secret.is_empty() { "" } else { "<set>" })
+            .field("events_queue", &self.events_queue)
             .finish()
     }
 }
@@ -783,13 +801,28 @@ impl Settings {
         for (key, url) in [
             ("auth.jwks_url", &self.auth.jwks_url),
             ("hooks.subscribe_url", &self.hooks.subscribe_url),
+            ("hooks.events_url", &self.hooks.events_url),
         ] {
             if let Err(e) = check_endpoint(url.trim()) {
                 return invalid(key, &e);
             }
         }
         let hooks = &self.hooks;
-        if !hooks.subscribe_url.is_empty() {
+        if let Err(e) = crate::events::EventSet::parse(&hooks.events) {
+            return invalid("hooks.events", &e);
+        }
+        if !hooks.events_url.trim().is_empty() {
+            if hooks.secret.len() < 16 {
+                return invalid(
+                    "hooks.secret",
+                    "must be at least 16 bytes when hooks.events_url is set (every batch is signed with it)",
+                );
+            }
+            if hooks.events_queue == 0 || hooks.events_queue > 10_000_000 {
+                return invalid("hooks.events_queue", "must be between 1 and 10000000");
+            }
+        }
+        if !hooks.subscribe_url.is_empty() || !hooks.events_url.trim().is_empty() {
             if hooks.timeout_ms == 0 || hooks.timeout_ms > 60_000 {
                 return invalid("hooks.timeout_ms", "must be between 1 and 60000");
             }
@@ -814,7 +847,17 @@ impl Settings {
         Ok(())
     }
 
-    /// The `[cluster]` rules, and the ones `server.processes` needs.
+    /// The application's HTTP endpoints: `auth.jwks_url`,
+    /// `hooks.subscribe_url`, `hooks.events_url` (empty: not set).
+    pub(crate) fn endpoints(&self) -> [&str; 3] {
+        [
+            self.auth.jwks_url.trim(),
+            self.hooks.subscribe_url.trim(),
+            self.hooks.events_url.trim(),
+        ]
+    }
+
+    /// The `[namespaces.<name>]` rules: names, and keys that need others.
     fn validate_namespaces(&self) -> Result<(), SettingsError> {
         let invalid = |key, reason: String| Err(SettingsError::Invalid { key, reason });
         let keyed = !self.auth.subscribe_secret.is_empty()
@@ -859,6 +902,20 @@ impl Settings {
                     "namespaces.*.subscribe_hook",
                     format!("[namespaces.{name}]: hooks.subscribe_url is not set"),
                 );
+            }
+            if let Some(events) = &ns.webhooks {
+                match crate::events::EventSet::parse(events) {
+                    Err(e) => {
+                        return invalid("namespaces.*.webhooks", format!("[namespaces.{name}]: {e}"));
+                    }
+                    Ok(set) if !set.is_empty() && self.hooks.events_url.trim().is_empty() => {
+                        return invalid(
+                            "namespaces.*.webhooks",
+                            format!("[namespaces.{name}]: hooks.events_url is not set"),
+                        );
+                    }
+                    Ok(_) => {}
+                }
             }
         }
         Ok(())

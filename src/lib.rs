@@ -92,6 +92,7 @@ pub mod config;
 mod counter;
 mod dashboard;
 mod error;
+mod events;
 mod hooks;
 mod hub;
 mod id;
@@ -107,6 +108,7 @@ mod stream;
 mod supervision;
 pub mod telemetry;
 pub mod token;
+mod webhooks;
 
 pub use config::{Settings, SettingsError};
 pub use server::Server;

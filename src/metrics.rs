@@ -132,13 +132,20 @@ impl Collector for StatsCollector {
         )?;
         s.hook_seconds.encode(m)?;
         let m = enc.encode_descriptor(
+            "webhook_seconds",
+            "Webhook POSTs to hooks.events_url, each try of a batch, to the application's answer (or the failure).",
+            None,
+            MetricType::Histogram,
+        )?;
+        s.webhook_seconds.encode(m)?;
+        let m = enc.encode_descriptor(
             "stream_lifetime_seconds",
             "How long streams lived, observed when they end.",
             None,
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 50] = [
+        let counters: [CounterSpec<'_>; 56] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -313,6 +320,36 @@ impl Collector for StatsCollector {
                 &s.hook_remembered,
             ),
             (
+                "webhook_events_queued",
+                "Webhook events queued for hooks.events_url.",
+                &s.webhook_queued,
+            ),
+            (
+                "webhook_events_dropped",
+                "Webhook events dropped: the queue (hooks.events_queue) was full.",
+                &s.webhook_dropped,
+            ),
+            (
+                "webhook_events_sent",
+                "Webhook events delivered (hooks.events_url answered 2xx).",
+                &s.webhook_sent,
+            ),
+            (
+                "webhook_batches",
+                "Webhook batches delivered.",
+                &s.webhook_batches,
+            ),
+            (
+                "webhook_failures",
+                "Tries of a webhook batch that failed (no answer in time, an error, 5xx, 408, 429, a redirect); each is tried again.",
+                &s.webhook_failures,
+            ),
+            (
+                "webhook_events_rejected",
+                "Webhook events in batches hooks.events_url refused with a 4xx (dropped).",
+                &s.webhook_rejected,
+            ),
+            (
                 "jwks_kid_unavailable",
                 "Streams refused 503: their token's kid was unknown and auth.jwks_url could not be fetched in time.",
                 &s.jwks_kid_unavailable,
@@ -397,7 +434,7 @@ impl Collector for StatsCollector {
         let active = s.streams_active.load(Relaxed) as i64;
         let rss = rss_bytes().unwrap_or(0) as i64;
         let baseline = s.baseline_rss.load(Relaxed) as i64;
-        let gauges: [GaugeSpec<'_>; 8] = [
+        let gauges: [GaugeSpec<'_>; 9] = [
             ("streams_active", "Streams open now.", active),
             (
                 "http_connections_active",
@@ -420,6 +457,11 @@ impl Collector for StatsCollector {
                 "jwks_keys",
                 "Keys held from the identity provider's JWKS (auth.jwks_url).",
                 s.jwks_keys.load(Relaxed) as i64,
+            ),
+            (
+                "webhook_events_pending",
+                "Webhook events queued or being sent now.",
+                s.webhook_pending.load(Relaxed) as i64,
             ),
             (
                 "publish_backlog",

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use crate::config::Settings;
+use crate::events::EventSet;
 
 /// One namespace's policy, resolved against the server-wide settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub(crate) struct Policy {
     /// The subscribe hook is asked when `hooks.subscribe_url` is set
     /// (`subscribe_hook`).
     pub(crate) subscribe_hook: bool,
+    /// The events `hooks.events_url` gets for its ids (`webhooks`; none
+    /// without `hooks.events_url`).
+    pub(crate) events: EventSet,
 }
 
 /// Every namespace, and the policy of ids outside them.
@@ -38,11 +42,20 @@ pub(crate) struct Namespaces {
 impl Namespaces {
     /// The namespaces of `settings` (validated: see `Settings::validate`).
     pub(crate) fn new(settings: &Settings) -> Namespaces {
+        // Validated: a list that does not parse is refused at start-up.
+        let events = |list: &str| {
+            if settings.hooks.events_url.trim().is_empty() {
+                EventSet::NONE
+            } else {
+                EventSet::parse(list).unwrap_or_default()
+            }
+        };
         let default = Policy {
             history_size: settings.history.size,
             history_ttl_ms: settings.history.ttl_ms,
             token_required: true,
             subscribe_hook: true,
+            events: events(&settings.hooks.events),
         };
         let by_name = settings
             .namespaces
@@ -53,6 +66,7 @@ impl Namespaces {
                     history_ttl_ms: ns.history_ttl_ms.unwrap_or(default.history_ttl_ms),
                     token_required: ns.token_required.unwrap_or(true),
                     subscribe_hook: ns.subscribe_hook.unwrap_or(true),
+                    events: ns.webhooks.as_deref().map_or(default.events, events),
                 };
                 (name.clone(), policy)
             })
@@ -71,6 +85,7 @@ impl Namespaces {
                 history_ttl_ms: ttl_ms,
                 token_required: true,
                 subscribe_hook: true,
+                events: EventSet::NONE,
             },
         }
     }

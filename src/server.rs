@@ -52,6 +52,7 @@ use crate::hub::router::CloseAll;
 use crate::state::ServerState;
 use crate::stats::Stats;
 use crate::stream::{self, Stream};
+use crate::webhooks::Webhooks;
 
 /// How often shutdown checks whether streams and connections are gone.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
@@ -149,19 +150,37 @@ impl Server {
         // (docs/design-notes.md, "Threads").
         let arbiters: Vec<Arbiter> = (0..workers).map(|_| Arbiter::new()).collect();
         let cancel = CancellationToken::new();
+        // One thread for every endpoint of the application's.
+        let backend = crate::backend::Backend::of(&settings.endpoints())?;
+        let webhooks = match &backend {
+            Some(backend) if !settings.hooks.events_url.trim().is_empty() => Some(Webhooks::start(
+                &settings,
+                Arc::clone(backend),
+                Arc::clone(&stats),
+                crate::hub::cluster::node_name(&settings.cluster),
+            )),
+            _ => None,
+        };
         let hub = Hub::<Stream>::start(
             &settings,
             &stats,
             &arbiters[0].handle(),
             main_addr,
             cancel.clone(),
+            webhooks.clone(),
         )
         .await?;
         let counter = {
             let (stats, cluster) = (Arc::clone(&stats), hub.cluster().cloned());
             Supervisor::start_in_arbiter(&arbiters[0].handle(), move |_| Counter::new(stats, cluster))
         };
-        let admission = Admission::new(&settings, Arc::clone(&stats), publish_protected, cancel.clone())?;
+        let admission = Admission::new(
+            &settings,
+            Arc::clone(&stats),
+            publish_protected,
+            cancel.clone(),
+            backend.as_ref(),
+        )?;
         let invalid =
             |key: &str, e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"));
         let limits = Arc::clone(&admission.limits);

@@ -144,6 +144,22 @@ pub(crate) struct Stats {
     pub(crate) hook_remembered: AtomicU64,
     /// How long the subscribe hook's calls took.
     pub(crate) hook_seconds: Histogram,
+    /// Webhook events queued (`hooks.events_url`).
+    pub(crate) webhook_queued: AtomicU64,
+    /// Events queued or being sent now.
+    pub(crate) webhook_pending: AtomicU64,
+    /// Events dropped: the queue (`hooks.events_queue`) was full.
+    pub(crate) webhook_dropped: AtomicU64,
+    /// Events delivered (the application answered 2xx).
+    pub(crate) webhook_sent: AtomicU64,
+    /// Batches delivered.
+    pub(crate) webhook_batches: AtomicU64,
+    /// Tries of a batch that failed (each is tried again).
+    pub(crate) webhook_failures: AtomicU64,
+    /// Events in batches the application refused with a 4xx (dropped).
+    pub(crate) webhook_rejected: AtomicU64,
+    /// How long the webhook POSTs took.
+    pub(crate) webhook_seconds: Histogram,
     /// WebSocket streams refused for their Origin (403).
     pub(crate) origins_refused: AtomicU64,
     /// Ids with a history ring now (set by the Router).
@@ -247,6 +263,14 @@ impl Stats {
             hook_busy: AtomicU64::new(0),
             hook_remembered: AtomicU64::new(0),
             hook_seconds: Histogram::new(&LATENCY_BUCKETS),
+            webhook_queued: AtomicU64::new(0),
+            webhook_pending: AtomicU64::new(0),
+            webhook_dropped: AtomicU64::new(0),
+            webhook_sent: AtomicU64::new(0),
+            webhook_batches: AtomicU64::new(0),
+            webhook_failures: AtomicU64::new(0),
+            webhook_rejected: AtomicU64::new(0),
+            webhook_seconds: Histogram::new(&LATENCY_BUCKETS),
             origins_refused: AtomicU64::new(0),
             history_ids: AtomicU64::new(0),
             history_messages: AtomicU64::new(0),
@@ -376,6 +400,13 @@ impl Stats {
                 "failures_admitted": get(&self.hook_failures_admitted),
                 "busy": get(&self.hook_busy),
                 "remembered": get(&self.hook_remembered),
+                "events_queued": get(&self.webhook_queued),
+                "events_pending": get(&self.webhook_pending),
+                "events_dropped": get(&self.webhook_dropped),
+                "events_sent": get(&self.webhook_sent),
+                "events_batches": get(&self.webhook_batches),
+                "events_failures": get(&self.webhook_failures),
+                "events_rejected": get(&self.webhook_rejected),
             },
             "history": {
                 "ids": get(&self.history_ids),

@@ -88,6 +88,11 @@ pub struct Args {
     /// `bench-hook`: every stream's admission asks it.
     #[arg(long)]
     pub hook: bool,
+    /// switchboard sending webhooks (`hooks.events_url`) to `bench-hook`:
+    /// `id_occupied` and `id_vacated` for every id, and what a namespace
+    /// adds (`--setting SWITCHBOARD__NAMESPACES__CHAT__WEBHOOKS=...`).
+    #[arg(long)]
+    pub webhooks: bool,
     /// More settings for switchboard, as `SWITCHBOARD__SECTION__KEY=VALUE`
     /// (repeatable): `[namespaces.<name>]` sections, say.
     #[arg(long = "setting", value_name = "VAR=VALUE", value_parser = parse_setting)]
@@ -233,6 +238,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 transport,
                 tls: tls_files.as_ref().filter(|_| transport.tls()),
                 hook: args.hook,
+                webhooks: args.webhooks,
                 settings: &args.settings,
                 id_prefix: &args.id_prefix,
             };
@@ -281,6 +287,8 @@ struct Phases<'a> {
     tls: Option<&'a TlsFiles>,
     /// switchboard asks `bench-hook` at every admission.
     hook: bool,
+    /// switchboard sends its webhooks to `bench-hook`.
+    webhooks: bool,
     /// More settings for switchboard.
     settings: &'a [(String, String)],
     /// What switchboard's ids start with.
@@ -297,7 +305,7 @@ fn measure(
     let (rate, settle, window) = (p.rate, p.settle, p.window);
     let switchboard = kind == ServerKind::Switchboard;
     // The application's side, when hooked (its own process: not counted).
-    let app = match p.hook && switchboard {
+    let app = match (p.hook || p.webhooks) && switchboard {
         true => {
             let (proc, _log, command, port) = super::servers::start_listening("bench-hook", &[], dir)?;
             rec.tool(&command);
@@ -315,11 +323,20 @@ fn measure(
             .map(|(k, v)| (&*k.clone().leak(), v.clone()))
             .collect();
     }
-    if let Some((_, port)) = &app {
+    if let (Some((_, port)), true) = (&app, p.hook) {
         launch.env.push((
             "SWITCHBOARD__HOOKS__SUBSCRIBE_URL",
             format!("http://127.0.0.1:{port}/hook"),
         ));
+    }
+    if let (Some((_, port)), true) = (&app, p.webhooks) {
+        launch.env.push((
+            "SWITCHBOARD__HOOKS__EVENTS_URL",
+            format!("http://127.0.0.1:{port}/events"),
+        ));
+        launch
+            .env
+            .push(("SWITCHBOARD__HOOKS__SECRET", "bench-webhook-secret".to_owned()));
     }
     let server = Server::start_full(kind, &launch, p.tls)?;
     rec.tool(&server.command);

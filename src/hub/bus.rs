@@ -42,6 +42,7 @@ use tokio::time::Instant;
 
 use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_payload};
 use super::link::{Conn, FRAMING_BYTES, Received, Reply};
+use super::occupancy::Wrote;
 use crate::hub::router::{Broadcast, HeldIds, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
@@ -59,6 +60,9 @@ const SETTLE_MARGIN: Duration = Duration::from_millis(100);
 
 /// How often lingering ids are checked for expiry, at most.
 const SWEEP_MAX: Duration = Duration::from_millis(250);
+
+/// Most occupancy writes (each of up to 1,000 ids) one step makes.
+const OCCUPANCY_STEPS: usize = 10;
 
 /// One change to this node's subscriptions, in the order they must reach
 /// Redis.
@@ -342,8 +346,9 @@ impl Bus {
             .wait(ctx);
     }
 
-    /// Unsubscribes the lingering ids whose time is up.
-    fn sweep(&mut self, _ctx: &mut Context<Self>) {
+    /// Unsubscribes the lingering ids whose time is up (this node holds
+    /// them no more: their occupancy changes are written).
+    fn sweep(&mut self, ctx: &mut Context<Self>) {
         let expired = self.cluster.expired_lingers(Instant::now());
         for id in &expired {
             self.send(Op::Unsubscribe(self.cluster.names.id_channel(id)));
@@ -351,6 +356,55 @@ impl Bus {
         if !expired.is_empty() {
             self.set_subscriptions(self.subscriptions.saturating_sub(expired.len() as u64));
         }
+        if let Some(occupancy) = &self.cluster.occupancy {
+            for id in &expired {
+                occupancy.change(id, false);
+            }
+            if occupancy.has_changes() {
+                self.write_occupancy(false, ctx);
+            }
+        }
+    }
+
+    /// Writes this node's occupancy changes (or only renews its place),
+    /// and with `reap` takes expired nodes' ids out. If its own place was
+    /// lost, every id held here is written again.
+    fn write_occupancy(&mut self, reap: bool, ctx: &mut Context<Self>) {
+        if self.cluster.occupancy.is_none() {
+            return;
+        }
+        let (cluster, held) = (Arc::clone(&self.cluster), self.held.clone());
+        ctx.spawn(
+            async move {
+                let Some(occupancy) = &cluster.occupancy else {
+                    return;
+                };
+                // A few batches at a time; the rest at the next step.
+                for _ in 0..OCCUPANCY_STEPS {
+                    match cluster.write_occupancy().await {
+                        Some(Ok(Wrote::Lost)) => {
+                            let Ok(ids) = held.send(HeldIds).await else {
+                                break;
+                            };
+                            let all = cluster.to_subscribe(ids);
+                            tracing::warn!(
+                                event = "occupancy_rewritten",
+                                ids = all.len(),
+                                "this node's place in the fleet's occupancy had expired (Redis was out of \
+                                 reach, or lost it): its ids are written again"
+                            );
+                            occupancy.hold_all(all);
+                        }
+                        Some(Ok(Wrote::Done)) if occupancy.has_changes() => {}
+                        _ => break,
+                    }
+                }
+                if reap && let Err(e) = cluster.reap_occupancy().await {
+                    tracing::debug!(cause = %e, "occupancy not reaped");
+                }
+            }
+            .into_actor(self),
+        );
     }
 
     /// Heartbeat, and a PING through the link so a Redis that stops
@@ -376,6 +430,7 @@ impl Bus {
             }
             .into_actor(self),
         );
+        self.write_occupancy(true, ctx);
     }
 }
 
@@ -816,6 +871,9 @@ impl Handler<Interest> for Bus {
                 } else if back {
                     bus.subscribed.do_send(Subscribed::NoLink(vec![id]));
                 } else {
+                    if let Some(occupancy) = &bus.cluster.occupancy {
+                        occupancy.change(&id, true);
+                    }
                     bus.send(Op::Subscribe(id));
                     bus.set_subscriptions(bus.subscriptions + 1);
                 }

@@ -535,6 +535,27 @@ impl Names {
         format!("{}:nodes", self.prefix)
     }
 
+    /// The key prefix.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The nodes that hold ids, scored by when their place expires
+    /// ([`super::occupancy`]).
+    pub(crate) fn holders_key(&self) -> String {
+        format!("{}:holders", self.prefix)
+    }
+
+    /// The ids one process holds ([`super::occupancy`]).
+    pub(crate) fn holds_key(&self, instance: &str) -> String {
+        format!("{}:holds:{instance}", self.prefix)
+    }
+
+    /// The nodes that hold `id` ([`super::occupancy`]).
+    pub(crate) fn occupants_key(&self, id: &str) -> String {
+        format!("{}:occupants:{id}", self.prefix)
+    }
+
     fn counter_key(&self) -> String {
         format!("{}:dispatcher", self.prefix)
     }
@@ -674,6 +695,9 @@ pub(crate) struct Cluster {
     pub(crate) names: Names,
     /// The settings.
     pub(crate) settings: ClusterSettings,
+    /// `id_occupied` and `id_vacated`, decided in Redis (with
+    /// `hooks.events_url`).
+    pub(crate) occupancy: Option<crate::hub::occupancy::Fleet>,
     /// Counters for `/stats`.
     pub(crate) stats: ClusterStats,
     /// `message.max_bytes`: a message from the bus is held to the same
@@ -793,12 +817,7 @@ impl Cluster {
         };
         let master = Master::open(client, &config, settings.redis_wait_replicas, sentinel.is_none())?;
         let host = hostname();
-        let pid = std::process::id();
-        let node = if settings.node_name.is_empty() {
-            format!("{host}-{pid}")
-        } else {
-            settings.node_name.clone()
-        };
+        let node = node_name(settings);
         tracing::info!(
             event = "cluster",
             node = %node,
@@ -836,7 +855,15 @@ impl Cluster {
             namespaces,
             redis_version: Mutex::new(String::new()),
             unusable: AtomicBool::new(false),
+            occupancy: None,
         })
+    }
+
+    /// Decides `id_occupied` and `id_vacated` for the fleet with
+    /// `webhooks` (`None`: none are sent).
+    pub(crate) fn with_webhooks(mut self, webhooks: Option<Arc<crate::webhooks::Webhooks>>) -> Self {
+        self.occupancy = webhooks.map(|w| crate::hub::occupancy::Fleet::new(w, &self.instance, &self.node));
+        self
     }
 
     fn master(&self) -> MutexGuard<'_, Master> {
@@ -1508,7 +1535,7 @@ impl Cluster {
 
     /// Runs one command with the command timeout; a failure is counted and
     /// becomes [`ApiError::BusUnavailable`].
-    async fn command<T>(
+    pub(crate) async fn command<T>(
         &self,
         what: &'static str,
         f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
@@ -1823,8 +1850,10 @@ impl Cluster {
         }
     }
 
-    /// Removes this node from `/cluster` (graceful shutdown).
+    /// Removes this node from `/cluster` (graceful shutdown), and has its
+    /// ids vacated by the next live node ([`Cluster::leave_occupancy`]).
     pub(crate) async fn leave(&self) {
+        self.leave_occupancy().await;
         let (key, set, name) = (
             self.names.node_key(&self.node),
             self.names.nodes_key(),
@@ -2183,6 +2212,15 @@ pub(crate) fn advertised(addr: std::net::SocketAddr) -> String {
 }
 
 /// The kernel's host name.
+/// This node's name: `cluster.node_name`, or `<host>-<pid>`.
+pub(crate) fn node_name(settings: &ClusterSettings) -> String {
+    if settings.node_name.is_empty() {
+        format!("{}-{}", hostname(), std::process::id())
+    } else {
+        settings.node_name.clone()
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()

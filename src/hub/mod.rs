@@ -31,6 +31,7 @@ pub(crate) mod cluster;
 pub(crate) mod history;
 mod link;
 pub(crate) mod local;
+pub(crate) mod occupancy;
 pub(crate) mod router;
 
 use std::io;
@@ -43,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::error::ApiError;
 use crate::stats::Stats;
+use crate::webhooks::Webhooks;
 pub(crate) use broker::{Answer, Receipt, Target, Undelivered};
 use broker::{Broker, memory::Memory};
 use bus::Bus;
@@ -77,19 +79,21 @@ impl<S: StreamActor> Hub<S> {
         arbiter: &ArbiterHandle,
         addr: SocketAddr,
         shutdown: CancellationToken,
+        webhooks: Option<Arc<Webhooks>>,
     ) -> io::Result<Self> {
         let cluster = if settings.cluster.enabled() {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let (c, h, max, s, addr) = (
+            let (c, h, max, s, addr, w) = (
                 settings.cluster.clone(),
                 crate::namespace::Namespaces::new(settings),
                 settings.message.max_bytes,
                 Arc::clone(stats),
                 cluster::advertised(addr),
+                webhooks.clone(),
             );
             // The connection's tasks run where it is made.
             arbiter.spawn(async move {
-                let _ = tx.send(Cluster::new(&c, h, max, s, addr));
+                let _ = tx.send(Cluster::new(&c, h, max, s, addr).map(|c| c.with_webhooks(w)));
             });
             let cluster = rx
                 .await
@@ -106,13 +110,15 @@ impl<S: StreamActor> Hub<S> {
             .map(|cluster| Arc::new(broker::redis::Redis::new(Arc::clone(cluster))));
         let broker: Arc<dyn Broker> = match &fleet {
             Some(fleet) => Arc::clone(fleet) as Arc<dyn Broker>,
-            None => Arc::new(Memory::new(settings, stats)),
+            None => Arc::new(Memory::new(settings, stats).with_webhooks(webhooks.clone())),
         };
         let router = {
             let (stats, broker) = (Arc::clone(stats), Arc::clone(&broker));
             let window = router::fanout_window(settings.workers());
             Supervisor::start_in_arbiter(arbiter, move |_| {
-                Router::<S>::new(Arc::clone(&stats), Arc::clone(&broker)).with_window(window)
+                Router::<S>::new(Arc::clone(&stats), Arc::clone(&broker))
+                    .with_window(window)
+                    .with_webhooks(webhooks.clone())
             })
         };
         let bus = cluster.as_ref().map(|cluster| {

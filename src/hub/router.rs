@@ -42,6 +42,7 @@ use crate::hub::history::{
 use crate::id::{ConnId, shrink_if_sparse};
 use crate::stats::Stats;
 use crate::supervision::{Crash, guarded};
+use crate::webhooks::{Name, Webhooks};
 
 /// Most broadcast deliveries the Router keeps queued at its streams at once,
 /// so ticks, routed messages and requests of a worker wait behind at most
@@ -427,6 +428,12 @@ pub(crate) struct Router<S: StreamActor> {
     closing: bool,
     /// Where `messages.routed` and restarts are counted.
     stats: Arc<Stats>,
+    /// `stream_joined` and `stream_left` (with `hooks.events_url`).
+    webhooks: Option<Arc<Webhooks>>,
+    /// The streams whose namespace sends `stream_joined` or `stream_left`
+    /// ([`Joined`]): their id and their token's `sub`. Empty unless one
+    /// asks: nothing is kept for other streams.
+    members: HashMap<ConnId, (Arc<str>, Option<Arc<str>>)>,
     /// The engine: subscriptions, event ids, history, presence. Told when
     /// an id gets its first stream and loses its last one.
     broker: Arc<dyn Broker>,
@@ -511,11 +518,20 @@ impl<S: StreamActor> Router<S> {
             streams: 0,
             closing: false,
             stats,
+            webhooks: None,
+            members: HashMap::new(),
             awaiting: HashMap::new(),
             fanouts: VecDeque::new(),
             window: Arc::new(InFlight::new(FANOUT_WINDOW)),
             pumping: false,
         }
+    }
+
+    /// The same, sending `stream_joined` and `stream_left` with
+    /// `webhooks` (`None`: none).
+    pub(crate) fn with_webhooks(mut self, webhooks: Option<Arc<Webhooks>>) -> Self {
+        self.webhooks = webhooks;
+        self
     }
 
     /// The same with a broadcast window of `size` ([`fanout_window`]).
@@ -1074,6 +1090,24 @@ impl<S: StreamActor> Supervised for Router<S> {
             }
         }
         self.streams = self.table.values().map(SmallVec::len).sum();
+        // Members whose stream died meanwhile (its Logout may be the
+        // message lost) have left.
+        if let Some(webhooks) = &self.webhooks {
+            let (table, reading, awaiting) = (&self.table, &self.reading, &self.awaiting);
+            self.members.retain(|conn, (id, sub)| {
+                let here = table.get(id).is_some_and(|s| s.iter().any(|(c, _)| c == conn))
+                    || reading
+                        .get(id)
+                        .is_some_and(|r| r.iter().any(|r| r.stream.conn == *conn))
+                    || awaiting
+                        .get(id)
+                        .is_some_and(|w| w.iter().any(|w| w.conn == *conn));
+                if !here {
+                    webhooks.emit(Name::StreamLeft, id, None, sub.take());
+                }
+                here
+            });
+        }
         // A Subscribed lost with the crash must not leave streams waiting:
         // the bus confirms their ids again (a stream must not read the
         // fleet's history before its id is subscribed). Reads of the
@@ -1137,6 +1171,34 @@ pub(crate) struct LoginAt<S: Actor> {
 
 impl<S: Actor> Message for LoginAt<S> {
     type Result = ();
+}
+
+/// A stream of a namespace that sends `stream_joined` or `stream_left`
+/// opened, with its token's `sub`. Sent as the stream is made, before its
+/// [`Login`] and long before its [`Logout`] (from the same thread, so the
+/// Router gets them in that order); only such streams send it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Joined {
+    /// The stream id.
+    pub(crate) id: Arc<str>,
+    /// Its connection.
+    pub(crate) conn: ConnId,
+    /// Its token's `sub`.
+    pub(crate) sub: Option<Arc<str>>,
+}
+
+impl<S: StreamActor> Handler<Joined> for Router<S> {
+    type Result = ();
+
+    fn handle(&mut self, m: Joined, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |r, _| {
+            if let Some(webhooks) = &r.webhooks {
+                webhooks.emit(Name::StreamJoined, &m.id, None, m.sub.clone());
+                r.members.insert(m.conn, (m.id, m.sub));
+            }
+        });
+    }
 }
 
 /// A stream has stopped.
@@ -1393,6 +1455,10 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
         guarded(self, ctx, |r, _| {
             r.presence_changed(&m.id);
             r.floors.remove(&m.conn);
+            if let (Some(webhooks), Some((id, sub))) = (&r.webhooks, r.members.remove(&m.conn)) {
+                webhooks.emit(Name::StreamLeft, &id, None, sub);
+                shrink_if_sparse(&mut r.members);
+            }
             let mut left = false;
             if let Some(streams) = r.table.get_mut(&*m.id) {
                 let before = streams.len();

@@ -109,6 +109,7 @@ mod tests {
             early: Vec::new(),
             expires: None,
             counted: None,
+            member: None,
         };
         let head = Head::of(&open);
         let mut out = Vec::new();

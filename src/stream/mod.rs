@@ -43,7 +43,7 @@ use crate::conn::handshake::{StreamRequest, Transport};
 use crate::conn::socket::CloseHandle;
 use crate::error::CorsAnswer;
 use crate::hub::history::Resume;
-use crate::hub::router::{Close, Cut, Deliver, Login, LoginAt, Logout, Router, Welcome};
+use crate::hub::router::{Close, Cut, Deliver, Joined, Login, LoginAt, Logout, Router, Welcome};
 use crate::id::{ConnId, conn_age, next_conn_id};
 use crate::stats::Stats;
 
@@ -100,6 +100,16 @@ pub(crate) struct Open {
     pub(crate) expires: Option<Duration>,
     /// Where `limits.streams_per_ip` counted it, if it did.
     pub(crate) counted: Option<crate::conn::edge::Slot>,
+    /// Its namespace sends `stream_joined` and `stream_left`: the Router
+    /// keeps it ([`Joined`]).
+    pub(crate) member: Option<Member>,
+}
+
+/// A stream the Router keeps for `stream_joined` and `stream_left`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Member {
+    /// Its token's `sub`.
+    pub(crate) sub: Option<Arc<str>>,
 }
 
 /// What an event is, for SSE's `event:` line.
@@ -261,6 +271,15 @@ impl Stream {
             opened = stream
                 .sink
                 .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
+        }
+        // Before the stream's Login (sent when it starts) and its Logout
+        // (when it is dropped), from this thread: the Router gets it first.
+        if let Some(member) = open.member {
+            stream.core.shared.router.do_send(Joined {
+                id: Arc::clone(&stream.core.id),
+                conn: stream.core.conn,
+                sub: member.sub,
+            });
         }
         // Runs at once, on this worker, with the actor's context.
         Stream::create(move |ctx| {

@@ -16,6 +16,14 @@ Serves, on 127.0.0.1 and a port the kernel picks (printed as
               /hook-followed (which nobody should ask). Each request's
               body is appended to STATE/hook.log, a JSON line.
 
+  POST /events the webhook receiver: checks X-Switchboard-Signature
+              against the HMAC-SHA256 of the body keyed with the file
+              STATE/secret, and appends each event to STATE/events.log, a
+              JSON line with "verified" (whether the signature matched)
+              and "time_ms" (the batch's) added. As STATE/events.mode
+              says: "ok" (200), "500", "400" or "hang" (no answer for 30 s;
+              nothing logged).
+
 Every request is appended to STATE/requests.log ("METHOD PATH"), so a test
 can count what the server asked. The files are read at each request: the
 test rotates keys or breaks the endpoint by rewriting them.
@@ -23,6 +31,8 @@ test rotates keys or breaks the endpoint by rewriting them.
 Usage: app.py STATE
 """
 
+import hashlib
+import hmac
 import http.server
 import json
 import os
@@ -63,6 +73,8 @@ class App(http.server.BaseHTTPRequestHandler):
         self.logged("POST")
         length = int(self.headers.get("content-length", "0"))
         body = self.rfile.read(length)
+        if self.path == "/events":
+            return self.events(body)
         if self.path != "/hook":
             return self.answer(404, b'{"error": "not found"}')
         with LOCK, open(os.path.join(STATE, "hook.log"), "ab") as log:
@@ -96,6 +108,25 @@ class App(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         self.answer(400, b'{"error": "unknown kind"}')
+
+    def events(self, body):
+        mode = read("events.mode", "ok").decode().strip()
+        if mode == "hang":
+            time.sleep(30)
+            return
+        if mode == "500":
+            return self.answer(500, b'{"error": "down"}')
+        if mode == "400":
+            return self.answer(400, b'{"error": "no"}')
+        expected = "sha256=" + hmac.new(read("secret"), body, hashlib.sha256).hexdigest()
+        verified = hmac.compare_digest(expected, self.headers.get("x-switchboard-signature", ""))
+        batch = json.loads(body)
+        with LOCK, open(os.path.join(STATE, "events.log"), "a") as log:
+            for event in batch["events"]:
+                event["verified"] = verified
+                event["time_ms"] = batch["time_ms"]
+                log.write(json.dumps(event) + "\n")
+        self.answer(200 if verified else 401, b"{}")
 
     def do_GET(self):
         self.logged("GET")

@@ -17,8 +17,10 @@ use crate::error::ApiError;
 use crate::hub::cluster::{Presence, single_presence};
 use crate::hub::history::{CaughtUp, History};
 use crate::hub::local::Local;
+use crate::hub::occupancy::Single;
 use crate::idempotency::{self, Begin, Keys};
 use crate::stats::Stats;
+use crate::webhooks::Webhooks;
 
 /// See the module docs.
 pub(crate) struct Memory {
@@ -27,6 +29,13 @@ pub(crate) struct Memory {
     keys: Keys<Receipt>,
     /// Where the history's sizes are published.
     stats: Arc<Stats>,
+    /// `cluster.unsubscribe_linger_ms`: how long an id stays occupied
+    /// after its last stream.
+    linger: Duration,
+    /// `id_occupied` and `id_vacated` (with `hooks.events_url`).
+    occupancy: Option<Single>,
+    /// With occupancy, when the history is next swept.
+    history_due: Mutex<std::time::Instant>,
 }
 
 impl Memory {
@@ -37,7 +46,16 @@ impl Memory {
             history: Mutex::new(History::with(crate::namespace::Namespaces::new(settings))),
             keys: Keys::new(Duration::from_millis(settings.publish.idempotency_ttl_ms)),
             stats: Arc::clone(stats),
+            linger: Duration::from_millis(settings.cluster.unsubscribe_linger_ms),
+            occupancy: None,
+            history_due: Mutex::new(std::time::Instant::now()),
         }
+    }
+
+    /// Sends `id_occupied` and `id_vacated` with `webhooks` (`None`: none).
+    pub(crate) fn with_webhooks(mut self, webhooks: Option<Arc<Webhooks>>) -> Self {
+        self.occupancy = webhooks.map(|w| Single::new(w, self.linger));
+        self
     }
 
     /// The history; a panic while it was held (a bug) leaves it as it was.
@@ -60,11 +78,18 @@ impl Broker for Memory {
         false
     }
 
-    fn subscribe(&self, _: &Arc<str>) -> Subscription {
+    fn subscribe(&self, id: &Arc<str>) -> Subscription {
+        if let Some(occupancy) = &self.occupancy {
+            occupancy.held(id);
+        }
         Subscription::Live
     }
 
-    fn unsubscribe(&self, _: Arc<str>) {}
+    fn unsubscribe(&self, id: Arc<str>) {
+        if let Some(occupancy) = &self.occupancy {
+            occupancy.released(id);
+        }
+    }
 
     fn confirm(&self, _: Arc<str>) -> Subscription {
         Subscription::Live
@@ -97,11 +122,28 @@ impl Broker for Memory {
     }
 
     fn upkeep_every(&self) -> Option<Duration> {
-        Some(self.history().sweep_interval())
+        let history = self.history().sweep_interval();
+        Some(match &self.occupancy {
+            Some(occupancy) => history.min(occupancy.sweep_every()),
+            None => history,
+        })
     }
 
     fn upkeep(&self) {
         let mut history = self.history();
+        if let Some(occupancy) = &self.occupancy {
+            occupancy.sweep();
+            // Called more often than the history needs: swept when due.
+            let now = std::time::Instant::now();
+            let mut due = self
+                .history_due
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *due > now {
+                return;
+            }
+            *due = now + history.sweep_interval();
+        }
         history.sweep();
         self.history_stats(&history);
     }

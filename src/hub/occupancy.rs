@@ -1,0 +1,357 @@
+//! Occupancy: whether an id has a stream anywhere, decided once for the
+//! fleet, for the `id_occupied` and `id_vacated` webhooks
+//! ([`crate::webhooks`]).
+//!
+//! A node holds an id from its first stream of it until the last one has
+//! been gone for `cluster.unsubscribe_linger_ms` (a stream back within it
+//! changes nothing): [`Single`] in one process, where that is the fleet;
+//! [`Fleet`] in cluster mode, where Redis decides.
+//!
+//! **In Redis** ([`OCCUPANCY_SCRIPT`]), per id a set of the nodes holding
+//! it (`<prefix>:occupants:<id>`): the node whose add makes it one member
+//! sends `id_occupied`, the one whose removal empties it `id_vacated`.
+//! Each node also keeps the set of ids it is in (`<prefix>:holds:<instance>`)
+//! and its place in `<prefix>:holders`, scored by when it expires (Redis's
+//! time plus the heartbeat TTL, renewed every heartbeat). A node that dies
+//! stops renewing it; the first live node to see it expired takes its ids
+//! out ([`REAP_SCRIPT`], a bounded number per step) and sends `id_vacated`
+//! for those it leaves empty, naming the dead node. A node that finds its
+//! own place gone or expired (it lost Redis for longer than the TTL, and
+//! may have been reaped) writes every id it holds again: ids reaped
+//! meanwhile are occupied again.
+//!
+//! Changes wait in [`Fleet`] until written (a write that fails is tried
+//! again), so a Redis outage delays events but loses none.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::error::ApiError;
+use crate::hub::cluster::Cluster;
+use crate::webhooks::{Name, Webhooks};
+
+/// Most ids one write, or one step of a reap, carries.
+const BATCH: usize = 1_000;
+
+/// Most reap steps per heartbeat.
+const REAP_STEPS: usize = 20;
+
+/// Adds and removes this node for ids, renewing its place in the
+/// holders. KEYS: holders, this node's holds set, then each id's occupants
+/// set. ARGV: this node's member (`<instance> <name>`), the TTL in ms,
+/// then per id its op (`+` or `-`) and the id. Answers `{live, changed}`:
+/// whether this node's place was there and unexpired before, and per id
+/// 1 when it made the id occupied (`+`) or vacated (`-`).
+const OCCUPANCY_SCRIPT: &str = "local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+    local score = redis.call('ZSCORE', KEYS[1], ARGV[1]) \
+    local live = 0 \
+    if score and tonumber(score) >= now then live = 1 end \
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) \
+    local changed = {} \
+    for k = 3, #KEYS do \
+    local j = k - 2 \
+    local op, id = ARGV[2 * j + 1], ARGV[2 * j + 2] \
+    local c = 0 \
+    if op == '+' then \
+    if redis.call('SADD', KEYS[k], ARGV[1]) == 1 then \
+    redis.call('SADD', KEYS[2], id) \
+    if redis.call('SCARD', KEYS[k]) == 1 then c = 1 end end \
+    else \
+    if redis.call('SREM', KEYS[k], ARGV[1]) == 1 then \
+    redis.call('SREM', KEYS[2], id) \
+    if redis.call('EXISTS', KEYS[k]) == 0 then c = 1 end end \
+    end \
+    changed[j] = c \
+    end \
+    return {live, changed}";
+
+/// Takes up to ARGV[2] ids out of one expired node's holds (the first in
+/// the holders whose time has passed), and drops its place once none is
+/// left. KEYS: holders. ARGV: the key prefix, the most ids. Answers `{}`
+/// (no node expired) or `{member, vacated ids}`.
+const REAP_SCRIPT: &str = "local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+    local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, 1) \
+    if #dead == 0 then return {} end \
+    local member = dead[1] \
+    local instance = string.match(member, '^(%S+)') \
+    local holds = ARGV[1] .. ':holds:' .. instance \
+    local ids = redis.call('SPOP', holds, tonumber(ARGV[2])) \
+    local vacated = {} \
+    for _, id in ipairs(ids) do \
+    local key = ARGV[1] .. ':occupants:' .. id \
+    if redis.call('SREM', key, member) == 1 and redis.call('EXISTS', key) == 0 then \
+    vacated[#vacated + 1] = id end \
+    end \
+    if redis.call('EXISTS', holds) == 0 then redis.call('ZREM', KEYS[1], member) end \
+    return {member, vacated}";
+
+/// Occupancy in a single process: every id held here is held by the fleet.
+pub(crate) struct Single {
+    webhooks: Arc<Webhooks>,
+    linger: Duration,
+    /// Ids whose last stream left, and when they are vacated.
+    lingering: Mutex<HashMap<Arc<str>, Instant>>,
+}
+
+impl Single {
+    /// Vacates an id `linger` after its last stream.
+    pub(crate) fn new(webhooks: Arc<Webhooks>, linger: Duration) -> Single {
+        Single {
+            webhooks,
+            linger,
+            lingering: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lingering(&self) -> MutexGuard<'_, HashMap<Arc<str>, Instant>> {
+        self.lingering
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `id` has its first stream here (or one again).
+    pub(crate) fn held(&self, id: &Arc<str>) {
+        if !self.webhooks.events_of(id).occupancy() {
+            return;
+        }
+        if self.lingering().remove(id).is_none() {
+            self.webhooks.emit(Name::IdOccupied, id, None, None);
+        }
+    }
+
+    /// `id`'s last stream here is gone.
+    pub(crate) fn released(&self, id: Arc<str>) {
+        if self.webhooks.events_of(&id).occupancy() {
+            self.lingering().insert(id, Instant::now() + self.linger);
+        }
+    }
+
+    /// Vacates the ids whose linger is over.
+    pub(crate) fn sweep(&self) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        self.lingering().retain(|id, until| {
+            let over = *until <= now;
+            if over {
+                expired.push(Arc::clone(id));
+            }
+            !over
+        });
+        for id in expired {
+            self.webhooks.emit(Name::IdVacated, &id, None, None);
+        }
+    }
+
+    /// How often [`Single::sweep`] should run.
+    pub(crate) fn sweep_every(&self) -> Duration {
+        (self.linger / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
+    }
+}
+
+/// Occupancy in a fleet: this node's changes, written to Redis.
+pub(crate) struct Fleet {
+    webhooks: Arc<Webhooks>,
+    /// This node in the occupants sets: `<instance> <name>`.
+    member: String,
+    /// Changes not yet written: an id and whether it is held.
+    pending: Mutex<HashMap<Arc<str>, bool>>,
+    /// A write is out (writes must not overtake each other).
+    writing: AtomicBool,
+    /// Some id of this node's was written: its place should be there.
+    written: AtomicBool,
+}
+
+/// What a write found.
+pub(crate) enum Wrote {
+    /// Written (or nothing to write).
+    Done,
+    /// This node's place was gone or expired: every id it holds must be
+    /// written again.
+    Lost,
+}
+
+impl Fleet {
+    /// This node's occupancy, as `instance` named `node`.
+    pub(crate) fn new(webhooks: Arc<Webhooks>, instance: &str, node: &str) -> Fleet {
+        Fleet {
+            webhooks,
+            member: format!("{instance} {node}"),
+            pending: Mutex::new(HashMap::new()),
+            writing: AtomicBool::new(false),
+            written: AtomicBool::new(false),
+        }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, HashMap<Arc<str>, bool>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `id` is held here now (`true`: its first stream; `false`: its last
+    /// one gone, after the linger). Written at the next step.
+    pub(crate) fn change(&self, id: &Arc<str>, held: bool) {
+        if self.webhooks.events_of(id).occupancy() {
+            self.pending().insert(Arc::clone(id), held);
+        }
+    }
+
+    /// Every id in `held` is held here (after [`Wrote::Lost`]).
+    pub(crate) fn hold_all(&self, held: impl IntoIterator<Item = Arc<str>>) {
+        let mut pending = self.pending();
+        for id in held {
+            if self.webhooks.events_of(&id).occupancy() {
+                pending.entry(id).or_insert(true);
+            }
+        }
+    }
+
+    /// Whether a change waits to be written.
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.pending().is_empty()
+    }
+}
+
+impl Cluster {
+    /// Writes up to [`BATCH`] of this node's occupancy changes (and renews
+    /// its place: also with none), and sends the events the fleet's state
+    /// says. `None` while another write is out. A failed write keeps its
+    /// changes for the next (unless newer ones replaced them).
+    pub(crate) async fn write_occupancy(&self) -> Option<Result<Wrote, ApiError>> {
+        let fleet = self.occupancy.as_ref()?;
+        if fleet.writing.swap(true, SeqCst) {
+            return None;
+        }
+        let batch: Vec<(Arc<str>, bool)> = {
+            let mut pending = fleet.pending();
+            let ids: Vec<Arc<str>> = pending.keys().take(BATCH).cloned().collect();
+            ids.into_iter()
+                .filter_map(|id| pending.remove_entry(&id))
+                .collect()
+        };
+        let written = self.run_occupancy(fleet, &batch).await;
+        fleet.writing.store(false, SeqCst);
+        Some(match written {
+            Ok((live, changed)) => {
+                for ((id, held), changed) in batch.iter().zip(changed) {
+                    if changed == 1 {
+                        let name = if *held { Name::IdOccupied } else { Name::IdVacated };
+                        fleet.webhooks.emit(name, id, None, None);
+                    }
+                }
+                let lost = live == 0 && fleet.written.load(SeqCst);
+                if !batch.is_empty() {
+                    fleet.written.store(true, SeqCst);
+                }
+                Ok(if lost { Wrote::Lost } else { Wrote::Done })
+            }
+            Err(e) => {
+                let mut pending = fleet.pending();
+                for (id, held) in batch {
+                    pending.entry(id).or_insert(held);
+                }
+                Err(e)
+            }
+        })
+    }
+
+    async fn run_occupancy(
+        &self,
+        fleet: &Fleet,
+        batch: &[(Arc<str>, bool)],
+    ) -> Result<(i64, Vec<i64>), ApiError> {
+        static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(OCCUPANCY_SCRIPT));
+        let mut invocation = SCRIPT.prepare_invoke();
+        invocation
+            .key(self.names.holders_key())
+            .key(self.names.holds_key(&self.instance));
+        for (id, _) in batch {
+            invocation.key(self.names.occupants_key(id));
+        }
+        invocation.arg(&fleet.member).arg(self.settings.heartbeat_ttl_ms);
+        for (id, held) in batch {
+            invocation.arg(if *held { "+" } else { "-" }).arg(&**id);
+        }
+        let (live, changed): (i64, Vec<i64>) = self
+            .command("occupancy", async move |mut c| {
+                invocation.invoke_async(&mut c).await
+            })
+            .await?;
+        if changed.len() != batch.len() {
+            return Err(ApiError::RedisRefused("occupancy: not an answer per id".into()));
+        }
+        Ok((live, changed))
+    }
+
+    /// Takes the ids of nodes whose place expired out of the fleet's
+    /// occupancy, at most [`REAP_STEPS`] × [`BATCH`] of them, and sends
+    /// `id_vacated` for each id left with no node, naming the dead node.
+    pub(crate) async fn reap_occupancy(&self) -> Result<(), ApiError> {
+        let Some(fleet) = self.occupancy.as_ref() else {
+            return Ok(());
+        };
+        for _ in 0..REAP_STEPS {
+            static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REAP_SCRIPT));
+            let (holders, prefix) = (self.names.holders_key(), self.names.prefix().to_owned());
+            let answer: Vec<redis::Value> = self
+                .command("occupancy reap", async move |mut c| {
+                    SCRIPT
+                        .key(holders)
+                        .arg(prefix)
+                        .arg(BATCH)
+                        .invoke_async(&mut c)
+                        .await
+                })
+                .await?;
+            let Some((member, vacated)) = reaped(answer) else {
+                return Ok(());
+            };
+            let node: Arc<str> = member.split_once(' ').map_or(&*member, |(_, name)| name).into();
+            tracing::info!(
+                event = "occupancy_reaped",
+                node = %node,
+                vacated = vacated.len(),
+                "a node's heartbeat expired: its ids were taken out of the fleet's occupancy"
+            );
+            for id in vacated {
+                fleet
+                    .webhooks
+                    .emit(Name::IdVacated, &Arc::from(id), Some(&node), None);
+            }
+        }
+        Ok(())
+    }
+
+    /// At a graceful stop: this node's place expires now, so the next live
+    /// node to look vacates its ids at once instead of a TTL later.
+    pub(crate) async fn leave_occupancy(&self) {
+        let Some(fleet) = self.occupancy.as_ref() else {
+            return;
+        };
+        let (holders, member) = (self.names.holders_key(), fleet.member.clone());
+        let _ = self
+            .command("occupancy leave", async move |mut c| {
+                redis::cmd("ZADD")
+                    .arg(holders)
+                    .arg("XX")
+                    .arg(0)
+                    .arg(member)
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await;
+    }
+}
+
+/// A reap step's answer: the node and the ids it left vacated.
+fn reaped(answer: Vec<redis::Value>) -> Option<(String, Vec<String>)> {
+    let mut parts = answer.into_iter();
+    let member: String = redis::from_redis_value(parts.next()?).ok()?;
+    let vacated: Vec<String> = redis::from_redis_value(parts.next()?).ok()?;
+    Some((member, vacated))
+}
