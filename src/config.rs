@@ -583,6 +583,9 @@ pub struct NamespaceSettings {
     /// The events `hooks.events_url` is sent for the namespace's ids
     /// (comma-separated, `hooks.events`' meaning; empty: none).
     pub webhooks: Option<String>,
+    /// Whether the namespace's streams get `join` and `leave` events, and
+    /// `/presence/{id}` lists its subjects.
+    pub presence_events: Option<bool>,
 }
 
 impl std::fmt::Debug for HookSettings {

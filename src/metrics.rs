@@ -145,7 +145,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 56] = [
+        let counters: [CounterSpec<'_>; 59] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -318,6 +318,21 @@ impl Collector for StatsCollector {
                 "hook_remembered",
                 "Stream requests admitted by a subscribe hook's yes remembered (hooks.cache_ms).",
                 &s.hook_remembered,
+            ),
+            (
+                "presence_events_sent",
+                "join and leave events of streams on this node (namespaces with presence_events).",
+                &s.notes_sent,
+            ),
+            (
+                "presence_events_received",
+                "join and leave events from other nodes, for streams on this node.",
+                &s.notes_received,
+            ),
+            (
+                "presence_events_failed",
+                "join and leave events that could not be sent to the other nodes (Redis out of reach).",
+                &s.notes_failed,
             ),
             (
                 "webhook_events_queued",

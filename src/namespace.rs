@@ -1,12 +1,15 @@
 //! Namespaces: `[namespaces.<name>]` sections, each a policy of its own for
 //! the ids `<name>:<rest>` (Centrifugo's `chat:room1`): how much history
 //! they keep and for how long, whether they need a token, whether the
-//! subscribe hook is asked. An id outside every namespace (no `:`, or a
-//! name no section has) keeps the server-wide settings, as does every key a
-//! section leaves out.
+//! subscribe hook is asked, which webhooks are sent, whether streams get
+//! `join` and `leave`. An id outside every namespace (no `:`, or a name no
+//! section has) keeps the server-wide settings, as does every key a section
+//! leaves out.
 //!
 //! Looked up once per admission, publish and history read: a hash of the
-//! name (the id up to its first `:`), nothing kept per stream.
+//! name (the id up to its first `:`). Nothing is kept per stream, except
+//! in the Router for the streams of a namespace that sends `stream_joined`
+//! or `stream_left`, or `join` and `leave` (their `sub`).
 
 use std::collections::HashMap;
 
@@ -30,6 +33,9 @@ pub(crate) struct Policy {
     /// The events `hooks.events_url` gets for its ids (`webhooks`; none
     /// without `hooks.events_url`).
     pub(crate) events: EventSet,
+    /// Its streams get `join` and `leave` events fleet-wide, and
+    /// `/presence/{id}` lists the subjects (`presence_events`).
+    pub(crate) presence_events: bool,
 }
 
 /// Every namespace, and the policy of ids outside them.
@@ -56,6 +62,7 @@ impl Namespaces {
             token_required: true,
             subscribe_hook: true,
             events: events(&settings.hooks.events),
+            presence_events: false,
         };
         let by_name = settings
             .namespaces
@@ -67,6 +74,7 @@ impl Namespaces {
                     token_required: ns.token_required.unwrap_or(true),
                     subscribe_hook: ns.subscribe_hook.unwrap_or(true),
                     events: ns.webhooks.as_deref().map_or(default.events, events),
+                    presence_events: ns.presence_events.unwrap_or(false),
                 };
                 (name.clone(), policy)
             })
@@ -86,6 +94,7 @@ impl Namespaces {
                 token_required: true,
                 subscribe_hook: true,
                 events: EventSet::NONE,
+                presence_events: false,
             },
         }
     }

@@ -160,6 +160,13 @@ pub(crate) struct Stats {
     pub(crate) webhook_rejected: AtomicU64,
     /// How long the webhook POSTs took.
     pub(crate) webhook_seconds: Histogram,
+    /// `join` and `leave` events of streams here (`presence_events`).
+    pub(crate) notes_sent: AtomicU64,
+    /// `join` and `leave` events from other nodes, for streams here.
+    pub(crate) notes_received: AtomicU64,
+    /// `join` and `leave` events that could not be sent to the other
+    /// nodes (Redis out of reach).
+    pub(crate) notes_failed: AtomicU64,
     /// WebSocket streams refused for their Origin (403).
     pub(crate) origins_refused: AtomicU64,
     /// Ids with a history ring now (set by the Router).
@@ -271,6 +278,9 @@ impl Stats {
             webhook_failures: AtomicU64::new(0),
             webhook_rejected: AtomicU64::new(0),
             webhook_seconds: Histogram::new(&LATENCY_BUCKETS),
+            notes_sent: AtomicU64::new(0),
+            notes_received: AtomicU64::new(0),
+            notes_failed: AtomicU64::new(0),
             origins_refused: AtomicU64::new(0),
             history_ids: AtomicU64::new(0),
             history_messages: AtomicU64::new(0),
@@ -407,6 +417,11 @@ impl Stats {
                 "events_batches": get(&self.webhook_batches),
                 "events_failures": get(&self.webhook_failures),
                 "events_rejected": get(&self.webhook_rejected),
+            },
+            "presence_events": {
+                "sent": get(&self.notes_sent),
+                "received": get(&self.notes_received),
+                "failed": get(&self.notes_failed),
             },
             "history": {
                 "ids": get(&self.history_ids),

@@ -40,10 +40,10 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_payload};
+use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_note, parse_payload};
 use super::link::{Conn, FRAMING_BYTES, Received, Reply};
 use super::occupancy::Wrote;
-use crate::hub::router::{Broadcast, HeldIds, Publish, Subscribed};
+use crate::hub::router::{Broadcast, HeldIds, Note, NoteFor, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
 /// Most channels in one SUBSCRIBE or UNSUBSCRIBE.
@@ -109,6 +109,8 @@ pub(crate) struct Bus {
     broadcast: Recipient<Broadcast>,
     held: Recipient<HeldIds>,
     subscribed: Recipient<Subscribed>,
+    /// Other nodes' `join` and `leave`, for this node's streams.
+    notes: Recipient<NoteFor>,
     /// Bumped for every link attempt: events of an older link are ignored.
     generation: u64,
     link: Option<Link>,
@@ -130,6 +132,7 @@ impl Bus {
         broadcast: Recipient<Broadcast>,
         held: Recipient<HeldIds>,
         subscribed: Recipient<Subscribed>,
+        notes: Recipient<NoteFor>,
     ) -> Self {
         Bus {
             cluster,
@@ -137,6 +140,7 @@ impl Bus {
             broadcast,
             held,
             subscribed,
+            notes,
             generation: 0,
             link: None,
             attempts: 0,
@@ -916,6 +920,26 @@ impl Bus {
     fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
+        // `<instance>!join <json>` or `!leave`: another node's stream
+        // joined or left; this node's own streams had its own from the
+        // Router.
+        if let Some((instance, kind, json)) = parse_note(payload) {
+            let id = self.cluster.names.id_of(&channel);
+            if let (false, Some(id), true) = (
+                instance == self.cluster.instance,
+                id,
+                json.len() <= self.cluster.max_message_bytes,
+            ) {
+                self.notes.do_send(NoteFor {
+                    id: Arc::from(id),
+                    note: Note {
+                        kind,
+                        json: Arc::from(json),
+                    },
+                });
+            }
+            return;
+        }
         let parsed = parse_payload(payload).filter(|p| p.text.len() <= self.cluster.max_message_bytes);
         let Some(Payload { origin, event, text }) = parsed else {
             stats.malformed.fetch_add(1, Relaxed);
@@ -1063,6 +1087,22 @@ mod tests {
         subscribed: Arc<Mutex<Vec<Arc<str>>>>,
         /// The event ids of the publishes it was handed, in order.
         published: Arc<Mutex<Vec<Option<u64>>>>,
+        /// The notes it was handed.
+        notes: Arc<Mutex<Vec<Handed>>>,
+    }
+
+    /// A note as the Router was handed it: id, kind, JSON.
+    type Handed = (String, &'static str, String);
+
+    impl Handler<NoteFor> for FakeRouter {
+        type Result = ();
+        fn handle(&mut self, m: NoteFor, _: &mut Context<Self>) {
+            let NoteFor { id, note } = m;
+            self.notes
+                .lock()
+                .unwrap()
+                .push((id.to_string(), note.kind.as_str(), note.json.to_string()));
+        }
     }
 
     impl Actor for FakeRouter {
@@ -1136,6 +1176,7 @@ mod tests {
             router.clone().recipient(),
             router.clone().recipient(),
             router.clone().recipient(),
+            router.clone().recipient(),
             router.recipient(),
         );
         let channel = cluster.names.id_channel("a");
@@ -1157,6 +1198,70 @@ mod tests {
         let got: Vec<u64> = published.lock().unwrap().iter().map(|e| e.unwrap()).collect();
         assert_eq!(got, (1..=100).collect::<Vec<_>>());
         assert_eq!(cluster.stats.echoes.load(Relaxed), 33);
+    }
+
+    /// Another node's `join` and `leave` reach the Router for the id's
+    /// streams, never as a message; this node's own (its streams had them)
+    /// and ones that are not one line of an id's channel are dropped.
+    #[actix_rt::test]
+    async fn other_nodes_joins_and_leaves_reach_the_router_and_never_as_messages() {
+        let mut settings = Settings::defaults();
+        settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
+        let cluster = Arc::new(
+            Cluster::new(
+                &settings.cluster,
+                crate::namespace::Namespaces::new(&settings),
+                1000,
+                Arc::new(Stats::new()),
+                "test".to_owned(),
+            )
+            .unwrap(),
+        );
+        let router = FakeRouter::default();
+        let (notes, published) = (Arc::clone(&router.notes), Arc::clone(&router.published));
+        let router = router.start();
+        router.send(HeldIds).await.unwrap();
+        let mut bus = Bus::new(
+            Arc::clone(&cluster),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.recipient(),
+        );
+        let channel = cluster.names.id_channel("chat:1");
+        let own = cluster.instance.clone();
+        for payload in [
+            r#"other!join {"sub":"alice","node":"b"}"#.to_owned(),
+            format!(r#"{own}!join {{"node":"a"}}"#),
+            "other!wave {}".to_owned(),
+            r#"other!leave {"node":"b"}"#.to_owned(),
+        ] {
+            bus.deliver(channel.as_bytes(), payload.as_bytes());
+        }
+        bus.deliver(
+            cluster.names.broadcast().as_bytes(),
+            br#"other!join {"node":"b"}"#,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while notes.lock().unwrap().len() < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            *notes.lock().unwrap(),
+            [
+                (
+                    "chat:1".to_owned(),
+                    "join",
+                    r#"{"sub":"alice","node":"b"}"#.to_owned()
+                ),
+                ("chat:1".to_owned(), "leave", r#"{"node":"b"}"#.to_owned()),
+            ]
+        );
+        // "other!wave" is no note: a message (of an older node), not lost
+        // silently, but no join either.
+        assert_eq!(published.lock().unwrap().len(), 1);
     }
 
     #[actix_rt::test]
@@ -1183,6 +1288,7 @@ mod tests {
         let router = router.start();
         let bus = Bus::new(
             Arc::clone(&cluster),
+            router.clone().recipient(),
             router.clone().recipient(),
             router.clone().recipient(),
             router.clone().recipient(),

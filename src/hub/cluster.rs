@@ -39,7 +39,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ClusterSettings, redact_url};
 use crate::error::ApiError;
+use crate::hub::broker::HeldCount;
 use crate::hub::history::{CaughtUp, FleetHistory, FleetRead, KeptMessage};
+use crate::hub::router::{MAX_SUBJECTS, NoteKind};
 use crate::namespace::Namespaces;
 use crate::stats::Stats;
 
@@ -704,7 +706,7 @@ pub(crate) struct Cluster {
     /// limit as one posted here (anyone who shares the Redis can PUBLISH).
     pub(crate) max_message_bytes: usize,
     /// The server's own counters (streams for the heartbeat).
-    server_stats: Arc<Stats>,
+    pub(crate) server_stats: Arc<Stats>,
     /// Where this node listens, for `/cluster`.
     addr: String,
     host: String,
@@ -1594,11 +1596,7 @@ impl Cluster {
     /// most [`PRESENCE_BATCH`] ids. `full`: the counts are every id held
     /// here, so the hash is replaced. Answers whether the hash was there
     /// before the write.
-    pub(crate) async fn write_presence(
-        &self,
-        counts: &[(Arc<str>, usize)],
-        full: bool,
-    ) -> Result<bool, ApiError> {
+    pub(crate) async fn write_presence(&self, counts: &[HeldCount], full: bool) -> Result<bool, ApiError> {
         let key = self.names.presence_key(&self.instance);
         let ttl = self.settings.heartbeat_ttl_ms;
         let mut existed = true;
@@ -1613,16 +1611,19 @@ impl Cluster {
                     pipe.del(&key).ignore();
                 }
             }
-            let set: Vec<(&str, usize)> = chunk
+            // `<streams>`, or `<streams> <subjects as a JSON array>`.
+            let set: Vec<(&str, String)> = chunk
                 .iter()
-                .filter(|(_, n)| *n > 0)
-                .map(|(id, n)| (&**id, *n))
+                .filter(|c| c.streams > 0)
+                .map(|c| {
+                    let value = match &c.subjects {
+                        None => c.streams.to_string(),
+                        Some(subjects) => format!("{} {subjects}", c.streams),
+                    };
+                    (&*c.id, value)
+                })
                 .collect();
-            let gone: Vec<&str> = chunk
-                .iter()
-                .filter(|(_, n)| *n == 0)
-                .map(|(id, _)| &**id)
-                .collect();
+            let gone: Vec<&str> = chunk.iter().filter(|c| c.streams == 0).map(|c| &*c.id).collect();
             if !set.is_empty() {
                 pipe.hset_multiple(&key, &set).ignore();
             }
@@ -1646,7 +1647,12 @@ impl Cluster {
     /// `/presence/{id}` in cluster mode: the id's streams on every live
     /// node, from their presence hashes (this node's own from `here`, its
     /// live count).
-    pub(crate) async fn presence(&self, id: &str, here: usize) -> Result<Presence, ApiError> {
+    pub(crate) async fn presence(
+        &self,
+        id: &str,
+        here: usize,
+        subjects: Option<Vec<Arc<str>>>,
+    ) -> Result<Presence, ApiError> {
         self.fail_fast()?;
         let nodes = self.live_nodes().await?;
         let others: Vec<&NodeInfo> = nodes.iter().filter(|n| n.instance != self.instance).collect();
@@ -1660,13 +1666,26 @@ impl Cluster {
             self.command("HGET", async move |mut c| pipe.query_async(&mut c).await)
                 .await?
         };
+        // `<streams>`, or `<streams> <subjects>` (`presence_events`).
+        let mut theirs: Vec<String> = Vec::new();
         let counts = fields.into_iter().map(|f| {
             let f = f?;
-            let n = f.parse::<u64>().ok().filter(|n| *n <= MAX_NODE_STREAMS);
-            if n.is_none() {
-                self.bad_state("a presence count", &f);
+            let (count, subjects) = f.split_once(' ').unwrap_or((&f, ""));
+            let n = count.parse::<u64>().ok().filter(|n| *n <= MAX_NODE_STREAMS);
+            let listed = match subjects {
+                "" => Some(Vec::new()),
+                json => serde_json::from_str::<Vec<String>>(json).ok(),
+            };
+            match (n, listed) {
+                (Some(n), Some(listed)) => {
+                    theirs.extend(listed);
+                    Some(n)
+                }
+                _ => {
+                    self.bad_state("a presence count", &f);
+                    None
+                }
             }
-            n
         });
         let mut list: Vec<(String, u64)> = others
             .iter()
@@ -1677,7 +1696,7 @@ impl Cluster {
             list.push((self.node.clone(), here as u64));
         }
         list.sort();
-        Ok(Presence::of(id, list))
+        Ok(Presence::of(id, list).with_subjects(subjects, theirs))
     }
 
     /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
@@ -2047,6 +2066,19 @@ pub(crate) struct Presence {
     pub(crate) nodes: Vec<NodePresence>,
     /// The sum over `nodes`.
     pub(crate) streams: u64,
+    /// With `presence_events`: the subjects.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) subjects: Option<PresentSubjects>,
+}
+
+/// The distinct token subjects of an id's streams (`presence_events`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PresentSubjects {
+    /// Sorted, at most [`MAX_SUBJECTS`].
+    pub(crate) list: Vec<String>,
+    /// How many distinct ones there are (counted from at most
+    /// [`MAX_SUBJECTS`] per node).
+    pub(crate) count: usize,
 }
 
 /// One node's streams of an id.
@@ -2068,7 +2100,23 @@ impl Presence {
             id: id.to_owned(),
             nodes,
             streams,
+            subjects: None,
         }
+    }
+
+    /// With the subjects of `here` (this node's; `None`: the id's
+    /// namespace keeps none) and of the other nodes (`theirs`).
+    pub(crate) fn with_subjects(mut self, here: Option<Vec<Arc<str>>>, theirs: Vec<String>) -> Presence {
+        if let Some(here) = here {
+            let mut all: Vec<String> = theirs;
+            all.extend(here.iter().map(|s| s.to_string()));
+            all.sort();
+            all.dedup();
+            let count = all.len();
+            all.truncate(MAX_SUBJECTS);
+            self.subjects = Some(PresentSubjects { list: all, count });
+        }
+        self
     }
 }
 
@@ -2156,6 +2204,17 @@ pub(crate) fn parse_payload(payload: &[u8]) -> Option<Payload<'_>> {
         event,
         text,
     })
+}
+
+/// A `join` or `leave` on the bus: `<instance>!<join|leave> <json>`, the
+/// JSON one line (`None`: not one).
+pub(crate) fn parse_note(payload: &[u8]) -> Option<(&str, NoteKind, &str)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (origin, json) = text.split_once(' ')?;
+    let (instance, kind) = origin.split_once('!')?;
+    let kind = NoteKind::parse(kind)?;
+    (!instance.is_empty() && json.starts_with('{') && !json.contains(['\r', '\n']))
+        .then_some((instance, kind, json))
 }
 
 /// [`READ_SCRIPT`]'s answer: `[clock, epoch]`, then for each history

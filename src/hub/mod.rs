@@ -50,7 +50,7 @@ use broker::{Broker, memory::Memory};
 use bus::Bus;
 use cluster::Cluster;
 use local::Local;
-use router::{Count, Router, StreamActor};
+use router::{Count, Router, StreamActor, Subjects};
 
 /// This node's Router, its broker and, in cluster mode, its bus: see the
 /// module docs.
@@ -66,6 +66,8 @@ pub(crate) struct Hub<S: StreamActor> {
     bus: Option<Addr<Bus>>,
     /// This node's Router, as a publish uses it.
     local: Local,
+    /// Which ids' `/presence` lists subjects (`presence_events`).
+    namespaces: crate::namespace::Namespaces,
 }
 
 impl<S: StreamActor> Hub<S> {
@@ -114,11 +116,13 @@ impl<S: StreamActor> Hub<S> {
         };
         let router = {
             let (stats, broker) = (Arc::clone(stats), Arc::clone(&broker));
+            let node = cluster::node_name(&settings.cluster);
             let window = router::fanout_window(settings.workers());
             Supervisor::start_in_arbiter(arbiter, move |_| {
                 Router::<S>::new(Arc::clone(&stats), Arc::clone(&broker))
                     .with_window(window)
                     .with_webhooks(webhooks.clone())
+                    .with_node(&node)
             })
         };
         let bus = cluster.as_ref().map(|cluster| {
@@ -126,6 +130,7 @@ impl<S: StreamActor> Hub<S> {
             Supervisor::start_in_arbiter(arbiter, move |_| {
                 Bus::new(
                     cluster,
+                    router.clone().recipient(),
                     router.clone().recipient(),
                     router.clone().recipient(),
                     router.clone().recipient(),
@@ -150,6 +155,7 @@ impl<S: StreamActor> Hub<S> {
             cluster,
             bus,
             local,
+            namespaces: crate::namespace::Namespaces::new(settings),
         })
     }
 
@@ -181,7 +187,18 @@ impl<S: StreamActor> Hub<S> {
             .ok()
             .flatten()
             .ok_or(ApiError::Crashed("router"))?;
-        self.broker.presence(id, here).await
+        let subjects = match self.namespaces.of(id).presence_events {
+            false => None,
+            true => Some(
+                self.router
+                    .send(Subjects { id: id.to_owned() })
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or(ApiError::Crashed("router"))?,
+            ),
+        };
+        self.broker.presence(id, here, subjects).await
     }
 
     /// Fault injection: makes the Bus panic in a handler (it restarts).
@@ -266,7 +283,8 @@ mod tests {
         fn presence_every(&self) -> Option<Duration> {
             None
         }
-        fn write_presence(&self, _: Arc<[(Arc<str>, usize)]>, _: bool) -> Later<Result<bool, ()>> {
+        fn notify(&self, _: &Arc<str>, _: &crate::hub::router::Note) {}
+        fn write_presence(&self, _: crate::hub::broker::Counts, _: bool) -> Later<Result<bool, ()>> {
             Box::pin(async { Ok(true) })
         }
         fn upkeep_every(&self) -> Option<Duration> {
@@ -290,6 +308,7 @@ mod tests {
             &'a self,
             id: &'a str,
             here: usize,
+            _: Option<Vec<Arc<str>>>,
         ) -> LaterFrom<'a, Result<cluster::Presence, ApiError>> {
             self.asked
                 .lock()
@@ -326,6 +345,7 @@ mod tests {
             cluster: None,
             bus: None,
             local,
+            namespaces: crate::namespace::Namespaces::new(&Settings::defaults()),
         };
         (hub, stream)
     }
@@ -407,10 +427,21 @@ mod tests {
                 streams: 2,
             }],
             streams: 2,
+            subjects: None,
         };
         assert_eq!(
             serde_json::to_string(&p).unwrap(),
             r#"{"id":"a","nodes":[{"node":"n1","streams":2}],"streams":2}"#
+        );
+        // With `presence_events`: the subjects, here and on other nodes,
+        // distinct and sorted, with their count.
+        let p = p.with_subjects(
+            Some(vec!["bob".into(), "alice".into()]),
+            vec!["carol".into(), "bob".into()],
+        );
+        assert_eq!(
+            serde_json::to_value(&p).unwrap()["subjects"],
+            serde_json::json!({"list": ["alice", "bob", "carol"], "count": 3})
         );
     }
 

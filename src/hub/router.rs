@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Supervised, WeakAddr};
 use smallvec::SmallVec;
 
-use crate::hub::broker::{Broker, CATCH_UP_BATCH, Read, Subscription};
+use crate::hub::broker::{Broker, CATCH_UP_BATCH, Counts, HeldCount, Read, Subscription};
 use crate::hub::history::{
     CaughtUp, FleetRead, GapCause, KeptMessage, Resume, failed_read, fleet_resume, now_us,
 };
@@ -110,14 +110,71 @@ impl InFlight {
 
 /// What the Router needs of a stream: an actor that takes its messages.
 pub(crate) trait StreamActor:
-    Actor<Context = Context<Self>> + Handler<Deliver> + Handler<Close> + Handler<Welcome> + Handler<Cut>
+    Actor<Context = Context<Self>>
+    + Handler<Deliver>
+    + Handler<Close>
+    + Handler<Welcome>
+    + Handler<Cut>
+    + Handler<Note>
 {
 }
 
 impl<S> StreamActor for S where
-    S: Actor<Context = Context<S>> + Handler<Deliver> + Handler<Close> + Handler<Welcome> + Handler<Cut>
+    S: Actor<Context = Context<S>>
+        + Handler<Deliver>
+        + Handler<Close>
+        + Handler<Welcome>
+        + Handler<Cut>
+        + Handler<Note>
 {
 }
+
+/// Whether a stream joined or left its id (`presence_events`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoteKind {
+    Join,
+    Leave,
+}
+
+impl NoteKind {
+    /// As the SSE `event:` and the bus name it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            NoteKind::Join => "join",
+            NoteKind::Leave => "leave",
+        }
+    }
+
+    /// From the bus.
+    pub(crate) fn parse(name: &str) -> Option<NoteKind> {
+        match name {
+            "join" => Some(NoteKind::Join),
+            "leave" => Some(NoteKind::Leave),
+            _ => None,
+        }
+    }
+}
+
+/// A `join` or `leave` for a stream of its id: `{"sub", "node"}` (no
+/// event id: it is not kept, and a resume does not replay it).
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub(crate) struct Note {
+    pub(crate) kind: NoteKind,
+    /// The JSON object, one line.
+    pub(crate) json: Arc<str>,
+}
+
+/// A `join` or `leave` from another node, for this node's streams of `id`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct NoteFor {
+    pub(crate) id: Arc<str>,
+    pub(crate) note: Note,
+}
+
+/// The most subjects of an id `/presence/{id}` lists (and a node writes).
+pub(crate) const MAX_SUBJECTS: usize = 1_000;
 
 /// The streams of one id. Nearly every id has one connection, kept inline.
 type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
@@ -430,10 +487,15 @@ pub(crate) struct Router<S: StreamActor> {
     stats: Arc<Stats>,
     /// `stream_joined` and `stream_left` (with `hooks.events_url`).
     webhooks: Option<Arc<Webhooks>>,
-    /// The streams whose namespace sends `stream_joined` or `stream_left`
-    /// ([`Joined`]): their id and their token's `sub`. Empty unless one
-    /// asks: nothing is kept for other streams.
-    members: HashMap<ConnId, (Arc<str>, Option<Arc<str>>)>,
+    /// The streams whose namespace sends `stream_joined` or `stream_left`,
+    /// or `join` and `leave` ([`Joined`]). Empty unless one asks: nothing
+    /// is kept for other streams.
+    members: HashMap<ConnId, Member>,
+    /// Per id of a namespace with `presence_events`: its streams' distinct
+    /// token subjects here, with how many streams each.
+    subjects: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
+    /// This node's name, as `join` and `leave` carry it.
+    node: Arc<str>,
     /// The engine: subscriptions, event ids, history, presence. Told when
     /// an id gets its first stream and loses its last one.
     broker: Arc<dyn Broker>,
@@ -520,6 +582,8 @@ impl<S: StreamActor> Router<S> {
             stats,
             webhooks: None,
             members: HashMap::new(),
+            subjects: HashMap::new(),
+            node: Arc::from(""),
             awaiting: HashMap::new(),
             fanouts: VecDeque::new(),
             window: Arc::new(InFlight::new(FANOUT_WINDOW)),
@@ -531,6 +595,12 @@ impl<S: StreamActor> Router<S> {
     /// `webhooks` (`None`: none).
     pub(crate) fn with_webhooks(mut self, webhooks: Option<Arc<Webhooks>>) -> Self {
         self.webhooks = webhooks;
+        self
+    }
+
+    /// The same, as node `node` (`join` and `leave` name it).
+    pub(crate) fn with_node(mut self, node: &str) -> Self {
+        self.node = Arc::from(node);
         self
     }
 
@@ -964,9 +1034,19 @@ impl<S: StreamActor> Router<S> {
         if self.presence_dirty.capacity() > 1024 {
             self.presence_dirty.shrink_to_fit();
         }
-        let counts: Arc<[(Arc<str>, usize)]> = ids
+        let counts: Counts = ids
             .into_iter()
-            .map(|id| (Arc::clone(&id), self.count(&id)))
+            .map(|id| HeldCount {
+                streams: self.count(&id),
+                subjects: self.subjects.get(&id).map(|_| {
+                    let subjects = self.subjects_of(&id);
+                    let subjects: Vec<&str> = subjects.iter().map(|s| &**s).collect();
+                    serde_json::to_string(&subjects)
+                        .expect("strings serialize")
+                        .into_boxed_str()
+                }),
+                id,
+            })
             .collect();
         let expected = self.presence_expected;
         let write = self.broker.write_presence(Arc::clone(&counts), full);
@@ -989,7 +1069,7 @@ impl<S: StreamActor> Router<S> {
                     Err(()) if full => router.presence_full = true,
                     Err(()) => router
                         .presence_dirty
-                        .extend(counts.iter().map(|(id, _)| Arc::clone(id))),
+                        .extend(counts.iter().map(|c| Arc::clone(&c.id))),
                 }
             }),
         );
@@ -1092,21 +1172,24 @@ impl<S: StreamActor> Supervised for Router<S> {
         self.streams = self.table.values().map(SmallVec::len).sum();
         // Members whose stream died meanwhile (its Logout may be the
         // message lost) have left.
-        if let Some(webhooks) = &self.webhooks {
-            let (table, reading, awaiting) = (&self.table, &self.reading, &self.awaiting);
-            self.members.retain(|conn, (id, sub)| {
-                let here = table.get(id).is_some_and(|s| s.iter().any(|(c, _)| c == conn))
+        let (table, reading, awaiting) = (&self.table, &self.reading, &self.awaiting);
+        let gone: Vec<ConnId> = self
+            .members
+            .iter()
+            .filter(|(conn, m)| {
+                let id = &m.id;
+                !(table.get(id).is_some_and(|s| s.iter().any(|(c, _)| c == *conn))
                     || reading
                         .get(id)
-                        .is_some_and(|r| r.iter().any(|r| r.stream.conn == *conn))
+                        .is_some_and(|r| r.iter().any(|r| r.stream.conn == **conn))
                     || awaiting
                         .get(id)
-                        .is_some_and(|w| w.iter().any(|w| w.conn == *conn));
-                if !here {
-                    webhooks.emit(Name::StreamLeft, id, None, sub.take());
-                }
-                here
-            });
+                        .is_some_and(|w| w.iter().any(|w| w.conn == **conn)))
+            })
+            .map(|(conn, _)| *conn)
+            .collect();
+        for conn in gone {
+            self.member_left(&conn);
         }
         // A Subscribed lost with the crash must not leave streams waiting:
         // the bus confirms their ids again (a stream must not read the
@@ -1180,24 +1263,148 @@ impl<S: Actor> Message for LoginAt<S> {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Joined {
-    /// The stream id.
-    pub(crate) id: Arc<str>,
     /// Its connection.
     pub(crate) conn: ConnId,
+    /// What the Router keeps of it.
+    pub(crate) member: Member,
+}
+
+/// A stream the Router keeps ([`Joined`]).
+pub(crate) struct Member {
+    /// The stream id.
+    pub(crate) id: Arc<str>,
     /// Its token's `sub`.
     pub(crate) sub: Option<Arc<str>>,
+    /// Its namespace sends `stream_joined` and `stream_left`.
+    pub(crate) webhooks: bool,
+    /// Its namespace sends `join` and `leave` (`presence_events`).
+    pub(crate) presence: bool,
 }
 
 impl<S: StreamActor> Handler<Joined> for Router<S> {
     type Result = ();
 
-    fn handle(&mut self, m: Joined, ctx: &mut Context<Self>) {
+    fn handle(&mut self, Joined { conn, mut member }: Joined, ctx: &mut Context<Self>) {
         guarded(self, ctx, |r, _| {
-            if let Some(webhooks) = &r.webhooks {
-                webhooks.emit(Name::StreamJoined, &m.id, None, m.sub.clone());
-                r.members.insert(m.conn, (m.id, m.sub));
+            member.webhooks &= r.webhooks.is_some();
+            if member.webhooks
+                && let Some(webhooks) = &r.webhooks
+            {
+                webhooks.emit(Name::StreamJoined, &member.id, None, member.sub.clone());
+            }
+            if member.presence {
+                r.note(&member.id, NoteKind::Join, member.sub.as_ref());
+                if let Some(sub) = &member.sub {
+                    let subjects = r.subjects.entry(Arc::clone(&member.id)).or_default();
+                    *subjects.entry(Arc::clone(sub)).or_insert(0) += 1;
+                    r.presence_changed(&member.id);
+                }
+            }
+            if member.webhooks || member.presence {
+                r.members.insert(conn, member);
             }
         });
+    }
+}
+
+impl<S: StreamActor> Handler<NoteFor> for Router<S> {
+    type Result = ();
+
+    /// Another node's `join` or `leave`: to this node's streams of the id.
+    fn handle(&mut self, m: NoteFor, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |r, _| {
+            r.stats.notes_received.fetch_add(1, Relaxed);
+            r.note_here(&m.id, &m.note);
+        });
+    }
+}
+
+/// This node's distinct subjects of an id with `presence_events` (at most
+/// [`MAX_SUBJECTS`], sorted; `None` if the Router crashed).
+#[derive(Message)]
+#[rtype(result = "Option<Vec<Arc<str>>>")]
+pub(crate) struct Subjects {
+    pub(crate) id: String,
+}
+
+impl<S: StreamActor> Handler<Subjects> for Router<S> {
+    type Result = Option<Vec<Arc<str>>>;
+
+    fn handle(&mut self, Subjects { id }: Subjects, ctx: &mut Context<Self>) -> Self::Result {
+        guarded(self, ctx, |r, _| r.subjects_of(&id))
+    }
+}
+
+impl<S: StreamActor> Router<S> {
+    /// A member stream's connection is gone: `stream_left`, and `leave`.
+    fn member_left(&mut self, conn: &ConnId) {
+        let Some(member) = self.members.remove(conn) else {
+            return;
+        };
+        shrink_if_sparse(&mut self.members);
+        if member.webhooks
+            && let Some(webhooks) = &self.webhooks
+        {
+            webhooks.emit(Name::StreamLeft, &member.id, None, member.sub.clone());
+        }
+        if member.presence {
+            self.note(&member.id, NoteKind::Leave, member.sub.as_ref());
+            if let Some(sub) = &member.sub
+                && let Some(subjects) = self.subjects.get_mut(&member.id)
+            {
+                if let Some(n) = subjects.get_mut(sub) {
+                    *n -= 1;
+                    if *n == 0 {
+                        subjects.remove(sub);
+                    }
+                }
+                if subjects.is_empty() {
+                    self.subjects.remove(&member.id);
+                    shrink_if_sparse(&mut self.subjects);
+                }
+                self.presence_changed(&member.id);
+            }
+        }
+    }
+
+    /// `join` or `leave` of a stream of `id` with `sub`: to this node's
+    /// streams of it, and through the broker to the other nodes'.
+    fn note(&self, id: &Arc<str>, kind: NoteKind, sub: Option<&Arc<str>>) {
+        // `{"sub", "node"}`, in that order (a map would sort them).
+        let quoted = |s: &str| serde_json::Value::from(s).to_string();
+        let json = match sub {
+            Some(sub) => format!(r#"{{"sub":{},"node":{}}}"#, quoted(sub), quoted(&self.node)),
+            None => format!(r#"{{"node":{}}}"#, quoted(&self.node)),
+        };
+        let note = Note {
+            kind,
+            json: Arc::from(json),
+        };
+        self.stats.notes_sent.fetch_add(1, Relaxed);
+        self.note_here(id, &note);
+        self.broker.notify(id, &note);
+    }
+
+    /// `note` to this node's streams of `id`.
+    fn note_here(&self, id: &str, note: &Note) {
+        if let Some(streams) = self.table.get(id) {
+            for (_, stream) in streams {
+                send_if_alive(stream, note.clone());
+            }
+        }
+    }
+
+    /// This node's distinct subjects of `id`, sorted, at most
+    /// [`MAX_SUBJECTS`].
+    fn subjects_of(&self, id: &str) -> Vec<Arc<str>> {
+        let mut subjects: Vec<Arc<str>> = self
+            .subjects
+            .get(id)
+            .map(|s| s.keys().cloned().collect())
+            .unwrap_or_default();
+        subjects.sort();
+        subjects.truncate(MAX_SUBJECTS);
+        subjects
     }
 }
 
@@ -1455,10 +1662,7 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
         guarded(self, ctx, |r, _| {
             r.presence_changed(&m.id);
             r.floors.remove(&m.conn);
-            if let (Some(webhooks), Some((id, sub))) = (&r.webhooks, r.members.remove(&m.conn)) {
-                webhooks.emit(Name::StreamLeft, &id, None, sub);
-                shrink_if_sparse(&mut r.members);
-            }
+            r.member_left(&m.conn);
             let mut left = false;
             if let Some(streams) = r.table.get_mut(&*m.id) {
                 let before = streams.len();
@@ -1669,6 +1873,8 @@ pub(crate) mod testing {
 
     use actix::{Actor, Context, Handler};
 
+    use super::Note;
+
     use super::{Close, Cut, Deliver, Welcome};
 
     /// The text and event id of each message a stream took, in order.
@@ -1695,6 +1901,15 @@ pub(crate) mod testing {
 
     impl Actor for Taker {
         type Context = Context<Self>;
+    }
+
+    /// A `join` or `leave` is taken as `"<kind> <json>"`, without an id.
+    impl Handler<Note> for Taker {
+        type Result = ();
+        fn handle(&mut self, n: Note, _: &mut Context<Self>) {
+            let line = format!("{} {}", n.kind.as_str(), n.json);
+            self.took.lock().unwrap().push((line, None));
+        }
     }
 
     impl Handler<Deliver> for Taker {
@@ -1752,6 +1967,16 @@ mod tests {
 
     impl Actor for Fake {
         type Context = Context<Self>;
+    }
+
+    impl Handler<Note> for Fake {
+        type Result = ();
+        fn handle(&mut self, n: Note, _: &mut Context<Self>) {
+            self.took
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", n.kind.as_str(), n.json));
+        }
     }
 
     impl Handler<Deliver> for Fake {
@@ -1903,9 +2128,10 @@ mod tests {
         fn presence_every(&self) -> Option<Duration> {
             self.presence
         }
+        fn notify(&self, _: &Arc<str>, _: &Note) {}
         fn write_presence(
             &self,
-            _: Arc<[(Arc<str>, usize)]>,
+            _: crate::hub::broker::Counts,
             _: bool,
         ) -> crate::hub::broker::Later<Result<bool, ()>> {
             self.writes.fetch_add(1, Relaxed);
@@ -1926,6 +2152,7 @@ mod tests {
             &'a self,
             _: &'a str,
             _: usize,
+            _: Option<Vec<Arc<str>>>,
         ) -> crate::hub::broker::LaterFrom<'a, Result<crate::hub::cluster::Presence, crate::error::ApiError>>
         {
             unreachable!("the Router never reads presence")

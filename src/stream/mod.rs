@@ -43,7 +43,9 @@ use crate::conn::handshake::{StreamRequest, Transport};
 use crate::conn::socket::CloseHandle;
 use crate::error::CorsAnswer;
 use crate::hub::history::Resume;
-use crate::hub::router::{Close, Cut, Deliver, Joined, Login, LoginAt, Logout, Router, Welcome};
+use crate::hub::router::{
+    Close, Cut, Deliver, Joined, Login, LoginAt, Logout, Note, NoteKind, Router, Welcome,
+};
 use crate::id::{ConnId, conn_age, next_conn_id};
 use crate::stats::Stats;
 
@@ -100,16 +102,21 @@ pub(crate) struct Open {
     pub(crate) expires: Option<Duration>,
     /// Where `limits.streams_per_ip` counted it, if it did.
     pub(crate) counted: Option<crate::conn::edge::Slot>,
-    /// Its namespace sends `stream_joined` and `stream_left`: the Router
-    /// keeps it ([`Joined`]).
+    /// Its namespace sends `stream_joined` and `stream_left`, or has
+    /// `presence_events`: the Router keeps it ([`Joined`]).
     pub(crate) member: Option<Member>,
 }
 
-/// A stream the Router keeps for `stream_joined` and `stream_left`.
+/// A stream the Router keeps, for `stream_joined` and `stream_left`, or
+/// `join` and `leave`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Member {
     /// Its token's `sub`.
     pub(crate) sub: Option<Arc<str>>,
+    /// Its namespace sends `stream_joined` and `stream_left`.
+    pub(crate) webhooks: bool,
+    /// Its namespace has `presence_events`.
+    pub(crate) presence: bool,
 }
 
 /// What an event is, for SSE's `event:` line.
@@ -120,6 +127,8 @@ enum EventKind {
     Message,
     Gap,
     End,
+    Join,
+    Leave,
 }
 
 impl EventKind {
@@ -130,6 +139,8 @@ impl EventKind {
             EventKind::Message => "message",
             EventKind::Gap => "gap",
             EventKind::End => "end",
+            EventKind::Join => "join",
+            EventKind::Leave => "leave",
         }
     }
 }
@@ -276,9 +287,13 @@ impl Stream {
         // (when it is dropped), from this thread: the Router gets it first.
         if let Some(member) = open.member {
             stream.core.shared.router.do_send(Joined {
-                id: Arc::clone(&stream.core.id),
                 conn: stream.core.conn,
-                sub: member.sub,
+                member: crate::hub::router::Member {
+                    id: Arc::clone(&stream.core.id),
+                    sub: member.sub,
+                    webhooks: member.webhooks,
+                    presence: member.presence,
+                },
             });
         }
         // Runs at once, on this worker, with the actor's context.
@@ -674,6 +689,25 @@ impl Handler<Deliver> for Stream {
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
         let (msg, event, accepted) = m.arrived();
         self.message(ctx, &msg, event, Some(accepted));
+    }
+}
+
+impl Handler<Note> for Stream {
+    type Result = ();
+
+    /// `join` or `leave` of another stream of its id: SSE `event: join`
+    /// with the JSON as its data; a line or text frame `Join: <json>`.
+    fn handle(&mut self, note: Note, ctx: &mut Context<Self>) {
+        let kind = match note.kind {
+            NoteKind::Join => EventKind::Join,
+            NoteKind::Leave => EventKind::Leave,
+        };
+        let json = &note.json;
+        let _ = match (self.transport, note.kind) {
+            (Transport::Sse, _) => self.emit(ctx, kind, Counted::Other, format_args!("{json}")),
+            (_, NoteKind::Join) => self.emit(ctx, kind, Counted::Other, format_args!("Join: {json}")),
+            (_, NoteKind::Leave) => self.emit(ctx, kind, Counted::Other, format_args!("Leave: {json}")),
+        };
     }
 }
 

@@ -11,13 +11,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Answer, Broker, Later, LaterFrom, Outgoing, Publishing, Read, Receipt, Subscription};
+use super::{Answer, Broker, Counts, Later, LaterFrom, Outgoing, Publishing, Read, Receipt, Subscription};
 use crate::config::Settings;
 use crate::error::ApiError;
 use crate::hub::cluster::{Presence, single_presence};
 use crate::hub::history::{CaughtUp, History};
 use crate::hub::local::Local;
 use crate::hub::occupancy::Single;
+use crate::hub::router::Note;
 use crate::idempotency::{self, Begin, Keys};
 use crate::stats::Stats;
 use crate::webhooks::Webhooks;
@@ -117,9 +118,12 @@ impl Broker for Memory {
     }
 
     /// Never asked ([`Memory::presence_every`] is `None`).
-    fn write_presence(&self, _: Arc<[(Arc<str>, usize)]>, _: bool) -> Later<Result<bool, ()>> {
+    fn write_presence(&self, _: Counts, _: bool) -> Later<Result<bool, ()>> {
         Box::pin(async { Ok(true) })
     }
+
+    /// One process: its streams had it from the Router.
+    fn notify(&self, _: &Arc<str>, _: &Note) {}
 
     fn upkeep_every(&self) -> Option<Duration> {
         let history = self.history().sweep_interval();
@@ -173,8 +177,13 @@ impl Broker for Memory {
         })
     }
 
-    fn presence<'a>(&'a self, id: &'a str, here: usize) -> LaterFrom<'a, Result<Presence, ApiError>> {
-        Box::pin(async move { Ok(single_presence(id, here)) })
+    fn presence<'a>(
+        &'a self,
+        id: &'a str,
+        here: usize,
+        subjects: Option<Vec<Arc<str>>>,
+    ) -> LaterFrom<'a, Result<Presence, ApiError>> {
+        Box::pin(async move { Ok(single_presence(id, here).with_subjects(subjects, Vec::new())) })
     }
 }
 

@@ -33,12 +33,27 @@ use crate::error::ApiError;
 use crate::hub::cluster::Presence;
 use crate::hub::history::{CaughtUp, FleetRead};
 use crate::hub::local::Local;
+use crate::hub::router::Note;
 
 /// An answer that comes later, polled on the asking actor's thread.
 pub(crate) type Later<T> = Pin<Box<dyn Future<Output = T> + 'static>>;
 
 /// An answer that comes later, borrowing its asker.
 pub(crate) type LaterFrom<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// One id's count of streams on this node, as presence is written
+/// ([`Broker::write_presence`]).
+pub(crate) struct HeldCount {
+    pub(crate) id: Arc<str>,
+    /// Its streams here (0: none any more).
+    pub(crate) streams: usize,
+    /// With `presence_events`: its distinct subjects here, a JSON array
+    /// of at most [`crate::hub::router::MAX_SUBJECTS`].
+    pub(crate) subjects: Option<Box<str>>,
+}
+
+/// Counts of streams, as presence is written.
+pub(crate) type Counts = Arc<[HeldCount]>;
 
 /// Most ids one catch-up read covers (a SUBSCRIBE batch's).
 pub(crate) const CATCH_UP_BATCH: usize = 1_000;
@@ -189,7 +204,11 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// Writes this node's count of streams of each id (`full`: the counts
     /// are every id held here). Answers whether what was written before is
     /// still there (`Err`: the write failed; it is tried again).
-    fn write_presence(&self, counts: Arc<[(Arc<str>, usize)]>, full: bool) -> Later<Result<bool, ()>>;
+    fn write_presence(&self, counts: Counts, full: bool) -> Later<Result<bool, ()>>;
+
+    /// A `join` or `leave` of a stream of `id` here, for the other nodes'
+    /// streams of it (this node's have it from the Router).
+    fn notify(&self, id: &Arc<str>, note: &Note);
 
     /// How often the Router calls [`Broker::upkeep`]; `None`: never.
     fn upkeep_every(&self) -> Option<Duration>;
@@ -202,6 +221,12 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// node's Router, which hands it to this node's streams.
     fn publish<'a>(&'a self, out: Outgoing<'a>, here: &'a Local) -> Publishing<'a>;
 
-    /// `/presence/{id}`, with `here` streams of it on this node.
-    fn presence<'a>(&'a self, id: &'a str, here: usize) -> LaterFrom<'a, Result<Presence, ApiError>>;
+    /// `/presence/{id}`, with `here` streams of it on this node (and, with
+    /// `presence_events`, its subjects here).
+    fn presence<'a>(
+        &'a self,
+        id: &'a str,
+        here: usize,
+        subjects: Option<Vec<Arc<str>>>,
+    ) -> LaterFrom<'a, Result<Presence, ApiError>>;
 }

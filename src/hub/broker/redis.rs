@@ -14,13 +14,14 @@ use std::time::Duration;
 use actix::Recipient;
 
 use super::{
-    Answer, Broker, Later, LaterFrom, Outgoing, Publishing, Read, Receipt, Subscription, Undelivered,
+    Answer, Broker, Counts, Later, LaterFrom, Outgoing, Publishing, Read, Receipt, Subscription, Undelivered,
 };
 use crate::error::ApiError;
 use crate::hub::bus::Interest;
 use crate::hub::cluster::{Cluster, LocalDelivery, Presence, PublishFailed, PublishOutcome};
 use crate::hub::history::CaughtUp;
 use crate::hub::local::Local;
+use crate::hub::router::Note;
 use crate::idempotency;
 
 /// See the module docs.
@@ -96,9 +97,36 @@ impl Broker for Redis {
         Some(Duration::from_millis(self.cluster.settings.heartbeat_interval_ms))
     }
 
-    fn write_presence(&self, counts: Arc<[(Arc<str>, usize)]>, full: bool) -> Later<Result<bool, ()>> {
+    fn write_presence(&self, counts: Counts, full: bool) -> Later<Result<bool, ()>> {
         let cluster = Arc::clone(&self.cluster);
         Box::pin(async move { cluster.write_presence(&counts, full).await.map_err(|_| ()) })
+    }
+
+    /// PUBLISHed on the id's channel as `<instance>!<join|leave> <json>`
+    /// (not through the publish script: it has no event id and is not
+    /// kept); every other node's Bus hands it to its streams of the id. A
+    /// PUBLISH that fails is counted (`streams.notes_failed`), not retried.
+    fn notify(&self, id: &Arc<str>, note: &Note) {
+        let cluster = Arc::clone(&self.cluster);
+        let channel = cluster.names.id_channel(id);
+        let payload = format!("{}!{} {}", cluster.instance, note.kind.as_str(), note.json);
+        actix_rt::spawn(async move {
+            let published = cluster
+                .command("PUBLISH", async move |mut c| {
+                    redis::cmd("PUBLISH")
+                        .arg(channel)
+                        .arg(payload)
+                        .query_async::<i64>(&mut c)
+                        .await
+                })
+                .await;
+            if published.is_err() {
+                cluster
+                    .server_stats
+                    .notes_failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
     }
 
     fn upkeep_every(&self) -> Option<Duration> {
@@ -174,8 +202,13 @@ impl Broker for Redis {
         })
     }
 
-    fn presence<'a>(&'a self, id: &'a str, here: usize) -> LaterFrom<'a, Result<Presence, ApiError>> {
-        Box::pin(self.cluster.presence(id, here))
+    fn presence<'a>(
+        &'a self,
+        id: &'a str,
+        here: usize,
+        subjects: Option<Vec<Arc<str>>>,
+    ) -> LaterFrom<'a, Result<Presence, ApiError>> {
+        Box::pin(self.cluster.presence(id, here, subjects))
     }
 }
 
