@@ -26,8 +26,10 @@ use crate::conn::handshake::StreamRequest;
 use crate::conn::handshake::{self, Transport};
 use crate::error::{ApiError, Cors, CorsAnswer};
 use crate::hooks::{Ask, SubscribeHook};
+use crate::hub::cluster::Cluster;
 use crate::jwks::{Jwks, Learned};
 use crate::namespace::Namespaces;
+use crate::per_id::PerId;
 use crate::stats::Stats;
 use crate::stream::{Member, Open, Via};
 use crate::token::{self, Verdict, Verifier};
@@ -64,10 +66,20 @@ pub(crate) struct Pending {
     expires: Option<std::time::Duration>,
     /// The subscribe hook's call, unless a yes is remembered.
     ask: Option<Ask>,
+    /// Its id's namespace has `max_streams_per_id` and this node is in a
+    /// fleet: the other nodes' streams of it are read first.
+    elsewhere: bool,
     req: StreamRequest,
     cors: CorsAnswer,
     early: Vec<u8>,
     client: Client,
+}
+
+/// A stream request's id, and its streams on the other nodes of a fleet
+/// (for `max_streams_per_id`; 0 when not read).
+struct IdCount<'a> {
+    id: &'a str,
+    elsewhere: u64,
 }
 
 /// Every input of an admission, shared by `Arc` (in the server's state)
@@ -88,6 +100,12 @@ pub(crate) struct Admission {
     /// `[namespaces.<name>]`: whether an id's streams need a token, and
     /// whether the hook is asked.
     namespaces: Namespaces,
+    /// `max_streams_per_id`: this node's streams of limited ids (the
+    /// streams hold the same handle to give their place back).
+    pub(crate) per_id: Arc<PerId>,
+    /// Cluster mode: where the other nodes' streams of a limited id are
+    /// read.
+    cluster: Option<Arc<Cluster>>,
     /// `http.trusted_proxies`, parsed.
     trusted_proxies: Nets,
     /// The `[http]` settings: the CORS rule (`http.cors_origins`).
@@ -121,6 +139,7 @@ impl Admission {
         publish_protected: bool,
         shutdown: CancellationToken,
         backend: Option<&Arc<Backend>>,
+        cluster: Option<Arc<Cluster>>,
     ) -> io::Result<Admission> {
         let auth = &settings.auth;
         let invalid =
@@ -210,6 +229,8 @@ impl Admission {
             jwks,
             hook,
             namespaces: Namespaces::new(settings),
+            per_id: Arc::new(PerId::new(settings, Arc::clone(&stats))),
+            cluster,
             trusted_proxies,
             http: settings.http.clone(),
             max_streams: settings.stream.max_streams,
@@ -375,9 +396,17 @@ impl Admission {
                 let claims = token.filter(|_| checked).and_then(token::claims_of);
                 hook.ask_for(id, req.transport, client.ip, token, claims, head)
             });
-        if kid.is_none() && ask.is_none() {
+        let elsewhere = self.cluster.is_some() && self.per_id.limit(id) > 0;
+        if kid.is_none() && ask.is_none() && !elsewhere {
             return self
-                .open(id, req, cors, expires, early.to_vec(), client)
+                .open(
+                    IdCount { id, elsewhere: 0 },
+                    req,
+                    cors,
+                    expires,
+                    early.to_vec(),
+                    client,
+                )
                 .map(Admitted::Open);
         }
         Ok(Admitted::Later(Box::new(Pending {
@@ -385,6 +414,7 @@ impl Admission {
             kid,
             expires,
             ask,
+            elsewhere,
             req,
             cors: cors.into(),
             early: early.to_vec(),
@@ -406,6 +436,7 @@ impl Admission {
             kid,
             mut expires,
             ask,
+            elsewhere,
             req,
             cors,
             early,
@@ -435,7 +466,21 @@ impl Admission {
             };
             answer.map_err(refused)?;
         }
-        self.open(&id, req, cors.as_cors(), expires, early, client)
+        // The other nodes' streams of a limited id, as of their last
+        // heartbeat; if Redis cannot say, this node's count decides.
+        let mut others = 0;
+        if let (true, Some(cluster)) = (elsewhere, &self.cluster) {
+            match self.unless_shut_down(cluster.streams_elsewhere(&id)).await {
+                None => return Err(refused(ApiError::ShuttingDown)),
+                Some(Ok(n)) => others = n,
+                Some(Err(_)) => self.per_id.unchecked(),
+            }
+        }
+        let target = IdCount {
+            id: &id,
+            elsewhere: others,
+        };
+        self.open(target, req, cors.as_cors(), expires, early, client)
     }
 
     /// `wait`'s outcome, or `None` once the server shuts down first (the
@@ -453,7 +498,7 @@ impl Admission {
     /// streams, and a `stream.max_streams` slot.
     fn open(
         &self,
-        id: &str,
+        IdCount { id, elsewhere }: IdCount<'_>,
         req: StreamRequest,
         cors: Cors<'_>,
         expires: Option<std::time::Duration>,
@@ -462,13 +507,22 @@ impl Admission {
     ) -> Result<Open, Refusal> {
         let refused = |error: ApiError| self.refusal(error, cors);
         let limits = &self.limits;
+        // Its id's streams (429), with `elsewhere` on other nodes.
+        self.per_id.take(id, elsewhere).map_err(refused)?;
         // The client's address: its count (429).
-        let counted = limits.count_stream(client).map_err(refused)?;
+        let counted = match limits.count_stream(client) {
+            Ok(counted) => counted,
+            Err(e) => {
+                self.per_id.closed(id);
+                return Err(refused(e));
+            }
+        };
         let max = self.max_streams;
         if !self.stats.try_reserve_stream(max) {
             if let Some(slot) = counted {
                 limits.stream_closed(slot);
             }
+            self.per_id.closed(id);
             return Err(refused(ApiError::StreamLimit(max)));
         }
         let member = self.member_of(id, req.token.as_deref());
@@ -586,6 +640,7 @@ mod tests {
             protected,
             CancellationToken::new(),
             Backend::of(&settings.endpoints()).unwrap().as_ref(),
+            None,
         )
         .unwrap()
     }

@@ -586,6 +586,8 @@ pub struct NamespaceSettings {
     /// Whether the namespace's streams get `join` and `leave` events, and
     /// `/presence/{id}` lists its subjects.
     pub presence_events: Option<bool>,
+    /// Most streams of one of its ids at once (0: no limit).
+    pub max_streams_per_id: Option<usize>,
 }
 
 impl std::fmt::Debug for HookSettings {
@@ -904,6 +906,12 @@ impl Settings {
                 return invalid(
                     "namespaces.*.subscribe_hook",
                     format!("[namespaces.{name}]: hooks.subscribe_url is not set"),
+                );
+            }
+            if ns.max_streams_per_id.is_some_and(|n| n > 10_000_000) {
+                return invalid(
+                    "namespaces.*.max_streams_per_id",
+                    format!("[namespaces.{name}]: must be at most 10000000 (0: no limit)"),
                 );
             }
             if let Some(events) = &ns.webhooks {

@@ -139,6 +139,16 @@ pub(crate) enum ApiError {
         /// `publish.max_backlog`.
         limit: u64,
     },
+    /// An id of a namespace with `max_streams_per_id` has that many
+    /// streams: 429 with `Retry-After`.
+    #[error(
+        "id {id:?} has {max} streams open, the most its namespace allows (namespaces.{namespace}.max_streams_per_id); retry once one ends"
+    )]
+    IdFull {
+        id: String,
+        namespace: String,
+        max: usize,
+    },
     /// `stream.max_streams` reached: 503.
     #[error("stream limit of {0} reached")]
     StreamLimit(usize),
@@ -280,6 +290,7 @@ impl ApiError {
             ApiError::WebSocketVersion => header(header::SEC_WEBSOCKET_VERSION, "13"),
             ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
             ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
+            ApiError::IdFull { .. } => header(header::RETRY_AFTER, "5"),
             ApiError::KeysUnavailable(_) => header(header::RETRY_AFTER, "5"),
             // RFC 9110 §15.5.2: a 401 says how to authenticate.
             ApiError::HookRefused { status: 401, .. } => header(header::WWW_AUTHENTICATE, "Bearer"),
@@ -352,7 +363,7 @@ impl ResponseError for ApiError {
             ApiError::IdempotencyInFlight => StatusCode::CONFLICT,
             ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
-            ApiError::OverLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::OverLimit { .. } | ApiError::IdFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,

@@ -100,6 +100,7 @@ mod idempotency;
 mod jwks;
 mod metrics;
 mod namespace;
+mod per_id;
 mod routes;
 mod server;
 mod state;

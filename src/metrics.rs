@@ -145,7 +145,7 @@ impl Collector for StatsCollector {
             MetricType::Histogram,
         )?;
         s.stream_lifetime.encode(m)?;
-        let counters: [CounterSpec<'_>; 59] = [
+        let counters: [CounterSpec<'_>; 61] = [
             (
                 "streams_closed",
                 "Streams ended, for any reason.",
@@ -318,6 +318,16 @@ impl Collector for StatsCollector {
                 "hook_remembered",
                 "Stream requests admitted by a subscribe hook's yes remembered (hooks.cache_ms).",
                 &s.hook_remembered,
+            ),
+            (
+                "per_id_refused",
+                "Stream requests refused 429 past their namespace's max_streams_per_id.",
+                &s.per_id_refused,
+            ),
+            (
+                "per_id_unchecked",
+                "Admissions of a limited id decided on this node's count alone (the other nodes' could not be read from Redis).",
+                &s.per_id_unchecked,
             ),
             (
                 "presence_events_sent",

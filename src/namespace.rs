@@ -36,6 +36,8 @@ pub(crate) struct Policy {
     /// Its streams get `join` and `leave` events fleet-wide, and
     /// `/presence/{id}` lists the subjects (`presence_events`).
     pub(crate) presence_events: bool,
+    /// Most streams of one id at once (`max_streams_per_id`; 0: none).
+    pub(crate) max_streams_per_id: usize,
 }
 
 /// Every namespace, and the policy of ids outside them.
@@ -63,6 +65,7 @@ impl Namespaces {
             subscribe_hook: true,
             events: events(&settings.hooks.events),
             presence_events: false,
+            max_streams_per_id: 0,
         };
         let by_name = settings
             .namespaces
@@ -75,6 +78,7 @@ impl Namespaces {
                     subscribe_hook: ns.subscribe_hook.unwrap_or(true),
                     events: ns.webhooks.as_deref().map_or(default.events, events),
                     presence_events: ns.presence_events.unwrap_or(false),
+                    max_streams_per_id: ns.max_streams_per_id.unwrap_or(0),
                 };
                 (name.clone(), policy)
             })
@@ -95,6 +99,7 @@ impl Namespaces {
                 subscribe_hook: true,
                 events: EventSet::NONE,
                 presence_events: false,
+                max_streams_per_id: 0,
             },
         }
     }
@@ -107,6 +112,11 @@ impl Namespaces {
         id.split_once(':')
             .and_then(|(name, _)| self.by_name.get(name))
             .unwrap_or(&self.default)
+    }
+
+    /// Whether some namespace limits its streams per id.
+    pub(crate) fn limits_streams(&self) -> bool {
+        self.by_name.values().any(|p| p.max_streams_per_id > 0)
     }
 
     /// The policy of ids outside every namespace (and of broadcasts'

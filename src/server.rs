@@ -180,6 +180,7 @@ impl Server {
             publish_protected,
             cancel.clone(),
             backend.as_ref(),
+            hub.cluster().cloned(),
         )?;
         let invalid =
             |key: &str, e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {e}"));
@@ -217,6 +218,7 @@ impl Server {
             router: hub.router().clone(),
             await_welcome: hub.streams_wait(),
             limits: Arc::clone(&limits),
+            per_id: Arc::clone(&admission.per_id),
         });
         // Rate states and log times no longer needed go every 10 s.
         actix_rt::spawn({

@@ -160,6 +160,12 @@ pub(crate) struct Stats {
     pub(crate) webhook_rejected: AtomicU64,
     /// How long the webhook POSTs took.
     pub(crate) webhook_seconds: Histogram,
+    /// Stream requests refused past their namespace's
+    /// `max_streams_per_id`.
+    pub(crate) per_id_refused: AtomicU64,
+    /// Admissions of a limited id decided on this node's count alone: the
+    /// other nodes' could not be read from Redis.
+    pub(crate) per_id_unchecked: AtomicU64,
     /// `join` and `leave` events of streams here (`presence_events`).
     pub(crate) notes_sent: AtomicU64,
     /// `join` and `leave` events from other nodes, for streams here.
@@ -278,6 +284,8 @@ impl Stats {
             webhook_failures: AtomicU64::new(0),
             webhook_rejected: AtomicU64::new(0),
             webhook_seconds: Histogram::new(&LATENCY_BUCKETS),
+            per_id_refused: AtomicU64::new(0),
+            per_id_unchecked: AtomicU64::new(0),
             notes_sent: AtomicU64::new(0),
             notes_received: AtomicU64::new(0),
             notes_failed: AtomicU64::new(0),
@@ -417,6 +425,10 @@ impl Stats {
                 "events_batches": get(&self.webhook_batches),
                 "events_failures": get(&self.webhook_failures),
                 "events_rejected": get(&self.webhook_rejected),
+            },
+            "per_id": {
+                "refused": get(&self.per_id_refused),
+                "unchecked": get(&self.per_id_unchecked),
             },
             "presence_events": {
                 "sent": get(&self.notes_sent),

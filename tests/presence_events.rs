@@ -208,3 +208,84 @@ fn joins_and_leaves_cross_the_fleet() {
     );
     assert!(a.stats()["presence_events"]["received"].as_u64() >= Some(2));
 }
+
+/// `max_streams_per_id`: an id takes that many streams, on the lean path
+/// and actix-web's; one more is refused 429 with why and `Retry-After`,
+/// and a place comes back when a stream ends. Other ids, and ids outside
+/// the namespace, are not limited.
+#[test]
+fn an_id_takes_at_most_its_namespaces_streams() {
+    let mut s = common::settings();
+    s.server.admin_public = true;
+    s.namespaces.insert(
+        "room".to_owned(),
+        switchboard::config::NamespaceSettings {
+            max_streams_per_id: Some(2),
+            ..Default::default()
+        },
+    );
+    let srv = TestServer::start(s);
+    let addr = srv.addr;
+    let first = open(addr, "/test/room:1", "");
+    let _second = StreamClient::open_fallback(addr, "room:1");
+    let refused = common::request(addr, "GET", "/test/room:1", &[], b"").unwrap();
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(
+        refused.error().contains("namespaces.room.max_streams_per_id"),
+        "{}",
+        refused.error()
+    );
+    assert_eq!(refused.header("retry-after"), Some("5"));
+    let mut fallback = StreamClient::open_fallback(addr, "room:1");
+    assert_eq!(fallback.status, 429);
+    drop(fallback.reader.get_mut().shutdown(std::net::Shutdown::Both));
+    let _other = open(addr, "/test/room:2", "");
+    for _ in 0..3 {
+        let _lobby = open(addr, "/test/lobby", "");
+    }
+    drop(first);
+    let mut back = None;
+    wait_until(WAIT, "a place back for room:1", || {
+        let c = StreamClient::open_raw(addr, "GET /test/room:1 HTTP/1.1\r\nhost: t\r\n\r\n");
+        let admitted = c.status == 200;
+        if admitted {
+            back = Some(c);
+        }
+        admitted
+    });
+    assert!(srv.stats()["per_id"]["refused"].as_u64() >= Some(2));
+}
+
+/// In a fleet, the other nodes' streams of the id count (as of their last
+/// heartbeat).
+#[test]
+fn a_fleet_counts_every_nodes_streams_of_a_limited_id() {
+    let redis = RedisServer::start();
+    let p = prefix("perid");
+    let node = |name: &str| {
+        let mut s = node_settings(&redis, &p, name);
+        s.cluster.heartbeat_interval_ms = 200;
+        s.namespaces.insert(
+            "room".to_owned(),
+            switchboard::config::NamespaceSettings {
+                max_streams_per_id: Some(2),
+                ..Default::default()
+            },
+        );
+        start_node(s)
+    };
+    let (a, b) = (node("a"), node("b"));
+    let _on_a = open(a.addr, "/test/room:9", "");
+    let _on_b = open(b.addr, "/test/room:9", "");
+    // Once each node's count is in Redis, neither takes a third.
+    for at in [a.addr, b.addr] {
+        wait_until(Duration::from_secs(5), "both streams in presence", || {
+            presence(at, "room:9")["streams"] == 2
+        });
+    }
+    for at in [a.addr, b.addr] {
+        let r = common::request(at, "GET", "/test/room:9", &[], b"").unwrap();
+        assert_eq!(r.status, 429, "{}", r.text());
+    }
+    assert_eq!(a.stats()["per_id"]["unchecked"], 0);
+}

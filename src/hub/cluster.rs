@@ -1699,6 +1699,12 @@ impl Cluster {
         Ok(Presence::of(id, list).with_subjects(subjects, theirs))
     }
 
+    /// The streams of `id` on the other live nodes, from their presence
+    /// (as of their last heartbeat).
+    pub(crate) async fn streams_elsewhere(&self, id: &str) -> Result<u64, ApiError> {
+        Ok(self.presence(id, 0, None).await?.streams)
+    }
+
     /// `n` numbers of the fleet's `/dispatcher` count: the first of them.
     ///
     /// A count Redis cannot increment (at `i64::MAX`, not a number) or

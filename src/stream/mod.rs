@@ -74,6 +74,9 @@ pub(crate) struct Shared {
     /// [`Admission`](crate::admission::Admission)'s (a counted stream gives
     /// its place back when it stops).
     pub(crate) limits: Arc<crate::conn::edge::Limits>,
+    /// `max_streams_per_id`: a stream of a limited id gives its place
+    /// back when it stops.
+    pub(crate) per_id: Arc<crate::per_id::PerId>,
 }
 
 /// Which path a stream came in by, which decides who writes its response
@@ -577,6 +580,7 @@ impl Drop for Stream {
         if let Some(slot) = self.limit_slot {
             self.core.shared.limits.stream_closed(slot);
         }
+        self.core.shared.per_id.closed(&self.core.id);
     }
 }
 
