@@ -48,7 +48,7 @@ use crate::conn::socket::{self, Rewound};
 use crate::counter::Counter;
 use crate::error::{ApiError, CorsAnswer};
 use crate::hub::Hub;
-use crate::hub::router::CloseAll;
+use crate::hub::router::{CloseAll, Stopping};
 use crate::state::ServerState;
 use crate::stats::Stats;
 use crate::stream::{self, Stream};
@@ -470,6 +470,13 @@ async fn shut_down(state: &ServerState) {
     // Let actix-web's HTTP/1 dispatchers write what the last fallback
     // streams queued.
     sleep(DRAIN_POLL).await;
+    // Webhooks: ids still lingering are vacated now, and what is queued
+    // is sent, within the deadline (a dead endpoint does not hold the
+    // stop past it).
+    let _ = tokio::time::timeout_at(deadline, state.router().send(Stopping)).await;
+    while state.stats.webhook_pending.load(Relaxed) > 0 && Instant::now() < deadline {
+        sleep(DRAIN_POLL).await;
+    }
     if gone(state) {
         tracing::info!(
             event = "stopped",

@@ -132,12 +132,15 @@ impl Webhooks {
             node: Arc::clone(node.unwrap_or(&self.node)),
             sub,
         };
+        // Counted pending before the sender can take it (and count it
+        // done), so the gauge never goes below 0.
+        self.stats.webhook_pending.fetch_add(1, Relaxed);
         match self.queue.try_send(event) {
             Ok(()) => {
                 self.stats.webhook_queued.fetch_add(1, Relaxed);
-                self.stats.webhook_pending.fetch_add(1, Relaxed);
             }
             Err(_) => {
+                self.stats.webhook_pending.fetch_sub(1, Relaxed);
                 let dropped = self.stats.webhook_dropped.fetch_add(1, Relaxed) + 1;
                 let mut logged = self
                     .dropped_logged

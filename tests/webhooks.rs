@@ -184,6 +184,18 @@ fn one_process_sends_occupied_vacated_and_stream_events_signed() {
     assert_eq!(hooks["events_pending"], 0, "{hooks}");
 }
 
+/// A server that stops vacates its ids at once (not a linger later, when
+/// it is gone) and sends what is queued before it exits.
+#[test]
+fn a_stopping_server_vacates_its_ids_and_sends_what_is_queued() {
+    let app = receiver("webhooks-stop");
+    let mut srv = single(&app, |s| s.cluster.unsubscribe_linger_ms = 60_000);
+    let _held = [open(srv.addr, "/test/bye"), open(srv.addr, "/test/bye")];
+    assert_eq!(settled(&app, "bye", 1), ["id_occupied@solo"]);
+    srv.shutdown();
+    assert_eq!(of(&app, "bye"), ["id_occupied@solo", "id_vacated@solo"]);
+}
+
 /// An endpoint that hangs or fails never slows a stream or a publish:
 /// events wait in the queue (bounded: past it they are dropped, counted,
 /// logged) and are retried; once the endpoint answers, every event
@@ -270,11 +282,15 @@ fn a_fleet_sends_one_occupied_and_one_vacated_and_vacates_a_dead_nodes_ids() {
             .env("SWITCHBOARD__HOOKS__SECRET", SECRET)
             .env("SWITCHBOARD__CLUSTER__UNSUBSCRIBE_LINGER_MS", "200")
             .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
-            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500");
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", "1500")
+            .env("SWITCHBOARD__DEBUG__FAULT_INJECTION", "true");
         binary_node(cmd, name)
     };
     let (_a, on_a) = node("a");
     let (b, on_b) = node("b");
+    // b's Bus restarts first (its occupancy writes go on).
+    let crashed = request(on_b, "POST", "/admin/crash/bus", &[], b"").unwrap();
+    assert!(crashed.status < 300, "{}", crashed.text());
     // Opened on a, then b, twice over; closed on a first, b last.
     let first = open(on_a, "/test/shared");
     let got = settled(&app, "shared", 1);
@@ -309,6 +325,14 @@ fn a_fleet_sends_one_occupied_and_one_vacated_and_vacates_a_dead_nodes_ids() {
     assert_eq!(of(&app, "shared").len(), 3, "{:?}", of(&app, "shared"));
     drop(also);
     assert_eq!(settled(&app, "shared", 4)[3], "id_vacated@a");
+
+    // c stops gracefully holding `graceful`: vacated once its streams
+    // are gone (by c before it exits, or by a after c's place expires).
+    let (c, on_c) = node("c");
+    let _graceful = open(on_c, "/test/graceful");
+    assert_eq!(settled(&app, "graceful", 1), ["id_occupied@c"]);
+    c.signal("TERM");
+    assert_eq!(settled(&app, "graceful", 2), ["id_occupied@c", "id_vacated@c"]);
 }
 
 /// Settings that cannot work stop the start, naming the key.
@@ -346,4 +370,35 @@ fn webhook_settings_that_cannot_work_stop_the_start() {
         namespaced.contains("namespaces.*.webhooks") && namespaced.contains("member_added"),
         "{namespaced}"
     );
+}
+
+/// A write whose answer is lost (Redis stopped answering: the command timed
+/// out, then ran once Redis did) is sent again under its number and gets
+/// its first answer: the id is announced occupied exactly once, not never
+/// (a plain retry would find this node already in the set and say
+/// nothing).
+#[test]
+fn an_occupancy_write_whose_answer_was_lost_is_not_lost() {
+    let redis = RedisServer::start();
+    let app = receiver("webhooks-doubt");
+    let p = prefix("doubt");
+    let mut s = cluster::node_settings(&redis, &p, "a");
+    s.hooks.events_url = app.url("/events");
+    s.hooks.secret = SECRET.to_owned();
+    s.cluster.command_timeout_ms = 200;
+    s.cluster.heartbeat_interval_ms = 200;
+    s.cluster.heartbeat_ttl_ms = 5000;
+    let a = cluster::start_node(s);
+    let pid = redis.pid().expect("redis pid");
+    common::process::send_signal(pid, "STOP");
+    // Its head comes at once; its welcome waits for the subscription.
+    let c = StreamClient::open_raw(a.addr, "GET /test/doubt HTTP/1.1\r\nhost: t\r\n\r\n");
+    assert_eq!(c.status, 200);
+    // Writes time out meanwhile; Redis runs them once it goes on.
+    std::thread::sleep(Duration::from_millis(1200));
+    common::process::send_signal(pid, "CONT");
+    assert_eq!(settled(&app, "doubt", 1), ["id_occupied@a"]);
+    assert!(a.stats()["cluster"]["errors"].as_u64() > Some(0));
+    drop(c);
+    assert_eq!(settled(&app, "doubt", 2), ["id_occupied@a", "id_vacated@a"]);
 }

@@ -553,6 +553,12 @@ impl Names {
         format!("{}:holds:{instance}", self.prefix)
     }
 
+    /// One process's last occupancy write and its answer
+    /// ([`super::occupancy`]).
+    pub(crate) fn occupancy_write_key(&self, instance: &str) -> String {
+        format!("{}:occwrite:{instance}", self.prefix)
+    }
+
     /// The nodes that hold `id` ([`super::occupancy`]).
     pub(crate) fn occupants_key(&self, id: &str) -> String {
         format!("{}:occupants:{id}", self.prefix)
@@ -1951,7 +1957,7 @@ impl Cluster {
     /// Counts and logs a value read back from Redis that is not what this
     /// version writes there (hand-edited, another program's, corrupt):
     /// left out of the answer rather than trusted or failing it.
-    fn bad_state(&self, what: &str, value: &str) {
+    pub(crate) fn bad_state(&self, what: &str, value: &str) {
         self.stats.bad_state.fetch_add(1, Relaxed);
         let value: String = value.chars().take(80).collect();
         tracing::warn!(

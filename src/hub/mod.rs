@@ -284,6 +284,7 @@ mod tests {
             None
         }
         fn notify(&self, _: &Arc<str>, _: &crate::hub::router::Note) {}
+        fn stopping(&self) {}
         fn write_presence(&self, _: crate::hub::broker::Counts, _: bool) -> Later<Result<bool, ()>> {
             Box::pin(async { Ok(true) })
         }

@@ -20,12 +20,21 @@
 //! may have been reaped) writes every id it holds again: ids reaped
 //! meanwhile are occupied again.
 //!
-//! Changes wait in [`Fleet`] until written (a write that fails is tried
-//! again), so a Redis outage delays events but loses none.
+//! Changes wait in [`Fleet`] until written. A write whose answer was not
+//! read (Redis timed out, the connection dropped, the Bus restarted) is
+//! sent again unchanged under its number, and the script answers a repeat
+//! with its first answer: a Redis outage delays events, it does not lose
+//! or double them. What it cannot cover: Redis losing its data (a restart
+//! without persistence, FLUSHALL, a failover that lost the last writes).
+//! Every node then writes its ids again, so ids still held are announced
+//! occupied again, and one released meanwhile may never be vacated; and a
+//! reap step whose answer is lost loses those ids' `id_vacated`. Treat
+//! the events as the fleet's state changes, and `/presence/{id}` as the
+//! truth to reconcile with.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -40,34 +49,54 @@ const BATCH: usize = 1_000;
 const REAP_STEPS: usize = 20;
 
 /// Adds and removes this node for ids, renewing its place in the
-/// holders. KEYS: holders, this node's holds set, then each id's occupants
-/// set. ARGV: this node's member (`<instance> <name>`), the TTL in ms,
-/// then per id its op (`+` or `-`) and the id. Answers `{live, changed}`:
-/// whether this node's place was there and unexpired before, and per id
-/// 1 when it made the id occupied (`+`) or vacated (`-`).
-const OCCUPANCY_SCRIPT: &str = "local t = redis.call('TIME') \
+/// holders, once per write number. KEYS: holders, this node's holds set,
+/// its last write's answer, then each id's occupants set. ARGV: this
+/// node's member (`<instance> <name>`), the TTL in ms, the write's number,
+/// then per id its op (`+` or `-`) and the id. Answers `"<live>
+/// <changed>"`: 1 if this node's place was there and unexpired before, and
+/// per id a digit, 1 when it made the id occupied (`+`) or vacated (`-`).
+///
+/// The answer is kept under the write's number: a write sent again
+/// because its answer was lost (a timeout, a dropped connection) gets the
+/// first answer instead of running twice, whose SADD and SREM would find
+/// nothing to change and lose the event.
+const OCCUPANCY_SCRIPT: &str = "local last = redis.call('GET', KEYS[3]) \
+    if last then \
+    local seq, answer = string.match(last, '^(%d+) (.*)$') \
+    if seq == ARGV[3] then return answer end end \
+    local t = redis.call('TIME') \
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
     local score = redis.call('ZSCORE', KEYS[1], ARGV[1]) \
-    local live = 0 \
-    if score and tonumber(score) >= now then live = 1 end \
+    local live = '0' \
+    if score and tonumber(score) >= now then live = '1' end \
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) \
     local changed = {} \
-    for k = 3, #KEYS do \
-    local j = k - 2 \
-    local op, id = ARGV[2 * j + 1], ARGV[2 * j + 2] \
-    local c = 0 \
+    for k = 4, #KEYS do \
+    local j = k - 3 \
+    local op, id = ARGV[2 * j + 2], ARGV[2 * j + 3] \
+    local c = '0' \
     if op == '+' then \
     if redis.call('SADD', KEYS[k], ARGV[1]) == 1 then \
     redis.call('SADD', KEYS[2], id) \
-    if redis.call('SCARD', KEYS[k]) == 1 then c = 1 end end \
+    if redis.call('SCARD', KEYS[k]) == 1 then c = '1' end end \
     else \
     if redis.call('SREM', KEYS[k], ARGV[1]) == 1 then \
     redis.call('SREM', KEYS[2], id) \
-    if redis.call('EXISTS', KEYS[k]) == 0 then c = 1 end end \
+    if redis.call('EXISTS', KEYS[k]) == 0 then c = '1' end end \
     end \
     changed[j] = c \
     end \
-    return {live, changed}";
+    local answer = live .. ' ' .. table.concat(changed) \
+    redis.call('SET', KEYS[3], ARGV[3] .. ' ' .. answer, 'PX', tonumber(ARGV[2]) * 10) \
+    return answer";
+
+/// A graceful stop: this node's place expires after the linger (ARGV[2]
+/// ms of Redis's time), so a client that reconnects to another node within
+/// it keeps its id occupied, and otherwise the next live node vacates its
+/// ids. KEYS: holders. ARGV: the member, the linger in ms.
+const LEAVE_SCRIPT: &str = "local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+    return redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])";
 
 /// Takes up to ARGV[2] ids out of one expired node's holds (the first in
 /// the holders whose time has passed), and drops its place once none is
@@ -147,6 +176,14 @@ impl Single {
         }
     }
 
+    /// The process stops: every lingering id is vacated now.
+    pub(crate) fn vacate_all(&self) {
+        let lingering: Vec<Arc<str>> = self.lingering().drain().map(|(id, _)| id).collect();
+        for id in lingering {
+            self.webhooks.emit(Name::IdVacated, &id, None, None);
+        }
+    }
+
     /// How often [`Single::sweep`] should run.
     pub(crate) fn sweep_every(&self) -> Duration {
         (self.linger / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
@@ -160,10 +197,32 @@ pub(crate) struct Fleet {
     member: String,
     /// Changes not yet written: an id and whether it is held.
     pending: Mutex<HashMap<Arc<str>, bool>>,
+    /// A write whose answer was not read (it failed, timed out, or its
+    /// task was dropped with a Bus restart): its number and changes, sent
+    /// again, unchanged, before anything newer.
+    in_doubt: Mutex<Option<(u64, Batch)>>,
+    /// The last write's number.
+    seq: AtomicU64,
     /// A write is out (writes must not overtake each other).
     writing: AtomicBool,
     /// Some id of this node's was written: its place should be there.
     written: AtomicBool,
+    /// This node's place was found lost: every id it holds is to be
+    /// written again (kept until [`Fleet::hold_all`] has them).
+    rewrite: AtomicBool,
+}
+
+/// Occupancy changes: an id and whether it is held.
+type Batch = Vec<(Arc<str>, bool)>;
+
+/// Clears [`Fleet::writing`] however a write ends (its task may be
+/// dropped with a Bus restart).
+struct Writing<'a>(&'a Fleet);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.writing.store(false, SeqCst);
+    }
 }
 
 /// What a write found.
@@ -182,8 +241,11 @@ impl Fleet {
             webhooks,
             member: format!("{instance} {node}"),
             pending: Mutex::new(HashMap::new()),
+            in_doubt: Mutex::new(None),
+            seq: AtomicU64::new(0),
             writing: AtomicBool::new(false),
             written: AtomicBool::new(false),
+            rewrite: AtomicBool::new(false),
         }
     }
 
@@ -209,6 +271,13 @@ impl Fleet {
                 pending.entry(id).or_insert(true);
             }
         }
+        self.rewrite.store(false, SeqCst);
+    }
+
+    fn in_doubt(&self) -> MutexGuard<'_, Option<(u64, Batch)>> {
+        self.in_doubt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether a change waits to be written.
@@ -220,72 +289,90 @@ impl Fleet {
 impl Cluster {
     /// Writes up to [`BATCH`] of this node's occupancy changes (and renews
     /// its place: also with none), and sends the events the fleet's state
-    /// says. `None` while another write is out. A failed write keeps its
-    /// changes for the next (unless newer ones replaced them).
+    /// says. `None` while another write is out. A write whose answer is
+    /// not read is sent again, unchanged and under its number, before
+    /// anything newer (the script answers a repeat with its first answer).
     pub(crate) async fn write_occupancy(&self) -> Option<Result<Wrote, ApiError>> {
         let fleet = self.occupancy.as_ref()?;
         if fleet.writing.swap(true, SeqCst) {
             return None;
         }
-        let batch: Vec<(Arc<str>, bool)> = {
-            let mut pending = fleet.pending();
-            let ids: Vec<Arc<str>> = pending.keys().take(BATCH).cloned().collect();
-            ids.into_iter()
-                .filter_map(|id| pending.remove_entry(&id))
-                .collect()
-        };
-        let written = self.run_occupancy(fleet, &batch).await;
-        fleet.writing.store(false, SeqCst);
-        Some(match written {
-            Ok((live, changed)) => {
-                for ((id, held), changed) in batch.iter().zip(changed) {
-                    if changed == 1 {
-                        let name = if *held { Name::IdOccupied } else { Name::IdVacated };
-                        fleet.webhooks.emit(name, id, None, None);
-                    }
-                }
-                let lost = live == 0 && fleet.written.load(SeqCst);
-                if !batch.is_empty() {
-                    fleet.written.store(true, SeqCst);
-                }
-                Ok(if lost { Wrote::Lost } else { Wrote::Done })
-            }
-            Err(e) => {
+        let _writing = Writing(fleet);
+        if fleet.rewrite.load(SeqCst) {
+            return Some(Ok(Wrote::Lost));
+        }
+        let (seq, batch) = {
+            let mut doubt = fleet.in_doubt();
+            let (seq, batch) = doubt.take().unwrap_or_else(|| {
                 let mut pending = fleet.pending();
-                for (id, held) in batch {
-                    pending.entry(id).or_insert(held);
-                }
-                Err(e)
+                let ids: Vec<Arc<str>> = pending.keys().take(BATCH).cloned().collect();
+                let batch: Batch = ids
+                    .into_iter()
+                    .filter_map(|id| pending.remove_entry(&id))
+                    .collect();
+                (fleet.seq.fetch_add(1, SeqCst) + 1, batch)
+            });
+            // In doubt until its answer is read.
+            *doubt = Some((seq, batch.clone()));
+            (seq, batch)
+        };
+        let (live, changed) = match self.run_occupancy(fleet, seq, &batch).await {
+            Ok(answer) => answer,
+            Err(e) => return Some(Err(e)),
+        };
+        *fleet.in_doubt() = None;
+        for ((id, held), changed) in batch.iter().zip(changed.bytes()) {
+            if changed == b'1' {
+                let name = if *held { Name::IdOccupied } else { Name::IdVacated };
+                fleet.webhooks.emit(name, id, None, None);
             }
-        })
+        }
+        let lost = !live && fleet.written.load(SeqCst);
+        if !batch.is_empty() {
+            fleet.written.store(true, SeqCst);
+        }
+        if lost {
+            fleet.rewrite.store(true, SeqCst);
+        }
+        Some(Ok(if lost { Wrote::Lost } else { Wrote::Done }))
     }
 
     async fn run_occupancy(
         &self,
         fleet: &Fleet,
+        seq: u64,
         batch: &[(Arc<str>, bool)],
-    ) -> Result<(i64, Vec<i64>), ApiError> {
+    ) -> Result<(bool, String), ApiError> {
         static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(OCCUPANCY_SCRIPT));
         let mut invocation = SCRIPT.prepare_invoke();
         invocation
             .key(self.names.holders_key())
-            .key(self.names.holds_key(&self.instance));
+            .key(self.names.holds_key(&self.instance))
+            .key(self.names.occupancy_write_key(&self.instance));
         for (id, _) in batch {
             invocation.key(self.names.occupants_key(id));
         }
-        invocation.arg(&fleet.member).arg(self.settings.heartbeat_ttl_ms);
+        invocation
+            .arg(&fleet.member)
+            .arg(self.settings.heartbeat_ttl_ms)
+            .arg(seq);
         for (id, held) in batch {
             invocation.arg(if *held { "+" } else { "-" }).arg(&**id);
         }
-        let (live, changed): (i64, Vec<i64>) = self
+        let answer: String = self
             .command("occupancy", async move |mut c| {
                 invocation.invoke_async(&mut c).await
             })
             .await?;
-        if changed.len() != batch.len() {
-            return Err(ApiError::RedisRefused("occupancy: not an answer per id".into()));
+        match answer.split_once(' ') {
+            Some((live @ ("0" | "1"), changed)) if changed.len() == batch.len() => {
+                Ok((live == "1", changed.to_owned()))
+            }
+            _ => {
+                self.bad_state("an occupancy answer", &answer);
+                Err(ApiError::RedisRefused("occupancy: not an answer per id".into()))
+            }
         }
-        Ok((live, changed))
     }
 
     /// Takes the ids of nodes whose place expired out of the fleet's
@@ -327,21 +414,26 @@ impl Cluster {
         Ok(())
     }
 
-    /// At a graceful stop: this node's place expires now, so the next live
-    /// node to look vacates its ids at once instead of a TTL later.
+    /// At a graceful stop: this node's place expires after the unsubscribe
+    /// linger ([`LEAVE_SCRIPT`]), and the next live node to look then
+    /// vacates its ids, instead of a heartbeat TTL later.
     pub(crate) async fn leave_occupancy(&self) {
+        static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LEAVE_SCRIPT));
         let Some(fleet) = self.occupancy.as_ref() else {
             return;
         };
-        let (holders, member) = (self.names.holders_key(), fleet.member.clone());
+        let (holders, member, linger) = (
+            self.names.holders_key(),
+            fleet.member.clone(),
+            self.settings.unsubscribe_linger_ms,
+        );
         let _ = self
             .command("occupancy leave", async move |mut c| {
-                redis::cmd("ZADD")
-                    .arg(holders)
-                    .arg("XX")
-                    .arg(0)
+                SCRIPT
+                    .key(holders)
                     .arg(member)
-                    .query_async::<()>(&mut c)
+                    .arg(linger)
+                    .invoke_async::<i64>(&mut c)
                     .await
             })
             .await;

@@ -1825,6 +1825,20 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
     }
 }
 
+/// The server stops and its streams are gone (their Logouts are ahead of
+/// this in the mailbox): the broker finishes what waits on a timer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Stopping;
+
+impl<S: StreamActor> Handler<Stopping> for Router<S> {
+    type Result = ();
+
+    fn handle(&mut self, _: Stopping, ctx: &mut Context<Self>) {
+        guarded(self, ctx, |r, _| r.broker.stopping());
+    }
+}
+
 impl<S: StreamActor> Handler<CloseAll> for Router<S> {
     type Result = Option<usize>;
 
@@ -2129,6 +2143,7 @@ mod tests {
             self.presence
         }
         fn notify(&self, _: &Arc<str>, _: &Note) {}
+        fn stopping(&self) {}
         fn write_presence(
             &self,
             _: crate::hub::broker::Counts,

@@ -125,6 +125,13 @@ impl Broker for Memory {
     /// One process: its streams had it from the Router.
     fn notify(&self, _: &Arc<str>, _: &Note) {}
 
+    /// The lingering ids are vacated now (the process is about to exit).
+    fn stopping(&self) {
+        if let Some(occupancy) = &self.occupancy {
+            occupancy.vacate_all();
+        }
+    }
+
     fn upkeep_every(&self) -> Option<Duration> {
         let history = self.history().sweep_interval();
         Some(match &self.occupancy {

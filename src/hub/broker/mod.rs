@@ -210,6 +210,10 @@ pub(crate) trait Broker: Send + Sync + 'static {
     /// streams of it (this node's have it from the Router).
     fn notify(&self, id: &Arc<str>, note: &Note);
 
+    /// The server stops, its streams gone: what waits on a timer is done
+    /// now (the memory broker's lingering ids are vacated).
+    fn stopping(&self);
+
     /// How often the Router calls [`Broker::upkeep`]; `None`: never.
     fn upkeep_every(&self) -> Option<Duration>;
 

@@ -129,6 +129,9 @@ impl Broker for Redis {
         });
     }
 
+    /// The fleet vacates this node's ids ([`Cluster::leave`]).
+    fn stopping(&self) {}
+
     fn upkeep_every(&self) -> Option<Duration> {
         None
     }
