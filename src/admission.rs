@@ -539,7 +539,7 @@ impl Admission {
     /// A stream of `id` is a member the Router keeps, with its token's
     /// `sub` (a token checked: there is a key), when its namespace sends
     /// `stream_joined` or `stream_left`, or has `presence_events`.
-    fn member_of(&self, id: &str, token: Option<&str>) -> Option<Member> {
+    fn member_of(&self, id: &str, token: Option<&str>) -> Option<Box<Member>> {
         let policy = self.namespaces.of(id);
         let (webhooks, presence) = (policy.events.streams(), policy.presence_events);
         if !webhooks && !presence {
@@ -549,11 +549,11 @@ impl Admission {
             .filter(|_| self.verifier.is_some())
             .and_then(token::claims_of)
             .and_then(|claims| claims.get("sub")?.as_str().map(Arc::from));
-        Some(Member {
+        Some(Box::new(Member {
             sub,
             webhooks,
             presence,
-        })
+        }))
     }
 
     /// What a `/send` or `/broadcast` passes before its body is read, in

@@ -142,13 +142,10 @@ pub(crate) enum ApiError {
     /// An id of a namespace with `max_streams_per_id` has that many
     /// streams: 429 with `Retry-After`.
     #[error(
-        "id {id:?} has {max} streams open, the most its namespace allows (namespaces.{namespace}.max_streams_per_id); retry once one ends"
+        "id {:?} has {} streams open, the most its namespace allows (namespaces.{}.max_streams_per_id); retry once one ends",
+        .0.id, .0.max, .0.namespace
     )]
-    IdFull {
-        id: String,
-        namespace: String,
-        max: usize,
-    },
+    IdFull(Box<IdFull>),
     /// `stream.max_streams` reached: 503.
     #[error("stream limit of {0} reached")]
     StreamLimit(usize),
@@ -281,6 +278,15 @@ impl From<Cors<'_>> for CorsAnswer {
     }
 }
 
+/// [`ApiError::IdFull`]'s fields, boxed: an admission's future carries an
+/// `ApiError`'s size, and this variant is rare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IdFull {
+    pub(crate) id: String,
+    pub(crate) namespace: String,
+    pub(crate) max: usize,
+}
+
 impl ApiError {
     /// The header this error adds to its response, if any.
     fn extra_header(&self) -> Option<(header::HeaderName, std::borrow::Cow<'static, str>)> {
@@ -290,7 +296,7 @@ impl ApiError {
             ApiError::WebSocketVersion => header(header::SEC_WEBSOCKET_VERSION, "13"),
             ApiError::MethodNotAllowed(allow) => header(header::ALLOW, allow),
             ApiError::Backlogged { .. } | ApiError::TooManyKeys => header(header::RETRY_AFTER, "1"),
-            ApiError::IdFull { .. } => header(header::RETRY_AFTER, "5"),
+            ApiError::IdFull(_) => header(header::RETRY_AFTER, "5"),
             ApiError::KeysUnavailable(_) => header(header::RETRY_AFTER, "5"),
             // RFC 9110 §15.5.2: a 401 says how to authenticate.
             ApiError::HookRefused { status: 401, .. } => header(header::WWW_AUTHENTICATE, "Bearer"),
@@ -363,7 +369,7 @@ impl ResponseError for ApiError {
             ApiError::IdempotencyInFlight => StatusCode::CONFLICT,
             ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::WebSocketVersion => StatusCode::UPGRADE_REQUIRED,
-            ApiError::OverLimit { .. } | ApiError::IdFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::OverLimit { .. } | ApiError::IdFull(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,

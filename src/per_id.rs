@@ -71,11 +71,11 @@ impl PerId {
         if u64::from(here).saturating_add(elsewhere) >= max as u64 {
             drop(open);
             self.stats.per_id_refused.fetch_add(1, Relaxed);
-            return Err(ApiError::IdFull {
+            return Err(ApiError::IdFull(Box::new(crate::error::IdFull {
                 id: id.to_owned(),
                 namespace: id.split_once(':').map_or(id, |(name, _)| name).to_owned(),
                 max,
-            });
+            })));
         }
         *open.entry(Arc::from(id)).or_insert(0) += 1;
         Ok(())

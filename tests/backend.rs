@@ -703,6 +703,16 @@ fn namespaces_set_the_token_and_hook_rules_on_every_transport() {
         },
     );
     s.namespaces.insert("chat".into(), NamespaceSettings::default());
+    s.namespaces.insert(
+        "room".into(),
+        NamespaceSettings {
+            token_required: Some(false),
+            subscribe_hook: Some(false),
+            presence_events: Some(true),
+            max_streams_per_id: Some(2),
+            ..NamespaceSettings::default()
+        },
+    );
     let srv = common::TestServer::start_tls(s, &certs);
     let ws = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
 
@@ -756,6 +766,24 @@ fn namespaces_set_the_token_and_hook_rules_on_every_transport() {
     let r = srv.post("/send/chat:allow-1", "in chat");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(chat.line(), "Recvd msg #1: 'in chat'");
+
+    // room: over TLS, a stream hears another join, and a third is one
+    // too many (429), over TLS too.
+    let room = format!("https://127.0.0.1:{}/test/room:tls", tls.port());
+    let listener = {
+        let (ca, room) = (certs.ca.clone(), room.clone());
+        std::thread::spawn(move || curl_tls(&ca, &["-N", "--max-time", "3", &room]))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while srv.get("/presence/room:tls").json()["streams"] != 1 {
+        assert!(Instant::now() < deadline, "the TLS stream of room:tls not open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _joining = StreamClient::open_raw(srv.addr, "GET /test/room:tls HTTP/1.1\r\nhost: t\r\n\r\n");
+    let full = curl(&["-w", " %{http_code}", &room]);
+    assert!(full.ends_with(" 429"), "{full}");
+    let heard = listener.join().unwrap();
+    assert!(heard.contains("\nJoin: {\"node\":"), "{heard}");
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
 }

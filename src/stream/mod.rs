@@ -107,7 +107,7 @@ pub(crate) struct Open {
     pub(crate) counted: Option<crate::conn::edge::Slot>,
     /// Its namespace sends `stream_joined` and `stream_left`, or has
     /// `presence_events`: the Router keeps it ([`Joined`]).
-    pub(crate) member: Option<Member>,
+    pub(crate) member: Option<Box<Member>>,
 }
 
 /// A stream the Router keeps, for `stream_joined` and `stream_left`, or
