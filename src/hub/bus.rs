@@ -1145,6 +1145,32 @@ mod tests {
         }
     }
 
+    /// A node's command side for `settings` (Redis need not run).
+    fn test_cluster(settings: &Settings) -> Arc<Cluster> {
+        Arc::new(
+            Cluster::new(
+                &settings.cluster,
+                crate::namespace::Namespaces::new(settings),
+                1000,
+                Arc::new(Stats::new()),
+                "test".to_owned(),
+            )
+            .unwrap(),
+        )
+    }
+
+    /// A Bus (not started) telling `router` everything.
+    fn bus_of(cluster: &Arc<Cluster>, router: &Addr<FakeRouter>) -> Bus {
+        Bus::new(
+            Arc::clone(cluster),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+            router.clone().recipient(),
+        )
+    }
+
     /// The bus's messages of an id reach the Router in the order they came
     /// from Redis, this node's own echoes among them, even when the
     /// Router's mailbox is past its capacity: an echo that waited for room
@@ -1154,16 +1180,7 @@ mod tests {
     async fn own_echoes_keep_their_place_behind_a_full_router_mailbox() {
         let mut settings = Settings::defaults();
         settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
-        let cluster = Arc::new(
-            Cluster::new(
-                &settings.cluster,
-                crate::namespace::Namespaces::new(&settings),
-                1000,
-                Arc::new(Stats::new()),
-                "test".to_owned(),
-            )
-            .unwrap(),
-        );
+        let cluster = test_cluster(&settings);
         let router = FakeRouter::default();
         let published = Arc::clone(&router.published);
         let router = router.start();
@@ -1171,14 +1188,7 @@ mod tests {
         router.send(HeldIds).await.unwrap();
         // Not started: the test hands it what the link would, all before
         // the Router runs once, as a burst from Redis does.
-        let mut bus = Bus::new(
-            Arc::clone(&cluster),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.recipient(),
-        );
+        let mut bus = bus_of(&cluster, &router);
         let channel = cluster.names.id_channel("a");
         let mut seq = 0;
         for event in 1..=100u64 {
@@ -1207,28 +1217,12 @@ mod tests {
     async fn other_nodes_joins_and_leaves_reach_the_router_and_never_as_messages() {
         let mut settings = Settings::defaults();
         settings.cluster.redis_url = "redis://127.0.0.1:1".to_owned();
-        let cluster = Arc::new(
-            Cluster::new(
-                &settings.cluster,
-                crate::namespace::Namespaces::new(&settings),
-                1000,
-                Arc::new(Stats::new()),
-                "test".to_owned(),
-            )
-            .unwrap(),
-        );
+        let cluster = test_cluster(&settings);
         let router = FakeRouter::default();
         let (notes, published) = (Arc::clone(&router.notes), Arc::clone(&router.published));
         let router = router.start();
         router.send(HeldIds).await.unwrap();
-        let mut bus = Bus::new(
-            Arc::clone(&cluster),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.recipient(),
-        );
+        let mut bus = bus_of(&cluster, &router);
         let channel = cluster.names.id_channel("chat:1");
         let own = cluster.instance.clone();
         for payload in [
@@ -1273,28 +1267,11 @@ mod tests {
         settings.cluster.unsubscribe_linger_ms = 200;
         settings.cluster.reconnect_min_ms = 60_000;
         settings.cluster.reconnect_max_ms = 60_000;
-        let cluster = Arc::new(
-            Cluster::new(
-                &settings.cluster,
-                crate::namespace::Namespaces::new(&settings),
-                1000,
-                Arc::new(Stats::new()),
-                "test".to_owned(),
-            )
-            .unwrap(),
-        );
+        let cluster = test_cluster(&settings);
         let router = FakeRouter::default();
         let subscribed = Arc::clone(&router.subscribed);
         let router = router.start();
-        let bus = Bus::new(
-            Arc::clone(&cluster),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.clone().recipient(),
-            router.recipient(),
-        )
-        .start();
+        let bus = bus_of(&cluster, &router).start();
         let subscriptions = || cluster.stats.subscriptions.load(Relaxed);
         let id: Arc<str> = Arc::from("a");
         bus.send(Interest::Held(Arc::clone(&id))).await.unwrap();
