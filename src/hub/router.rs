@@ -490,7 +490,7 @@ pub(crate) struct Router<S: StreamActor> {
     /// The streams whose namespace sends `stream_joined` or `stream_left`,
     /// or `join` and `leave` ([`Joined`]). Empty unless one asks: nothing
     /// is kept for other streams.
-    members: HashMap<ConnId, Member>,
+    members: HashMap<ConnId, (Member, WeakAddr<S>)>,
     /// Per id of a namespace with `presence_events`: its streams' distinct
     /// token subjects here, with how many streams each.
     subjects: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
@@ -1171,21 +1171,12 @@ impl<S: StreamActor> Supervised for Router<S> {
         }
         self.streams = self.table.values().map(SmallVec::len).sum();
         // Members whose stream died meanwhile (its Logout may be the
-        // message lost) have left.
-        let (table, reading, awaiting) = (&self.table, &self.reading, &self.awaiting);
+        // message lost) have left; one whose Login is still on its way is
+        // alive.
         let gone: Vec<ConnId> = self
             .members
             .iter()
-            .filter(|(conn, m)| {
-                let id = &m.id;
-                !(table.get(id).is_some_and(|s| s.iter().any(|(c, _)| c == *conn))
-                    || reading
-                        .get(id)
-                        .is_some_and(|r| r.iter().any(|r| r.stream.conn == **conn))
-                    || awaiting
-                        .get(id)
-                        .is_some_and(|w| w.iter().any(|w| w.conn == **conn)))
-            })
+            .filter(|(_, (_, addr))| !addr.upgrade().is_some_and(|a| a.connected()))
             .map(|(conn, _)| *conn)
             .collect();
         for conn in gone {
@@ -1260,13 +1251,18 @@ impl<S: Actor> Message for LoginAt<S> {
 /// opened, with its token's `sub`. Sent as the stream is made, before its
 /// [`Login`] and long before its [`Logout`] (from the same thread, so the
 /// Router gets them in that order); only such streams send it.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Joined {
+pub(crate) struct Joined<S: Actor> {
     /// Its connection.
     pub(crate) conn: ConnId,
     /// What the Router keeps of it.
     pub(crate) member: Member,
+    /// The stream: after a Router restart, a member whose stream is gone
+    /// has left (one whose Login is still on its way has not).
+    pub(crate) addr: WeakAddr<S>,
+}
+
+impl<S: Actor> Message for Joined<S> {
+    type Result = ();
 }
 
 /// A stream the Router keeps ([`Joined`]).
@@ -1281,10 +1277,18 @@ pub(crate) struct Member {
     pub(crate) presence: bool,
 }
 
-impl<S: StreamActor> Handler<Joined> for Router<S> {
+impl<S: StreamActor> Handler<Joined<S>> for Router<S> {
     type Result = ();
 
-    fn handle(&mut self, Joined { conn, mut member }: Joined, ctx: &mut Context<Self>) {
+    fn handle(
+        &mut self,
+        Joined {
+            conn,
+            mut member,
+            addr,
+        }: Joined<S>,
+        ctx: &mut Context<Self>,
+    ) {
         guarded(self, ctx, |r, _| {
             member.webhooks &= r.webhooks.is_some();
             if member.webhooks
@@ -1301,7 +1305,7 @@ impl<S: StreamActor> Handler<Joined> for Router<S> {
                 }
             }
             if member.webhooks || member.presence {
-                r.members.insert(conn, member);
+                r.members.insert(conn, (member, addr));
             }
         });
     }
@@ -1338,7 +1342,7 @@ impl<S: StreamActor> Handler<Subjects> for Router<S> {
 impl<S: StreamActor> Router<S> {
     /// A member stream's connection is gone: `stream_left`, and `leave`.
     fn member_left(&mut self, conn: &ConnId) {
-        let Some(member) = self.members.remove(conn) else {
+        let Some((member, _)) = self.members.remove(conn) else {
             return;
         };
         shrink_if_sparse(&mut self.members);
@@ -2708,6 +2712,47 @@ mod tests {
             "{:?}",
             told.lock().unwrap()
         );
+    }
+
+    /// After a Router restart, a member whose stream died meanwhile has
+    /// left (its `leave` reaches the id's other streams); one whose Login is
+    /// still on its way has not.
+    #[actix_rt::test]
+    async fn a_restart_tells_the_leave_of_a_dead_member_only() {
+        let stats = Arc::new(Stats::new());
+        let broker = memory(16, &stats);
+        let router = actix::Supervisor::start(move |_| Router::<Fake>::new(stats, broker).with_node("n"));
+        let (_listener, _, logs) = log_in(&router, "room", None).await;
+        let join = |sub: &str| {
+            let stream = Fake::default().start();
+            let joined = Joined {
+                conn: next_conn_id(),
+                member: Member {
+                    id: Arc::from("room"),
+                    sub: Some(Arc::from(sub)),
+                    webhooks: false,
+                    presence: true,
+                },
+                addr: stream.downgrade(),
+            };
+            (stream, joined)
+        };
+        let (pending, joined) = join("p");
+        router.send(joined).await.unwrap();
+        let (dead, joined) = join("d");
+        router.send(joined).await.unwrap();
+        dead.send(Cut { panic: false }).await.unwrap();
+        eventually(|| !dead.connected()).await;
+        assert_eq!(router.send(Crash).await.unwrap(), None);
+        let expected = [
+            r#"join {"sub":"p","node":"n"}"#,
+            r#"join {"sub":"d","node":"n"}"#,
+            r#"leave {"sub":"d","node":"n"}"#,
+        ];
+        eventually(|| logs.took.lock().unwrap().len() >= 3).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(*logs.took.lock().unwrap(), expected);
+        drop(pending);
     }
 
     #[actix_rt::test]

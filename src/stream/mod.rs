@@ -286,21 +286,24 @@ impl Stream {
                 .sink
                 .push_line(line.as_bytes(), framing, Counted::Other, max, &stats);
         }
-        // Before the stream's Login (sent when it starts) and its Logout
-        // (when it is dropped), from this thread: the Router gets it first.
-        if let Some(member) = open.member {
-            stream.core.shared.router.do_send(Joined {
-                conn: stream.core.conn,
-                member: crate::hub::router::Member {
-                    id: Arc::clone(&stream.core.id),
-                    sub: member.sub,
-                    webhooks: member.webhooks,
-                    presence: member.presence,
-                },
-            });
-        }
+        let member = open.member;
         // Runs at once, on this worker, with the actor's context.
         Stream::create(move |ctx| {
+            // Before the stream's Login (sent when it starts) and its
+            // Logout (when it is dropped), from this thread: the Router gets
+            // it first.
+            if let Some(member) = member {
+                stream.core.shared.router.do_send(Joined {
+                    conn: stream.core.conn,
+                    member: crate::hub::router::Member {
+                        id: Arc::clone(&stream.core.id),
+                        sub: member.sub,
+                        webhooks: member.webhooks,
+                        presence: member.presence,
+                    },
+                    addr: ctx.address().downgrade(),
+                });
+            }
             match opened {
                 Ok(Written::Pending) => {
                     stream.flushing = true;
