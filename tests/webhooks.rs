@@ -402,3 +402,34 @@ fn an_occupancy_write_whose_answer_was_lost_is_not_lost() {
     drop(c);
     assert_eq!(settled(&app, "doubt", 2), ["id_occupied@a", "id_vacated@a"]);
 }
+
+/// The ids a reaper takes out of a dead node's wait in Redis until it has
+/// sent them: a reap whose answer is lost (Redis stopped answering, then
+/// ran it) still ends in `id_vacated`.
+#[test]
+fn a_reap_whose_answer_was_lost_still_vacates() {
+    let redis = RedisServer::start();
+    let app = receiver("webhooks-reap");
+    let p = prefix("reap");
+    let node = |name: &str, ttl: &str| {
+        let mut cmd = binary(&redis, &p);
+        cmd.env("SWITCHBOARD__HOOKS__EVENTS_URL", app.url("/events"))
+            .env("SWITCHBOARD__HOOKS__SECRET", SECRET)
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_INTERVAL_MS", "200")
+            .env("SWITCHBOARD__CLUSTER__HEARTBEAT_TTL_MS", ttl)
+            .env("SWITCHBOARD__CLUSTER__COMMAND_TIMEOUT_MS", "200");
+        binary_node(cmd, name)
+    };
+    // a outlives Redis's pause (its own place must not expire); b dies.
+    let (_a, _) = node("a", "20000");
+    let (b, on_b) = node("b", "1000");
+    let _orphan = open(on_b, "/test/orphan");
+    assert_eq!(settled(&app, "orphan", 1), ["id_occupied@b"]);
+    b.signal("KILL");
+    let pid = redis.pid().expect("redis pid");
+    common::process::send_signal(pid, "STOP");
+    // b's place expires meanwhile; a's reaps time out and run on CONT.
+    std::thread::sleep(Duration::from_millis(1500));
+    common::process::send_signal(pid, "CONT");
+    assert_eq!(settled(&app, "orphan", 2), ["id_occupied@b", "id_vacated@b"]);
+}

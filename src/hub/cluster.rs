@@ -559,6 +559,12 @@ impl Names {
         format!("{}:occwrite:{instance}", self.prefix)
     }
 
+    /// The ids one process took out of a dead node's and has yet to send
+    /// as `id_vacated` ([`super::occupancy`]).
+    pub(crate) fn reaped_key(&self, instance: &str) -> String {
+        format!("{}:reaped:{instance}", self.prefix)
+    }
+
     /// The nodes that hold `id` ([`super::occupancy`]).
     pub(crate) fn occupants_key(&self, id: &str) -> String {
         format!("{}:occupants:{id}", self.prefix)

@@ -27,8 +27,9 @@
 //! or double them. What it cannot cover: Redis losing its data (a restart
 //! without persistence, FLUSHALL, a failover that lost the last writes).
 //! Every node then writes its ids again, so ids still held are announced
-//! occupied again, and one released meanwhile may never be vacated; and a
-//! reap step whose answer is lost loses those ids' `id_vacated`. Treat
+//! occupied again, and one released meanwhile may never be vacated. (A
+//! reap step's ids wait on the reaper's list in Redis until sent, so a
+//! lost answer loses none of them.) Treat
 //! the events as the fleet's state changes, and `/presence/{id}` as the
 //! truth to reconcile with.
 
@@ -37,6 +38,8 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
 
 use crate::error::ApiError;
 use crate::hub::cluster::Cluster;
@@ -100,24 +103,30 @@ const LEAVE_SCRIPT: &str = "local t = redis.call('TIME') \
 
 /// Takes up to ARGV[2] ids out of one expired node's holds (the first in
 /// the holders whose time has passed), and drops its place once none is
-/// left. KEYS: holders. ARGV: the key prefix, the most ids. Answers `{}`
-/// (no node expired) or `{member, vacated ids}`.
+/// left. Each id it leaves with no node goes onto the reaping node's list
+/// (`<id> <dead node's name>`), which that node sends as `id_vacated` and
+/// then trims: an answer lost on the way (a timeout) loses no event, the
+/// next step finds them there. KEYS: holders, the reaper's list. ARGV: the
+/// key prefix, the most ids. Answers `{}` (no node expired) or `{member,
+/// how many were vacated}`.
 const REAP_SCRIPT: &str = "local t = redis.call('TIME') \
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
     local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, 1) \
     if #dead == 0 then return {} end \
     local member = dead[1] \
     local instance = string.match(member, '^(%S+)') \
+    local name = string.match(member, '^%S+ (.*)$') or member \
     local holds = ARGV[1] .. ':holds:' .. instance \
     local ids = redis.call('SPOP', holds, tonumber(ARGV[2])) \
     local vacated = {} \
     for _, id in ipairs(ids) do \
     local key = ARGV[1] .. ':occupants:' .. id \
     if redis.call('SREM', key, member) == 1 and redis.call('EXISTS', key) == 0 then \
-    vacated[#vacated + 1] = id end \
+    vacated[#vacated + 1] = id .. ' ' .. name end \
     end \
+    if #vacated > 0 then redis.call('RPUSH', KEYS[2], unpack(vacated)) end \
     if redis.call('EXISTS', holds) == 0 then redis.call('ZREM', KEYS[1], member) end \
-    return {member, vacated}";
+    return {member, #vacated}";
 
 /// Occupancy in a single process: every id held here is held by the fleet.
 pub(crate) struct Single {
@@ -382,13 +391,20 @@ impl Cluster {
         let Some(fleet) = self.occupancy.as_ref() else {
             return Ok(());
         };
+        // What an earlier step took out but whose answer was lost.
+        self.send_reaped(fleet).await?;
         for _ in 0..REAP_STEPS {
             static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REAP_SCRIPT));
-            let (holders, prefix) = (self.names.holders_key(), self.names.prefix().to_owned());
+            let (holders, list, prefix) = (
+                self.names.holders_key(),
+                self.names.reaped_key(&self.instance),
+                self.names.prefix().to_owned(),
+            );
             let answer: Vec<redis::Value> = self
                 .command("occupancy reap", async move |mut c| {
                     SCRIPT
                         .key(holders)
+                        .key(list)
                         .arg(prefix)
                         .arg(BATCH)
                         .invoke_async(&mut c)
@@ -398,20 +414,48 @@ impl Cluster {
             let Some((member, vacated)) = reaped(answer) else {
                 return Ok(());
             };
-            let node: Arc<str> = member.split_once(' ').map_or(&*member, |(_, name)| name).into();
             tracing::info!(
                 event = "occupancy_reaped",
-                node = %node,
-                vacated = vacated.len(),
+                node = %member.split_once(' ').map_or(&*member, |(_, name)| name),
+                vacated,
                 "a node's heartbeat expired: its ids were taken out of the fleet's occupancy"
             );
-            for id in vacated {
-                fleet
-                    .webhooks
-                    .emit(Name::IdVacated, &Arc::from(id), Some(&node), None);
-            }
+            self.send_reaped(fleet).await?;
         }
         Ok(())
+    }
+
+    /// Sends the ids on this node's reaped list as `id_vacated` (naming the
+    /// node that held them), then trims what it sent: at least once, never
+    /// lost.
+    async fn send_reaped(&self, fleet: &Fleet) -> Result<(), ApiError> {
+        loop {
+            let list = self.names.reaped_key(&self.instance);
+            let entries: Vec<String> = {
+                let list = list.clone();
+                self.command("occupancy reaped", async move |mut c| {
+                    c.lrange(list, 0, BATCH as isize - 1).await
+                })
+                .await?
+            };
+            if entries.is_empty() {
+                return Ok(());
+            }
+            for entry in &entries {
+                let Some((id, node)) = entry.split_once(' ') else {
+                    self.bad_state("a reaped id", entry);
+                    continue;
+                };
+                fleet
+                    .webhooks
+                    .emit(Name::IdVacated, &Arc::from(id), Some(&Arc::from(node)), None);
+            }
+            let sent = entries.len() as isize;
+            self.command("occupancy reaped", async move |mut c| {
+                c.ltrim::<_, ()>(list, sent, -1).await
+            })
+            .await?;
+        }
     }
 
     /// At a graceful stop: this node's place expires after the unsubscribe
@@ -441,9 +485,9 @@ impl Cluster {
 }
 
 /// A reap step's answer: the node and the ids it left vacated.
-fn reaped(answer: Vec<redis::Value>) -> Option<(String, Vec<String>)> {
+fn reaped(answer: Vec<redis::Value>) -> Option<(String, u64)> {
     let mut parts = answer.into_iter();
     let member: String = redis::from_redis_value(parts.next()?).ok()?;
-    let vacated: Vec<String> = redis::from_redis_value(parts.next()?).ok()?;
+    let vacated: u64 = redis::from_redis_value(parts.next()?).ok()?;
     Some((member, vacated))
 }
