@@ -27,11 +27,12 @@ use crate::conn::handshake::{self, Transport};
 use crate::error::{ApiError, Cors, CorsAnswer};
 use crate::hooks::{Ask, SubscribeHook};
 use crate::hub::cluster::Cluster;
+use crate::hub::router::Member;
 use crate::jwks::{Jwks, Learned};
 use crate::namespace::Namespaces;
 use crate::per_id::PerId;
 use crate::stats::Stats;
-use crate::stream::{Member, Open, Via};
+use crate::stream::{Open, Via};
 use crate::token::{self, Verdict, Verifier};
 
 /// A stream request refused before any stream state exists.

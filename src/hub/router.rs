@@ -490,7 +490,7 @@ pub(crate) struct Router<S: StreamActor> {
     /// The streams whose namespace sends `stream_joined` or `stream_left`,
     /// or `join` and `leave` ([`Joined`]). Empty unless one asks: nothing
     /// is kept for other streams.
-    members: HashMap<ConnId, (Member, WeakAddr<S>)>,
+    members: HashMap<ConnId, Kept<S>>,
     /// Per id of a namespace with `presence_events`: its streams' distinct
     /// token subjects here, with how many streams each.
     subjects: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
@@ -1176,7 +1176,7 @@ impl<S: StreamActor> Supervised for Router<S> {
         let gone: Vec<ConnId> = self
             .members
             .iter()
-            .filter(|(_, (_, addr))| !addr.upgrade().is_some_and(|a| a.connected()))
+            .filter(|(_, (_, _, addr))| !addr.upgrade().is_some_and(|a| a.connected()))
             .map(|(conn, _)| *conn)
             .collect();
         for conn in gone {
@@ -1254,8 +1254,10 @@ impl<S: Actor> Message for LoginAt<S> {
 pub(crate) struct Joined<S: Actor> {
     /// Its connection.
     pub(crate) conn: ConnId,
-    /// What the Router keeps of it.
-    pub(crate) member: Member,
+    /// Its id (the stream's own).
+    pub(crate) id: Arc<str>,
+    /// What the Router keeps of it, as the admission decided it.
+    pub(crate) member: Box<Member>,
     /// The stream: after a Router restart, a member whose stream is gone
     /// has left (one whose Login is still on its way has not).
     pub(crate) addr: WeakAddr<S>,
@@ -1265,10 +1267,14 @@ impl<S: Actor> Message for Joined<S> {
     type Result = ();
 }
 
-/// A stream the Router keeps ([`Joined`]).
+/// A member stream as the Router keeps it: its id, what it asked for, and
+/// the stream.
+type Kept<S> = (Arc<str>, Box<Member>, WeakAddr<S>);
+
+/// A stream the Router keeps ([`Joined`]): decided at admission (the
+/// stream's `Open`), handed to the Router as the stream is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Member {
-    /// The stream id.
-    pub(crate) id: Arc<str>,
     /// Its token's `sub`.
     pub(crate) sub: Option<Arc<str>>,
     /// Its namespace sends `stream_joined` and `stream_left`.
@@ -1284,6 +1290,7 @@ impl<S: StreamActor> Handler<Joined<S>> for Router<S> {
         &mut self,
         Joined {
             conn,
+            id,
             mut member,
             addr,
         }: Joined<S>,
@@ -1294,18 +1301,18 @@ impl<S: StreamActor> Handler<Joined<S>> for Router<S> {
             if member.webhooks
                 && let Some(webhooks) = &r.webhooks
             {
-                webhooks.emit(Name::StreamJoined, &member.id, None, member.sub.clone());
+                webhooks.emit(Name::StreamJoined, &id, None, member.sub.clone());
             }
             if member.presence {
-                r.note(&member.id, NoteKind::Join, member.sub.as_ref());
+                r.note(&id, NoteKind::Join, member.sub.as_ref());
                 if let Some(sub) = &member.sub {
-                    let subjects = r.subjects.entry(Arc::clone(&member.id)).or_default();
+                    let subjects = r.subjects.entry(Arc::clone(&id)).or_default();
                     *subjects.entry(Arc::clone(sub)).or_insert(0) += 1;
-                    r.presence_changed(&member.id);
+                    r.presence_changed(&id);
                 }
             }
             if member.webhooks || member.presence {
-                r.members.insert(conn, (member, addr));
+                r.members.insert(conn, (id, member, addr));
             }
         });
     }
@@ -1342,19 +1349,19 @@ impl<S: StreamActor> Handler<Subjects> for Router<S> {
 impl<S: StreamActor> Router<S> {
     /// A member stream's connection is gone: `stream_left`, and `leave`.
     fn member_left(&mut self, conn: &ConnId) {
-        let Some((member, _)) = self.members.remove(conn) else {
+        let Some((id, member, _)) = self.members.remove(conn) else {
             return;
         };
         shrink_if_sparse(&mut self.members);
         if member.webhooks
             && let Some(webhooks) = &self.webhooks
         {
-            webhooks.emit(Name::StreamLeft, &member.id, None, member.sub.clone());
+            webhooks.emit(Name::StreamLeft, &id, None, member.sub.clone());
         }
         if member.presence {
-            self.note(&member.id, NoteKind::Leave, member.sub.as_ref());
+            self.note(&id, NoteKind::Leave, member.sub.as_ref());
             if let Some(sub) = &member.sub
-                && let Some(subjects) = self.subjects.get_mut(&member.id)
+                && let Some(subjects) = self.subjects.get_mut(&id)
             {
                 if let Some(n) = subjects.get_mut(sub) {
                     *n -= 1;
@@ -1363,10 +1370,10 @@ impl<S: StreamActor> Router<S> {
                     }
                 }
                 if subjects.is_empty() {
-                    self.subjects.remove(&member.id);
+                    self.subjects.remove(&id);
                     shrink_if_sparse(&mut self.subjects);
                 }
-                self.presence_changed(&member.id);
+                self.presence_changed(&id);
             }
         }
     }
@@ -2727,12 +2734,12 @@ mod tests {
             let stream = Fake::default().start();
             let joined = Joined {
                 conn: next_conn_id(),
-                member: Member {
-                    id: Arc::from("room"),
+                id: Arc::from("room"),
+                member: Box::new(Member {
                     sub: Some(Arc::from(sub)),
                     webhooks: false,
                     presence: true,
-                },
+                }),
                 addr: stream.downgrade(),
             };
             (stream, joined)

@@ -107,19 +107,7 @@ pub(crate) struct Open {
     pub(crate) counted: Option<crate::conn::edge::Slot>,
     /// Its namespace sends `stream_joined` and `stream_left`, or has
     /// `presence_events`: the Router keeps it ([`Joined`]).
-    pub(crate) member: Option<Box<Member>>,
-}
-
-/// A stream the Router keeps, for `stream_joined` and `stream_left`, or
-/// `join` and `leave`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Member {
-    /// Its token's `sub`.
-    pub(crate) sub: Option<Arc<str>>,
-    /// Its namespace sends `stream_joined` and `stream_left`.
-    pub(crate) webhooks: bool,
-    /// Its namespace has `presence_events`.
-    pub(crate) presence: bool,
+    pub(crate) member: Option<Box<crate::hub::router::Member>>,
 }
 
 /// What an event is, for SSE's `event:` line.
@@ -295,12 +283,8 @@ impl Stream {
             if let Some(member) = member {
                 stream.core.shared.router.do_send(Joined {
                     conn: stream.core.conn,
-                    member: crate::hub::router::Member {
-                        id: Arc::clone(&stream.core.id),
-                        sub: member.sub,
-                        webhooks: member.webhooks,
-                        presence: member.presence,
-                    },
+                    id: Arc::clone(&stream.core.id),
+                    member,
                     addr: ctx.address().downgrade(),
                 });
             }

@@ -141,10 +141,10 @@ impl Broker for Memory {
     }
 
     fn upkeep(&self) {
-        let mut history = self.history();
         if let Some(occupancy) = &self.occupancy {
             occupancy.sweep();
-            // Called more often than the history needs: swept when due.
+            // Called more often than the history needs: swept when due,
+            // and the history not locked before.
             let now = std::time::Instant::now();
             let mut due = self
                 .history_due
@@ -153,8 +153,9 @@ impl Broker for Memory {
             if *due > now {
                 return;
             }
-            *due = now + history.sweep_interval();
+            *due = now + self.history().sweep_interval();
         }
+        let mut history = self.history();
         history.sweep();
         self.history_stats(&history);
     }
