@@ -380,6 +380,10 @@ pub struct ClusterSettings {
     pub redis_url: String,
     /// `host:port,host:port,...` of Redis Sentinels; empty: not used.
     pub redis_sentinels: String,
+    /// Seed nodes of a Redis Cluster (`redis://`/`rediss://` URLs or
+    /// `host:port`, comma-separated); empty: not used. Exclusive with
+    /// `redis_url` and the sentinels.
+    pub redis_cluster_nodes: String,
     /// The master's name the sentinels monitor.
     pub redis_sentinel_master: String,
     /// The sentinels' password; empty: none.
@@ -413,13 +417,40 @@ pub struct ClusterSettings {
 impl ClusterSettings {
     /// Whether a Redis bus is configured.
     pub fn enabled(&self) -> bool {
-        !self.redis_url.is_empty() || !self.redis_sentinels.is_empty()
+        !self.redis_url.is_empty() || !self.redis_sentinels.is_empty() || self.redis_cluster()
     }
 
-    /// Whether anything speaks TLS to Redis: a `rediss://` URL or
-    /// `redis_sentinel_tls`.
+    /// Whether the fleet's engine is a Redis Cluster (`redis_cluster_nodes`).
+    pub fn redis_cluster(&self) -> bool {
+        !self.redis_cluster_nodes.trim().is_empty()
+    }
+
+    /// The Redis Cluster's seed nodes as URLs: `host:port` becomes
+    /// `redis://host:port`.
+    pub fn cluster_seeds(&self) -> Vec<String> {
+        self.redis_cluster_nodes
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                if s.contains("://") {
+                    s.to_owned()
+                } else {
+                    format!("redis://{s}")
+                }
+            })
+            .collect()
+    }
+
+    /// Whether anything speaks TLS to Redis: a `rediss://` URL or seed,
+    /// or `redis_sentinel_tls`.
     pub fn tls(&self) -> bool {
-        self.master_tls() || self.redis_sentinel_tls
+        self.master_tls() || self.redis_sentinel_tls || self.cluster_tls()
+    }
+
+    /// Whether the Redis Cluster's seeds are `rediss://` ones.
+    pub fn cluster_tls(&self) -> bool {
+        self.cluster_seeds().iter().any(|s| s.starts_with("rediss://"))
     }
 
     /// Whether `redis_url` names a TLS address (`rediss://`, as redis-rs
@@ -475,6 +506,14 @@ impl std::fmt::Debug for ClusterSettings {
         f.debug_struct("ClusterSettings")
             .field("redis_url", &redact_url(&self.redis_url))
             .field("redis_sentinels", &self.redis_sentinels)
+            .field(
+                "redis_cluster_nodes",
+                &self
+                    .cluster_seeds()
+                    .iter()
+                    .map(|s| redact_url(s))
+                    .collect::<Vec<_>>(),
+            )
             .field("redis_sentinel_master", &self.redis_sentinel_master)
             .field(
                 "redis_sentinel_password",
@@ -959,6 +998,9 @@ impl Settings {
             return Ok(());
         }
         let printable = |s: &str| s.chars().all(|ch| ch.is_ascii_graphic());
+        if c.redis_cluster() {
+            self.validate_redis_cluster()?;
+        }
         if !c.redis_url.is_empty()
             && let Err(e) = redis::Client::open(c.redis_url.as_str())
         {
@@ -1046,6 +1088,89 @@ impl Settings {
             return invalid(
                 "cluster.heartbeat_ttl_ms",
                 "must be above cluster.heartbeat_interval_ms".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// `cluster.redis_cluster_nodes`: seeds that are Redis addresses, all
+    /// over TLS or none, and nothing that only a single Redis can do.
+    fn validate_redis_cluster(&self) -> Result<(), SettingsError> {
+        let invalid = |key, reason: String| Err(SettingsError::Invalid { key, reason });
+        let c = &self.cluster;
+        const KEY: &str = "cluster.redis_cluster_nodes";
+        if !c.redis_url.is_empty() {
+            return invalid(
+                KEY,
+                "is set with cluster.redis_url: a fleet runs on one Redis (redis_url, or \
+                 sentinels) or on a Redis Cluster (redis_cluster_nodes), not both; empty one of them"
+                    .into(),
+            );
+        }
+        if !c.redis_sentinels.is_empty() {
+            return invalid(
+                KEY,
+                "is set with cluster.redis_sentinels: a Redis Cluster fails over by itself, \
+                 without sentinels; empty one of them"
+                    .into(),
+            );
+        }
+        let seeds = c.cluster_seeds();
+        for seed in &seeds {
+            let info = redis::IntoConnectionInfo::into_connection_info(seed.as_str()).map_err(|e| {
+                SettingsError::Invalid {
+                    key: KEY,
+                    reason: format!("{:?} is not a Redis address: {e}", redact_url(seed)),
+                }
+            })?;
+            match info.addr() {
+                redis::ConnectionAddr::TcpTls { insecure: true, .. } => {
+                    return invalid(
+                        KEY,
+                        "#insecure is not supported: Redis's certificate is always checked; for \
+                         a private certificate authority set cluster.redis_ca_file"
+                            .into(),
+                    );
+                }
+                redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. } => {}
+                _ => {
+                    return invalid(
+                        KEY,
+                        format!("{:?}: a Redis Cluster node is a TCP address", redact_url(seed)),
+                    );
+                }
+            }
+        }
+        if seeds.iter().any(|s| s.starts_with("rediss://"))
+            && !seeds.iter().all(|s| s.starts_with("rediss://"))
+        {
+            return invalid(
+                KEY,
+                "mixes rediss:// and plain seeds: a cluster's nodes all speak TLS or none do".into(),
+            );
+        }
+        if c.prefix.contains(['{', '}']) {
+            return invalid(
+                "cluster.prefix",
+                "must not hold { or } with cluster.redis_cluster_nodes: the keys' hash tags \
+                 (which put everything of an id in one slot) are written with them"
+                    .into(),
+            );
+        }
+        if c.redis_wait_replicas > 0 {
+            return invalid(
+                "cluster.redis_wait_replicas",
+                "is not supported with cluster.redis_cluster_nodes yet (WAIT would have to follow \
+                 each publish to its shard's master); set it to 0"
+                    .into(),
+            );
+        }
+        if !self.hooks.events_url.trim().is_empty() {
+            return invalid(
+                "hooks.events_url",
+                "is not supported with cluster.redis_cluster_nodes yet (the fleet's occupancy \
+                 scripts keep their state across slots); leave it empty or use one Redis"
+                    .into(),
             );
         }
         Ok(())
@@ -1403,6 +1528,64 @@ mod tests {
         }
         s.cluster.redis_sentinel_password = "hunter2".into();
         assert!(!format!("{:?}", s.cluster).contains("hunter2"));
+    }
+
+    #[test]
+    fn a_redis_clusters_seeds_are_checked_and_conflicts_named() {
+        let mut s = Settings::defaults();
+        s.cluster.redis_cluster_nodes = "127.0.0.1:7001, redis://:pw@10.0.0.2:7002".into();
+        s.validate().unwrap();
+        assert!(s.cluster.enabled() && s.cluster.redis_cluster());
+        assert_eq!(
+            s.cluster.cluster_seeds(),
+            ["redis://127.0.0.1:7001", "redis://:pw@10.0.0.2:7002"]
+        );
+        assert!(!format!("{:?}", s.cluster).contains(":pw@"), "{:?}", s.cluster);
+        let refused = |f: fn(&mut Settings)| {
+            let mut s = Settings::defaults();
+            s.cluster.redis_cluster_nodes = "127.0.0.1:7001".into();
+            f(&mut s);
+            match s.validate() {
+                Err(SettingsError::Invalid { key, reason }) => format!("{key}: {reason}"),
+                other => panic!("{other:?}"),
+            }
+        };
+        let e = refused(|s| s.cluster.redis_url = "redis://127.0.0.1:6379".into());
+        assert!(
+            e.starts_with("cluster.redis_cluster_nodes") && e.contains("redis_url"),
+            "{e}"
+        );
+        let e = refused(|s| {
+            s.cluster.redis_sentinels = "127.0.0.1:26379".into();
+            s.cluster.redis_sentinel_master = "m".into();
+        });
+        assert!(
+            e.starts_with("cluster.redis_cluster_nodes") && e.contains("sentinels"),
+            "{e}"
+        );
+        let e = refused(|s| s.cluster.redis_cluster_nodes = "rediss://a:1,redis://b:2".into());
+        assert!(e.contains("mixes rediss://"), "{e}");
+        let e = refused(|s| s.cluster.redis_cluster_nodes = "rediss://a:1/#insecure".into());
+        assert!(e.contains("#insecure"), "{e}");
+        let e = refused(|s| s.cluster.redis_cluster_nodes = "unix:///tmp/redis.sock".into());
+        assert!(e.contains("TCP address"), "{e}");
+        let e = refused(|s| s.cluster.redis_cluster_nodes = "http://a:1".into());
+        assert!(e.contains("not a Redis address"), "{e}");
+        let e = refused(|s| s.cluster.prefix = "sb{x}".into());
+        assert!(e.starts_with("cluster.prefix"), "{e}");
+        let e = refused(|s| s.cluster.redis_wait_replicas = 1);
+        assert!(e.starts_with("cluster.redis_wait_replicas"), "{e}");
+        let e = refused(|s| {
+            s.hooks.events_url = "http://127.0.0.1:1/events".into();
+            s.hooks.secret = "0123456789abcdef".into();
+        });
+        assert!(e.starts_with("hooks.events_url"), "{e}");
+        // More than one process needs a fleet: a Redis Cluster is one.
+        let mut s = Settings::defaults();
+        s.cluster.redis_cluster_nodes = "127.0.0.1:7001".into();
+        s.server.processes = 2;
+        s.server.port = 8000;
+        s.validate().unwrap();
     }
 
     #[test]

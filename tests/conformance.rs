@@ -15,6 +15,8 @@
 #[path = "common/cluster.rs"]
 mod cluster;
 mod common;
+#[path = "common/redis_cluster.rs"]
+mod redis_cluster_setup;
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -23,8 +25,19 @@ use std::time::{Duration, Instant};
 
 use cluster::{WAIT, event_line, id_channel, node_settings, open_ids, post, prefix, send_ok, start_node};
 use common::{RedisServer, StreamClient, TestServer, settings};
+use redis_cluster_setup::RedisCluster;
 use serde_json::Value;
 use switchboard::Settings;
+
+/// What a fleet runs on.
+enum Backing {
+    /// One process: nothing.
+    None,
+    /// One `redis-server`, and the fleet's prefix.
+    Redis(RedisServer, String),
+    /// A Redis Cluster, and the fleet's prefix.
+    Cluster(RedisCluster, String),
+}
 
 /// A server, or a fleet, to run a case against.
 struct Engine {
@@ -32,8 +45,8 @@ struct Engine {
     publish_on: SocketAddr,
     /// Where streams are opened: another node in a fleet.
     stream_on: SocketAddr,
-    /// The fleet's Redis and its prefix (none for one process).
-    redis: Option<(RedisServer, String)>,
+    /// The fleet's Redis, or Redis Cluster, and its prefix.
+    redis: Backing,
     /// Kept running until the case ends.
     _nodes: Vec<TestServer>,
     /// The nodes that opened a stream of an id, by id.
@@ -49,7 +62,7 @@ impl Engine {
         Engine {
             publish_on: srv.addr,
             stream_on: srv.addr,
-            redis: None,
+            redis: Backing::None,
             _nodes: vec![srv],
             held: RefCell::default(),
         }
@@ -69,7 +82,32 @@ impl Engine {
         Engine {
             publish_on: a.addr,
             stream_on: b.addr,
-            redis: Some((redis, p)),
+            redis: Backing::Redis(redis, p),
+            _nodes: vec![a, b],
+            held: RefCell::default(),
+        }
+    }
+
+    /// Two nodes on a Redis Cluster of three masters and three replicas
+    /// (`cluster.redis_cluster_nodes`), their settings edited by `edit`.
+    fn redis_cluster(test: &str, edit: fn(&mut Settings)) -> Engine {
+        let redis = RedisCluster::start();
+        let p = prefix(test);
+        let node = |name: &str| {
+            let mut s = settings();
+            s.server.admin_public = true;
+            s.cluster.redis_cluster_nodes = redis.seeds();
+            s.cluster.prefix = p.clone();
+            s.cluster.node_name = name.to_owned();
+            s.cluster.heartbeat_interval_ms = 200;
+            edit(&mut s);
+            start_node(s)
+        };
+        let (a, b) = (node("a"), node("b"));
+        Engine {
+            publish_on: a.addr,
+            stream_on: b.addr,
+            redis: Backing::Cluster(redis, p),
             _nodes: vec![a, b],
             held: RefCell::default(),
         }
@@ -86,17 +124,33 @@ impl Engine {
             welcome.contains(&format!("Switchboard welcomes you! Your Id: {id}")),
             "{welcome}"
         );
-        if let Some((redis, p)) = &self.redis {
-            // Each node subscribes once per id, whatever its streams (and
-            // stays subscribed a while after its last one left).
+        // Each node subscribes once per id, whatever its streams (and
+        // stays subscribed a while after its last one left).
+        let want = || {
             let mut held = self.held.borrow_mut();
             held.insert((addr, id.to_owned()));
-            let want = held.iter().filter(|(_, i)| i == id).count() as i64;
-            assert_eq!(
-                redis.wait_numsub(&id_channel(p, id), want, WAIT),
-                want,
-                "subscribers of {id}"
-            );
+            held.iter().filter(|(_, i)| i == id).count() as i64
+        };
+        match &self.redis {
+            Backing::None => {}
+            Backing::Redis(redis, p) => {
+                let want = want();
+                assert_eq!(
+                    redis.wait_numsub(&id_channel(p, id), want, WAIT),
+                    want,
+                    "subscribers of {id}"
+                );
+            }
+            Backing::Cluster(redis, p) => {
+                // A sharded channel, in the id's slot.
+                let want = want();
+                let channel = format!("{p}:id:{{{id}}}");
+                assert_eq!(
+                    redis.wait_shard_numsub(&channel, want, WAIT),
+                    want,
+                    "subscribers of {id}"
+                );
+            }
         }
         (s, welcome)
     }
@@ -210,9 +264,11 @@ fn a_broadcast_reaches_every_id(e: &Engine) {
             None => assert!(line.ends_with("Recvd msg #1: 'to all'"), "{line}"),
         }
     }
+    // A Redis Cluster's broadcast has none either: an id from one slot's
+    // clock has no order against the other shards' ids.
     assert_eq!(
         event.is_some(),
-        e.redis.is_some(),
+        matches!(e.redis, Backing::Redis(..)),
         "a broadcast's event id: {}",
         r.text()
     );
@@ -253,7 +309,8 @@ fn presence_counts_an_ids_streams(e: &Engine) {
     wait_streams(0);
 }
 
-/// A `#[test]` per engine for each case: `memory_<case>` and `redis_<case>`.
+/// A `#[test]` per engine for each case: `memory::<case>`, `redis::<case>`
+/// and `redis_cluster::<case>`.
 macro_rules! conformance {
     ($($case:ident $(with $edit:expr)?;)*) => {
         mod memory {
@@ -273,6 +330,16 @@ macro_rules! conformance {
                 fn $case() {
                     let edit: fn(&mut Settings) = conformance!(@edit $($edit)?);
                     super::$case(&super::Engine::redis(stringify!($case), edit));
+                }
+            )*
+        }
+        mod redis_cluster {
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    let edit: fn(&mut Settings) = conformance!(@edit $($edit)?);
+                    super::$case(&super::Engine::redis_cluster(stringify!($case), edit));
                 }
             )*
         }

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_note, parse_payload};
 use super::link::{Conn, FRAMING_BYTES, Received, Reply};
 use super::occupancy::Wrote;
+use super::sharded::{Topology, slot_of};
 use crate::hub::router::{Broadcast, HeldIds, Note, NoteFor, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
@@ -81,6 +82,8 @@ enum Op {
 struct Incoming {
     /// The link it came over (one replaced since is ignored).
     generation: u64,
+    /// Which shard's link (0 on one Redis).
+    shard: usize,
     /// Its channel.
     channel: Bytes,
     /// `"<origin> <event id or -> <text>"`.
@@ -97,9 +100,35 @@ struct LinkLost {
     why: String,
 }
 
-/// An established link: where ops go. Dropping it ends the link task.
+/// An established link: where ops go. Dropping it ends the link tasks.
+///
+/// On one Redis it is one connection. On a Redis Cluster it is one
+/// connection per shard master, each carrying the sharded channels
+/// (SSUBSCRIBE) of the slots that master serves; they fail and are made
+/// again together, so the Router sees one link as on one Redis.
 struct Link {
-    ops: mpsc::UnboundedSender<Op>,
+    /// Each connection's ops, by shard.
+    ops: Vec<mpsc::UnboundedSender<Op>>,
+    /// On a Redis Cluster: which master served each slot when the links
+    /// were made.
+    topology: Option<Arc<Topology>>,
+    /// The highest event id each connection carried: on a Redis Cluster,
+    /// where its shard's ids catch up from if the links go.
+    seen: Vec<u64>,
+}
+
+impl Link {
+    /// The connection an op goes over: its channel's shard.
+    fn shard_of(&self, op: &Op, names: &super::cluster::Names) -> usize {
+        let Some(topology) = &self.topology else {
+            return 0;
+        };
+        match op {
+            Op::Subscribe(id) => topology.shard_of_key(names.id_channel(id).as_bytes()),
+            Op::Unsubscribe(channel) => topology.shard_of_key(channel.as_bytes()),
+            Op::Ping => 0,
+        }
+    }
 }
 
 /// See the module docs.
@@ -164,8 +193,16 @@ impl Bus {
     /// covers it.
     fn send(&self, op: Op) {
         match (&self.link, op) {
+            (Some(link), Op::Ping) => {
+                for ops in &link.ops {
+                    let _ = ops.send(Op::Ping);
+                }
+            }
             (Some(link), op) => {
-                let _ = link.ops.send(op);
+                let shard = link.shard_of(&op, &self.cluster.names);
+                if let Some(ops) = link.ops.get(shard) {
+                    let _ = ops.send(op);
+                }
             }
             // No link: plain streams waiting for this id need not wait
             // for one (the next link subscribes it).
@@ -184,7 +221,10 @@ impl Bus {
         if generation != self.generation {
             return;
         }
-        if self.link.take().is_some() {
+        if let Some(link) = self.link.take() {
+            if let Some(topology) = link.topology {
+                self.cluster.links_lost(topology, link.seen);
+            }
             // SUBSCRIBEs in flight are lost with the link.
             self.subscribed.do_send(Subscribed::LinkDown);
             tracing::warn!(
@@ -221,8 +261,11 @@ impl Bus {
         let broadcast = self.cluster.names.broadcast().to_owned();
         let timeout = self.cluster.link_timeout();
         let open = async move {
-            let subscribe = redis::cmd("SUBSCRIBE").arg(&broadcast).get_packed_command();
             let opened = async {
+                if cluster.names.sharded() {
+                    return open_shards(&cluster, &broadcast).await;
+                }
+                let subscribe = redis::cmd("SUBSCRIBE").arg(&broadcast).get_packed_command();
                 // With sentinels: the master they name now, confirmed
                 // with ROLE on the link itself (a master demoted while
                 // this node was connecting is a replica by now).
@@ -238,7 +281,7 @@ impl Bus {
                 cluster.fence().await?;
                 conn.write(&subscribe).await.map_err(|e| e.to_string())?;
                 match Received::of(conn.next().await?)? {
-                    Received::Subscribed => Ok(conn),
+                    Received::Subscribed => Ok((vec![conn], None)),
                     other => Err(format!("unexpected answer to SUBSCRIBE: {other:?}")),
                 }
             };
@@ -252,7 +295,7 @@ impl Bus {
             }
             bus.connecting = false;
             match opened {
-                Ok(conn) => bus.link_established(conn, ctx),
+                Ok((conns, topology)) => bus.link_established(conns, topology, ctx),
                 Err(cause) => {
                     bus.cluster.stats.errors.fetch_add(1, Relaxed);
                     if bus.attempts == 0 || bus.attempts.is_power_of_two() {
@@ -271,29 +314,44 @@ impl Bus {
 
     /// The link is made: start its task, mark the node ready, and subscribe
     /// to every id held here or lingering.
-    fn link_established(&mut self, conn: Conn, ctx: &mut Context<Self>) {
+    fn link_established(
+        &mut self,
+        conns: Vec<Conn>,
+        topology: Option<Arc<Topology>>,
+        ctx: &mut Context<Self>,
+    ) {
         let generation = self.generation;
-        let (ops, rx) = mpsc::unbounded_channel();
-        // A task of the runtime, not of this arbiter's local set: the
-        // runtime polls it beside the whole local set, so thousands of
-        // stream tasks woken at once (a broadcast, a burst of connects)
-        // do not queue in front of Redis's confirmations and PINGs.
-        tokio::spawn(run_link(
-            conn,
-            rx,
-            Arc::clone(&self.cluster),
-            ctx.address(),
-            self.subscribed.clone(),
-            generation,
-        ));
-        self.link = Some(Link { ops });
-        // The fleet's clock, for where this node would say it lost the link.
+        let mut ops = Vec::with_capacity(conns.len());
+        for (shard, conn) in conns.into_iter().enumerate() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            // A task of the runtime, not of this arbiter's local set: the
+            // runtime polls it beside the whole local set, so thousands of
+            // stream tasks woken at once (a broadcast, a burst of connects)
+            // do not queue in front of Redis's confirmations and PINGs.
+            tokio::spawn(run_link(
+                conn,
+                rx,
+                Arc::clone(&self.cluster),
+                ctx.address(),
+                self.subscribed.clone(),
+                (generation, shard),
+            ));
+            ops.push(tx);
+        }
+        let seen = vec![0; ops.len()];
+        let sharded = topology.is_some();
+        self.link = Some(Link { ops, topology, seen });
+        // The fleet's clock, for where this node would say it lost the
+        // link (a Redis Cluster has none: each shard's link catches up from
+        // where it was, see `Cluster::links_lost`).
         let (cluster, subscribed) = (Arc::clone(&self.cluster), self.subscribed.clone());
-        actix_rt::spawn(async move {
-            if let Ok(clock) = cluster.fleet_clock().await {
-                subscribed.do_send(Subscribed::Clock(clock));
-            }
-        });
+        if !sharded {
+            actix_rt::spawn(async move {
+                if let Ok(clock) = cluster.fleet_clock().await {
+                    subscribed.do_send(Subscribed::Clock(clock));
+                }
+            });
+        }
         let after_failures = std::mem::take(&mut self.attempts) > 0;
         let reconnect = std::mem::replace(&mut self.was_up, true);
         if reconnect {
@@ -465,9 +523,9 @@ async fn run_link(
     cluster: Arc<Cluster>,
     bus: Addr<Bus>,
     router: Recipient<Subscribed>,
-    generation: u64,
+    (generation, shard): (u64, usize),
 ) {
-    let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, &router, generation).await;
+    let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, &router, (generation, shard)).await;
     bus.do_send(LinkLost { generation, why });
 }
 
@@ -484,9 +542,13 @@ async fn relay_until_lost(
     cluster: &Cluster,
     bus: &Addr<Bus>,
     router: &Recipient<Subscribed>,
-    generation: u64,
+    (generation, shard): (u64, usize),
 ) -> String {
     let timeout = cluster.link_timeout();
+    // On a Redis Cluster an SSUBSCRIBE takes the channels of one slot, so
+    // a burst of new ids is many small commands: several go at once (their
+    // confirmations come in order). On one Redis, one at a time.
+    let max_in_flight = if cluster.names.sharded() { 64 } else { 1 };
     let slack = Duration::from_millis(cluster.settings.heartbeat_interval_ms).min(timeout / 2);
     let mut queued: VecDeque<Op> = VecDeque::new();
     let mut gather_until: Option<Instant> = None;
@@ -508,6 +570,7 @@ async fn relay_until_lost(
                 Received::Message { channel, payload } => {
                     bus.do_send(Incoming {
                         generation,
+                        shard,
                         channel,
                         payload,
                     });
@@ -553,7 +616,11 @@ async fn relay_until_lost(
         {
             return format!("writing to Redis: {e}");
         }
-        let in_flight = unconfirmed.iter().any(|p| p.command != LinkCommand::Ping);
+        let commands = unconfirmed
+            .iter()
+            .filter(|p| p.command != LinkCommand::Ping)
+            .count();
+        let in_flight = commands >= max_in_flight;
         if !in_flight && !queued.is_empty() && gather_until.is_none_or(|t| Instant::now() >= t) {
             gather_until = None;
             if let Err(e) = send_command(conn, &mut queued, &mut unconfirmed, cluster, timeout).await {
@@ -650,22 +717,40 @@ async fn send_command(
         Some(Op::Unsubscribe(_)) => LinkCommand::Unsubscribe,
         Some(Op::Ping) | None => return Ok(()),
     };
-    let mut cmd = redis::cmd(if kind == LinkCommand::Subscribe {
-        "SUBSCRIBE"
-    } else {
-        "UNSUBSCRIBE"
+    let sharded = cluster.names.sharded();
+    let mut cmd = redis::cmd(match (kind == LinkCommand::Subscribe, sharded) {
+        (true, false) => "SUBSCRIBE",
+        (false, false) => "UNSUBSCRIBE",
+        (true, true) => "SSUBSCRIBE",
+        (false, true) => "SUNSUBSCRIBE",
     });
     let mut ids = Vec::new();
     let mut channels = 0;
+    // On a Redis Cluster: the channels of the first one's slot only.
+    let mut slot = None;
+    let mut same_slot = |channel: &str| {
+        if !sharded {
+            return true;
+        }
+        let of = slot_of(channel.as_bytes());
+        *slot.get_or_insert(of) == of
+    };
     while channels < MAX_BATCH {
         match queued.front() {
-            Some(Op::Subscribe(_)) if kind == LinkCommand::Subscribe => {
+            Some(Op::Subscribe(id)) if kind == LinkCommand::Subscribe => {
+                let channel = cluster.names.id_channel(id);
+                if !same_slot(&channel) {
+                    break;
+                }
                 if let Some(Op::Subscribe(id)) = queued.pop_front() {
-                    cmd.arg(cluster.names.id_channel(&id));
+                    cmd.arg(channel);
                     ids.push(id);
                 }
             }
-            Some(Op::Unsubscribe(_)) if kind == LinkCommand::Unsubscribe => {
+            Some(Op::Unsubscribe(channel)) if kind == LinkCommand::Unsubscribe => {
+                if !same_slot(channel) {
+                    break;
+                }
                 if let Some(Op::Unsubscribe(channel)) = queued.pop_front() {
                     cmd.arg(channel);
                 }
@@ -683,6 +768,34 @@ async fn send_command(
         sent: Instant::now(),
     });
     Ok(())
+}
+
+/// On a Redis Cluster: reads which master serves each slot, opens a link
+/// to each, and SSUBSCRIBEs the broadcast channel on its slot's master.
+async fn open_shards(
+    cluster: &Cluster,
+    broadcast: &str,
+) -> Result<(Vec<Conn>, Option<Arc<Topology>>), String> {
+    let topology = cluster.read_topology().await?;
+    let carries_broadcasts = topology.shard_of_key(broadcast.as_bytes());
+    let mut conns = Vec::with_capacity(topology.shards.len());
+    for (i, shard) in topology.shards.iter().enumerate() {
+        let client = cluster.shard_client(&shard.master)?;
+        let mut conn = Conn::open(&client, cluster.tls())
+            .await
+            .map_err(|e| format!("the link to shard master {}: {e}", shard.master))?;
+        conn.limit(cluster.max_message_bytes + FRAMING_BYTES);
+        if i == carries_broadcasts {
+            let subscribe = redis::cmd("SSUBSCRIBE").arg(broadcast).get_packed_command();
+            conn.write(&subscribe).await.map_err(|e| e.to_string())?;
+            match Received::of(conn.next().await?)? {
+                Received::Subscribed => {}
+                other => return Err(format!("unexpected answer to SSUBSCRIBE: {other:?}")),
+            }
+        }
+        conns.push(conn);
+    }
+    Ok((conns, Some(topology)))
 }
 
 impl Actor for Bus {
@@ -902,14 +1015,18 @@ impl Handler<Incoming> for Bus {
         &mut self,
         Incoming {
             generation,
+            shard,
             channel,
             payload,
         }: Incoming,
         ctx: &mut Context<Self>,
     ) {
         guarded(self, ctx, |bus, _| {
-            if generation == bus.generation {
-                bus.deliver(&channel, &payload);
+            if generation == bus.generation
+                && let Some(event) = bus.deliver(&channel, &payload)
+                && let Some(seen) = bus.link.as_mut().and_then(|l| l.seen.get_mut(shard))
+            {
+                *seen = (*seen).max(event);
             }
         });
     }
@@ -917,7 +1034,8 @@ impl Handler<Incoming> for Bus {
 
 impl Bus {
     /// Hands a message from another node to the Router.
-    fn deliver(&mut self, channel: &[u8], payload: &[u8]) {
+    /// Answers the event id it carried, if it did.
+    fn deliver(&mut self, channel: &[u8], payload: &[u8]) -> Option<u64> {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
         // `<instance>!join <json>` or `!leave`: another node's stream
@@ -938,7 +1056,7 @@ impl Bus {
                     },
                 });
             }
-            return;
+            return None;
         }
         let parsed = parse_payload(payload).filter(|p| p.text.len() <= self.cluster.max_message_bytes);
         let Some(Payload { origin, event, text }) = parsed else {
@@ -950,7 +1068,7 @@ impl Bus {
                 "a bus message is not \"<instance>[@<event id>] <one line>\" with a line of at most \
                  message.max_bytes; dropped, never delivered or kept (counted in /stats cluster.malformed)"
             );
-            return;
+            return None;
         };
         // `<instance>/<seq>` (`<instance>` alone from a node of an older
         // version): the echo of this node's own publish `seq` is how its
@@ -971,7 +1089,7 @@ impl Bus {
             if let Some(echo) = seq.and_then(|seq| self.cluster.take_awaited(seq)) {
                 self.deliver_here(&channel, text, event, echo);
             }
-            return;
+            return event;
         }
         // An event id far ahead of Redis's time would push this node's ids
         // out of reach; the script never gives one (see `MAX_AHEAD`).
@@ -990,7 +1108,7 @@ impl Bus {
                     "a bus message's event id is more than a minute ahead of Redis's time as this node measures \
                      it; dropped (counted in /stats cluster.ids_ahead)"
                 );
-                return;
+                return None;
             }
             self.cluster.saw(event);
         }
@@ -1013,9 +1131,10 @@ impl Bus {
             });
         } else {
             stats.malformed.fetch_add(1, Relaxed);
-            return;
+            return None;
         }
         stats.received.fetch_add(1, Relaxed);
+        event
     }
 }
 

@@ -42,6 +42,7 @@ use crate::error::ApiError;
 use crate::hub::broker::HeldCount;
 use crate::hub::history::{CaughtUp, FleetHistory, FleetRead, KeptMessage};
 use crate::hub::router::{MAX_SUBJECTS, NoteKind};
+use crate::hub::sharded::{Commands, FLEET_TAG, Topology};
 use crate::namespace::Namespaces;
 use crate::stats::Stats;
 
@@ -66,6 +67,43 @@ const LUA_PRELUDE: &str = "local function fmt(n) return string.format('%.0f', n)
     local clock, epoch = tonumber(f[1]), tonumber(f[2]) \
     if not clock or not epoch then clock = now epoch = now \
     redis.call('HSET', KEYS[1], 'clock', fmt(now), 'epoch', fmt(now)) end ";
+
+/// [`LUA_PRELUDE`] on a Redis Cluster, where `KEYS[1]` is the id's own
+/// clock (`<prefix>:clock:{<id>}`), in the id's slot: no key is touched by
+/// every publish. The hash also records which master minted its last id
+/// (`node`: `CLUSTER MYID`). Another master (a replica promoted by a
+/// failover, which may lack the last entries; or the slot's new owner
+/// after a reshard) begins a new epoch for the id, past its clock: every
+/// resume from before it is told a gap, never a silent hole (after a
+/// reshard, which loses nothing, the gap is a cautious one). The hash
+/// expires with the id's history (`keep`, its TTL in ms, set by the script
+/// that includes this): a clock made again starts a new epoch too.
+const SHARDED_PRELUDE: &str = "local function fmt(n) return string.format('%.0f', n) end \
+    local function ms(id) return tonumber(string.match(id, '^(%d+)')) end \
+    local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) \
+    local me = redis.call('CLUSTER', 'MYID') \
+    local f = redis.call('HMGET', KEYS[1], 'clock', 'epoch', 'node') \
+    local clock, epoch = tonumber(f[1]), tonumber(f[2]) \
+    if not clock or not epoch then clock = now epoch = now \
+    redis.call('HSET', KEYS[1], 'clock', fmt(now), 'epoch', fmt(now), 'node', me) \
+    elseif f[3] ~= me then epoch = math.max(now, clock + 1) \
+    redis.call('HSET', KEYS[1], 'epoch', fmt(epoch), 'node', me) end \
+    redis.call('PEXPIRE', KEYS[1], keep) ";
+
+/// A broadcast on a Redis Cluster: claims its `Idempotency-Key` (if any)
+/// and SPUBLISHes `<origin> <message>` on the broadcast channel, in the
+/// fleet's slot, to which every node is subscribed on that slot's master.
+/// It has no event id and is not kept (as in one process): an event id
+/// from one slot's clock would have no order against the ids other shards
+/// mint, and a stream's position would then skip their messages.
+///
+/// KEYS: the idempotency key (the channel when there is none). ARGV:
+/// origin, message, channel, claim (`""`: no key), the key's TTL in ms.
+/// Answers as [`PUBLISH_SCRIPT`], with `""` for the event id.
+const BROADCAST_SCRIPT: &str = "if ARGV[4] ~= '' and not redis.call('SET', KEYS[1], ARGV[4], 'NX', 'PX', ARGV[5]) then \
+    return {0, redis.call('GET', KEYS[1])} end \
+    return {1, '', redis.call('SPUBLISH', ARGV[3], ARGV[1] .. ' ' .. ARGV[2]), 0}";
 
 /// Publishes a message fleet-wide in one step, so that it has one event id
 /// and one place in its id's order on every node:
@@ -240,8 +278,9 @@ pub(crate) enum PublishOutcome {
         /// With an `Idempotency-Key`: what it holds until the answer
         /// replaces it.
         claim: Option<String>,
-        /// The event id the fleet gave it.
-        event: u64,
+        /// The event id the fleet gave it (`None`: a broadcast on a Redis
+        /// Cluster, which has none).
+        event: Option<u64>,
     },
     /// The key was used before for this request: the first answer, if it
     /// was recorded.
@@ -313,11 +352,11 @@ pub(crate) struct AwaitedEcho {
 /// The Redis a node speaks to now (see [`Cluster::find_master`]).
 struct Master {
     client: redis::Client,
-    conn: ConnectionManager,
+    conn: Commands,
     /// With `redis_wait_replicas`: a connection of the publishes' own, so
     /// that their WAITs (Redis runs nothing else a connection sent while
     /// one waits) do not hold up heartbeats, presence and history reads.
-    publish: Option<ConnectionManager>,
+    publish: Option<Commands>,
     /// False until the sentinels named a master: `client` is then only
     /// `redis_url`'s placeholder, and nothing is sent.
     found: bool,
@@ -332,7 +371,8 @@ impl Master {
         wait_replicas: u32,
         found: bool,
     ) -> redis::RedisResult<Self> {
-        let manager = || ConnectionManager::new_lazy_with_config(client.clone(), config.clone());
+        let manager =
+            || ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).map(Commands::One);
         Ok(Master {
             conn: manager()?,
             publish: if wait_replicas > 0 { Some(manager()?) } else { None },
@@ -340,6 +380,62 @@ impl Master {
             found,
         })
     }
+}
+
+/// With `cluster.redis_cluster_nodes`: redis-rs's cluster connection over
+/// the seeds (connected in the background: a cluster down at start is
+/// survived), with their credentials, TLS checked against `ca` when given,
+/// and the command timeout; and the first seed's client, whose
+/// credentials and TLS the Bus's links to each shard's master use.
+fn sharded_master(
+    settings: &ClusterSettings,
+    ca: Option<&[u8]>,
+    timeout: Duration,
+) -> redis::RedisResult<Master> {
+    let seeds: Vec<redis::ConnectionInfo> = settings
+        .cluster_seeds()
+        .iter()
+        .map(|s| {
+            s.as_str()
+                .into_connection_info()
+                .map(|i| i.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+        })
+        .collect::<Result<_, _>>()?;
+    let first = seeds.first().cloned().ok_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "no cluster.redis_cluster_nodes",
+        ))
+    })?;
+    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(2)
+        .tcp_settings(TcpSettings::default().set_nodelay(true));
+    let certificates = || redis::TlsCertificates {
+        client_tls: None,
+        root_cert: ca.map(<[u8]>::to_vec),
+    };
+    if settings.cluster_tls() && ca.is_some() {
+        builder = builder.certs(certificates());
+    }
+    let cluster = builder.build()?;
+    let config = redis::cluster::ClusterConfig::new()
+        .set_connection_timeout(timeout)
+        .set_response_timeout(timeout);
+    let conn = cluster.get_pending_async_connection_with_config(config);
+    let client = match (ca, first.addr()) {
+        (Some(_), redis::ConnectionAddr::TcpTls { .. }) => {
+            redis::Client::build_with_tls(first, certificates())?
+        }
+        _ => redis::Client::open(first)?,
+    };
+    Ok(Master {
+        client,
+        conn: Commands::Sharded(conn),
+        publish: None,
+        found: true,
+    })
 }
 
 /// Where a sentinel is: over TLS with `redis_sentinel_tls`.
@@ -465,27 +561,70 @@ fn addr_of(client: &redis::Client) -> String {
     }
 }
 
-/// Channel and key names of one fleet.
+/// Channel and key names of one fleet. On a Redis Cluster every name of
+/// an id carries the id as its hash tag (`<prefix>:history:{<id>}`), so
+/// that its keys and channel share a slot and one script touches them all;
+/// the fleet's own names carry [`FLEET_TAG`] (`<prefix>:nodes:{!fleet}`).
+/// On one Redis the names have no tags, as they always had.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     prefix: String,
-    /// `<prefix>:broadcast`, made once: every bus message is compared with it.
+    /// On a Redis Cluster: names carry hash tags.
+    sharded: bool,
+    /// The broadcast channel, made once: every bus message is compared
+    /// with it.
     broadcast: String,
 }
 
 impl Names {
-    fn new(prefix: &str) -> Self {
-        Names {
+    pub(crate) fn new(prefix: &str, sharded: bool) -> Self {
+        let mut names = Names {
             prefix: prefix.to_owned(),
-            broadcast: format!("{prefix}:broadcast"),
+            sharded,
+            broadcast: String::new(),
+        };
+        names.broadcast = names.fleet("broadcast");
+        names
+    }
+
+    /// `<prefix>:<what>:{<id>}` on a Redis Cluster, `<prefix>:<what>:<id>`
+    /// on one Redis.
+    fn of_id(&self, what: &str, id: &str) -> String {
+        if self.sharded {
+            format!("{}:{what}:{{{id}}}", self.prefix)
+        } else {
+            format!("{}:{what}:{id}", self.prefix)
         }
     }
 
-    /// The channel of stream id `id`. One channel per id, so Redis Cluster's
-    /// sharded pub/sub (SSUBSCRIBE, a slot per channel) could spread them
-    /// without renaming anything.
+    /// A fleet-wide name: `<prefix>:<what>:{!fleet}` on a Redis Cluster,
+    /// `<prefix>:<what>` on one Redis.
+    fn fleet(&self, what: &str) -> String {
+        if self.sharded {
+            format!("{}:{what}:{{{FLEET_TAG}}}", self.prefix)
+        } else {
+            format!("{}:{what}", self.prefix)
+        }
+    }
+
+    /// A fleet-wide name of one thing (a node, an instance).
+    fn fleet_of(&self, what: &str, name: &str) -> String {
+        if self.sharded {
+            format!("{}:{what}:{{{FLEET_TAG}}}:{name}", self.prefix)
+        } else {
+            format!("{}:{what}:{name}", self.prefix)
+        }
+    }
+
+    /// Whether the names are a Redis Cluster's.
+    pub(crate) fn sharded(&self) -> bool {
+        self.sharded
+    }
+
+    /// The channel of stream id `id`: one per id, a sharded channel
+    /// (SSUBSCRIBE, SPUBLISH) in the id's slot on a Redis Cluster.
     pub(crate) fn id_channel(&self, id: &str) -> String {
-        format!("{}:id:{id}", self.prefix)
+        self.of_id("id", id)
     }
 
     /// The channel and history stream of one id (`Some`) or of broadcasts.
@@ -498,30 +637,45 @@ impl Names {
 
     /// The history stream of `id`.
     fn history_key(&self, id: &str) -> String {
-        format!("{}:history:{id}", self.prefix)
+        self.of_id("history", id)
     }
 
     /// The history stream of broadcasts (not an id's: those have the
     /// `history:` prefix).
     fn broadcasts_key(&self) -> String {
-        format!("{}:broadcasts", self.prefix)
+        self.fleet("broadcasts")
+    }
+
+    /// The clock and epoch (a hash) event ids of `id` (`None`: of
+    /// broadcasts) are minted from: the fleet's on one Redis, the id's own
+    /// on a Redis Cluster (no key is touched by every publish).
+    fn clock_key(&self, id: Option<&str>) -> String {
+        match id {
+            Some(id) if self.sharded => self.of_id("clock", id),
+            _ => self.fleet_key(),
+        }
     }
 
     /// The fleet's clock and epoch (a hash).
     fn fleet_key(&self) -> String {
-        format!("{}:fleet", self.prefix)
+        self.fleet("fleet")
     }
 
     /// One process's presence hash: held id -> its streams there. By
     /// instance, not name: a restarted process starts with none, and two
     /// processes given one name do not mix their counts.
     fn presence_key(&self, instance: &str) -> String {
-        format!("{}:presence:{instance}", self.prefix)
+        self.fleet_of("presence", instance)
     }
 
     /// The id inside a channel name from [`Names::id_channel`].
     pub(crate) fn id_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
-        channel.strip_prefix(self.prefix.as_str())?.strip_prefix(":id:")
+        let id = channel.strip_prefix(self.prefix.as_str())?.strip_prefix(":id:")?;
+        if self.sharded {
+            id.strip_prefix('{')?.strip_suffix('}')
+        } else {
+            Some(id)
+        }
     }
 
     /// The channel every node subscribes to.
@@ -530,11 +684,11 @@ impl Names {
     }
 
     fn node_key(&self, name: &str) -> String {
-        format!("{}:node:{name}", self.prefix)
+        self.fleet_of("node", name)
     }
 
     fn nodes_key(&self) -> String {
-        format!("{}:nodes", self.prefix)
+        self.fleet("nodes")
     }
 
     /// The key prefix.
@@ -545,37 +699,45 @@ impl Names {
     /// The nodes that hold ids, scored by when their place expires
     /// ([`super::occupancy`]).
     pub(crate) fn holders_key(&self) -> String {
-        format!("{}:holders", self.prefix)
+        self.fleet("holders")
     }
 
     /// The ids one process holds ([`super::occupancy`]).
     pub(crate) fn holds_key(&self, instance: &str) -> String {
-        format!("{}:holds:{instance}", self.prefix)
+        self.fleet_of("holds", instance)
     }
 
     /// One process's last occupancy write and its answer
     /// ([`super::occupancy`]).
     pub(crate) fn occupancy_write_key(&self, instance: &str) -> String {
-        format!("{}:occwrite:{instance}", self.prefix)
+        self.fleet_of("occwrite", instance)
     }
 
     /// The ids one process took out of a dead node's and has yet to send
     /// as `id_vacated` ([`super::occupancy`]).
     pub(crate) fn reaped_key(&self, instance: &str) -> String {
-        format!("{}:reaped:{instance}", self.prefix)
+        self.fleet_of("reaped", instance)
     }
 
     /// The nodes that hold `id` ([`super::occupancy`]).
     pub(crate) fn occupants_key(&self, id: &str) -> String {
-        format!("{}:occupants:{id}", self.prefix)
+        self.of_id("occupants", id)
     }
 
     fn counter_key(&self) -> String {
-        format!("{}:dispatcher", self.prefix)
+        self.fleet("dispatcher")
     }
 
-    fn idempotency_key(&self, key: &str) -> String {
-        format!("{}:idem:{key}", self.prefix)
+    /// An `Idempotency-Key` of a publish to `id` (`None`: a broadcast). On
+    /// a Redis Cluster in the id's slot, so the publish script claims it:
+    /// a key is then one id's (a key reused for another id is another
+    /// key, not a 422).
+    fn idempotency_key(&self, id: Option<&str>, key: &str) -> String {
+        match id {
+            Some(id) if self.sharded => format!("{}:idem:{{{id}}}:{key}", self.prefix),
+            None if self.sharded => self.fleet_of("idem", key),
+            _ => format!("{}:idem:{key}", self.prefix),
+        }
     }
 }
 
@@ -762,6 +924,14 @@ pub(crate) struct Cluster {
     publish_script: redis::Script,
     read_script: redis::Script,
     fence_script: redis::Script,
+    /// [`BROADCAST_SCRIPT`] (a Redis Cluster's broadcasts).
+    broadcast_script: redis::Script,
+    /// On a Redis Cluster: which master serves each slot, as the Bus last
+    /// read it (`None` before the first read).
+    topology: Mutex<Option<Arc<Topology>>>,
+    /// On a Redis Cluster: where each shard's link had its messages when
+    /// the links went (see [`Cluster::links_lost`]).
+    lost_links: Mutex<Option<(Arc<Topology>, Vec<u64>)>>,
     /// The highest event id this node saw: in its publishes' answers and
     /// on the bus. [`Cluster::fence`] moves the fleet's clock past it.
     seen: AtomicU64,
@@ -816,6 +986,7 @@ impl Cluster {
         } else {
             None
         };
+        let sharded = settings.redis_cluster();
         let sentinel = sentinel_client(settings, &info, ca.as_deref())?;
         // With sentinels, `redis_url`'s host is a placeholder until the
         // first ask: every command fails fast until the Bus has asked.
@@ -829,13 +1000,23 @@ impl Cluster {
             }
             _ => redis::Client::open(info)?,
         };
-        let master = Master::open(client, &config, settings.redis_wait_replicas, sentinel.is_none())?;
+        let master = if sharded {
+            sharded_master(settings, ca.as_deref(), timeout)?
+        } else {
+            Master::open(client, &config, settings.redis_wait_replicas, sentinel.is_none())?
+        };
         let host = hostname();
         let node = node_name(settings);
         tracing::info!(
             event = "cluster",
             node = %node,
             redis = %redact_url(&settings.redis_url),
+            redis_cluster = %settings
+                .cluster_seeds()
+                .iter()
+                .map(|s| redact_url(s))
+                .collect::<Vec<_>>()
+                .join(","),
             sentinels = %settings.redis_sentinels,
             sentinel_master = %settings.redis_sentinel_master,
             prefix = %settings.prefix,
@@ -844,7 +1025,7 @@ impl Cluster {
         Ok(Cluster {
             node,
             instance: instance_id(),
-            names: Names::new(&settings.prefix),
+            names: Names::new(&settings.prefix, sharded),
             settings: settings.clone(),
             max_message_bytes,
             stats: ClusterStats::default(),
@@ -862,9 +1043,23 @@ impl Cluster {
             lingering: Mutex::new(HashMap::new()),
             awaited: Mutex::new(BTreeMap::new()),
             seq: AtomicU64::new(0),
-            publish_script: redis::Script::new(&format!("{LUA_PRELUDE}{PUBLISH_SCRIPT}")),
-            read_script: redis::Script::new(&format!("{LUA_PRELUDE}{READ_SCRIPT}")),
+            publish_script: redis::Script::new(&if sharded {
+                format!(
+                    "local keep = ARGV[4] {SHARDED_PRELUDE}{}",
+                    PUBLISH_SCRIPT.replace("'PUBLISH'", "'SPUBLISH'")
+                )
+            } else {
+                format!("{LUA_PRELUDE}{PUBLISH_SCRIPT}")
+            }),
+            read_script: redis::Script::new(&if sharded {
+                format!("local keep = ARGV[2] {SHARDED_PRELUDE}{READ_SCRIPT}")
+            } else {
+                format!("{LUA_PRELUDE}{READ_SCRIPT}")
+            }),
             fence_script: redis::Script::new(&format!("{LUA_PRELUDE}{FENCE_SCRIPT}")),
+            broadcast_script: redis::Script::new(BROADCAST_SCRIPT),
+            topology: Mutex::new(None),
+            lost_links: Mutex::new(None),
             seen: AtomicU64::new(0),
             namespaces,
             redis_version: Mutex::new(String::new()),
@@ -887,13 +1082,13 @@ impl Cluster {
     }
 
     /// The command connection, once there is a master to send to.
-    fn conn(&self) -> Option<ConnectionManager> {
+    fn conn(&self) -> Option<Commands> {
         let m = self.master();
         m.found.then(|| m.conn.clone())
     }
 
     /// The publishes' connection (their own with `redis_wait_replicas`).
-    fn publish_conn(&self) -> Option<ConnectionManager> {
+    fn publish_conn(&self) -> Option<Commands> {
         let m = self.master();
         m.found.then(|| m.publish.as_ref().unwrap_or(&m.conn).clone())
     }
@@ -907,6 +1102,16 @@ impl Cluster {
     /// `host:port` of the Redis this node speaks to (`""` while the
     /// sentinels have named none).
     pub(crate) fn master_addr(&self) -> String {
+        if self.names.sharded() {
+            // Every shard's master, as the Bus last read them.
+            return self.topology().map_or_else(String::new, |t| {
+                t.shards
+                    .iter()
+                    .map(|s| s.master.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+        }
         let m = self.master();
         if m.found {
             addr_of(&m.client)
@@ -1134,13 +1339,28 @@ impl Cluster {
             );
         }
         let claim = keyed.map(|(_, request)| format!("{request} {publish_id}"));
-        let key = keyed.map_or_else(
-            || self.names.fleet_key(),
-            |(key, _)| self.names.idempotency_key(key),
-        );
-        let script = self.publish_script.clone();
-        let (fleet, origin, text) = (self.names.fleet_key(), publish_id, msg.to_owned());
+        let sharded = self.names.sharded();
+        // A broadcast on a Redis Cluster: no event id, nothing kept (see
+        // BROADCAST_SCRIPT); every key in the fleet's slot.
+        let unnumbered = sharded && id.is_none();
         let (channel, history) = self.names.of(id);
+        let clock = self.names.clock_key(id);
+        let key = keyed.map_or_else(
+            || {
+                if unnumbered {
+                    channel.clone()
+                } else {
+                    clock.clone()
+                }
+            },
+            |(key, _)| self.names.idempotency_key(id, key),
+        );
+        let script = if unnumbered {
+            self.broadcast_script.clone()
+        } else {
+            self.publish_script.clone()
+        };
+        let (fleet, origin, text) = (clock, publish_id, msg.to_owned());
         let policy = id.map_or(self.namespaces.default_policy(), |id| self.namespaces.of(id));
         let (size, ttl) = (policy.history_size, policy.history_ttl_ms);
         let (claim_arg, key_ms) = (claim.clone().unwrap_or_default(), key_ttl.as_millis() as u64);
@@ -1150,6 +1370,17 @@ impl Cluster {
         // once: a window of one reconnect.)
         let conn = self.publish_conn();
         let run = self.command_on(conn.clone(), "PUBLISH", async move |mut c| {
+            if unnumbered {
+                return script
+                    .key(key)
+                    .arg(origin)
+                    .arg(text)
+                    .arg(channel)
+                    .arg(claim_arg)
+                    .arg(key_ms)
+                    .invoke_async::<Vec<redis::Value>>(&mut c)
+                    .await;
+            }
             script
                 .key(fleet)
                 .key(history)
@@ -1221,12 +1452,14 @@ impl Cluster {
             }
             return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));
         }
-        let event: u64 = reply
+        let event: Option<u64> = reply
             .next()
             .and_then(|v| redis::from_redis_value::<String>(v).ok())
             .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        self.saw(event);
+            .filter(|_| !unnumbered);
+        if let Some(event) = event {
+            self.saw(event);
+        }
         let wait = self.settings.redis_wait_replicas;
         if wait > 0 {
             // WAIT covers every write this connection sent before it, the
@@ -1266,7 +1499,7 @@ impl Cluster {
             self.stats.clock_resets.fetch_add(1, Relaxed);
             tracing::warn!(
                 event = "fleet_clock_reset",
-                event_id = event,
+                event_id = event.unwrap_or(0),
                 what = if repaired == 1 {
                     "the fleet's clock"
                 } else {
@@ -1304,8 +1537,23 @@ impl Cluster {
     /// Reads the fleet's history for a stream of `id` that resumes after
     /// `since` (or, `None`, starts now) with [`READ_SCRIPT`].
     pub(crate) async fn read_history(&self, id: &str, since: Option<u64>) -> Result<FleetRead, ApiError> {
+        if self.names.sharded() {
+            // The id's own clock and history, in its slot; broadcasts are
+            // not kept on a Redis Cluster (see BROADCAST_SCRIPT).
+            let clock_key = self.names.clock_key(Some(id));
+            let (clock, epoch, mut kept) = self.read(clock_key, vec![self.history_of(id)], since).await?;
+            let mut read = FleetRead {
+                clock,
+                epoch,
+                ..FleetRead::default()
+            };
+            if since.is_some() {
+                read.id = kept.pop().ok_or(ApiError::BusUnavailable)?;
+            }
+            return Ok(read);
+        }
         let histories = vec![self.history_of(id), self.broadcasts_history()];
-        let (clock, epoch, mut kept) = self.read(histories, since).await?;
+        let (clock, epoch, mut kept) = self.read(self.names.fleet_key(), histories, since).await?;
         let mut read = FleetRead {
             clock,
             epoch,
@@ -1329,6 +1577,10 @@ impl Cluster {
     /// resume from before it, never a silent hole. Logged
     /// (`history_regressed`) and counted when it began an epoch.
     pub(crate) async fn fence(&self) -> Result<(), String> {
+        if self.names.sharded() {
+            // Each id's clock fences itself (SHARDED_PRELUDE).
+            return Ok(());
+        }
         let seen = self.seen.load(Relaxed);
         let (script, fleet) = (self.fence_script.clone(), self.names.fleet_key());
         let reply: Vec<String> = self
@@ -1357,17 +1609,22 @@ impl Cluster {
     /// The fleet's clock (its hash made, with a new epoch, if Redis has
     /// none: a new fleet, or one whose Redis lost its data).
     pub(crate) async fn fleet_clock(&self) -> Result<u64, ApiError> {
-        self.read(Vec::new(), None).await.map(|(clock, _, _)| clock)
+        self.read(self.names.fleet_key(), Vec::new(), None)
+            .await
+            .map(|(clock, _, _)| clock)
     }
 
     /// After the pub/sub link was lost: what the fleet kept after `since`
     /// for each of `ids` (at most [`CATCH_UP_BATCH`]), one read for all:
     /// `(clock, epoch, broadcasts, each id's)`.
     pub(crate) async fn catch_up(&self, ids: &[Arc<str>], since: u64) -> Result<CaughtUp, ApiError> {
+        if self.names.sharded() {
+            return self.catch_up_sharded(ids, since).await;
+        }
         let histories = std::iter::once(self.broadcasts_history())
             .chain(ids.iter().map(|id| self.history_of(id)))
             .collect();
-        let (clock, epoch, mut kept) = self.read(histories, Some(since)).await?;
+        let (clock, epoch, mut kept) = self.read(self.names.fleet_key(), histories, Some(since)).await?;
         if kept.len() != ids.len() + 1 {
             return Err(ApiError::BusUnavailable);
         }
@@ -1377,7 +1634,133 @@ impl Cluster {
             epoch,
             broadcasts,
             ids: kept,
+            each: Vec::new(),
         })
+    }
+
+    /// [`Cluster::catch_up`] on a Redis Cluster: each id's clock and
+    /// history, read in its slot (all at once on the cluster connection),
+    /// after where this node had the messages of its shard's link when
+    /// that link went ([`Cluster::lost_links`]): ids of different shards
+    /// come over different links, so the node's clock (the highest id
+    /// from any of them) says nothing of what another link still had on
+    /// its way.
+    async fn catch_up_sharded(&self, ids: &[Arc<str>], since: u64) -> Result<CaughtUp, ApiError> {
+        let reads = ids.iter().map(|id| {
+            let from = self.caught_up_from(id, since);
+            let clock_key = self.names.clock_key(Some(id));
+            let history = self.history_of(id);
+            async move { (from, self.read(clock_key, vec![history], Some(from)).await) }
+        });
+        let mut out = CaughtUp {
+            clock: since,
+            epoch: 0,
+            broadcasts: FleetHistory::default(),
+            ids: Vec::with_capacity(ids.len()),
+            each: Vec::with_capacity(ids.len()),
+        };
+        for (from, read) in futures_util::future::join_all(reads).await {
+            let (clock, _, mut kept) = read?;
+            // The epoch is folded into the history's floor by READ_SCRIPT.
+            out.ids.push(kept.pop().ok_or(ApiError::BusUnavailable)?);
+            out.each.push((from, clock.max(from)));
+            out.clock = out.clock.max(clock);
+        }
+        Ok(out)
+    }
+
+    /// On a Redis Cluster: where this node had the messages of `id`'s
+    /// shard when its link went (at most `since`), as the Bus recorded it.
+    fn caught_up_from(&self, id: &str, since: u64) -> u64 {
+        let lost = self
+            .lost_links
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some((topology, at)) = lost.as_ref() else {
+            return since;
+        };
+        let shard = topology.shard_of_key(self.names.id_channel(id).as_bytes());
+        at.get(shard).copied().unwrap_or(since).min(since)
+    }
+
+    /// On a Redis Cluster: the links went, each having had every message
+    /// of its shard up to `at[shard]` (the highest event id it carried;
+    /// ids minted on one shard grow with its time, and a link carries
+    /// them in order). An earlier record not yet caught up keeps the lower
+    /// positions.
+    pub(crate) fn links_lost(&self, topology: Arc<Topology>, at: Vec<u64>) {
+        let mut lost = self
+            .lost_links
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let merged = match lost.take() {
+            Some((before, was)) => {
+                // Per slot: the lower of the two, read through each record's
+                // own topology.
+                let mut merged = at;
+                for (i, shard) in topology.shards.iter().enumerate() {
+                    for &(a, b) in &shard.slots {
+                        for slot in [a, b] {
+                            let earlier = was.get(before.shard_of(slot)).copied().unwrap_or(0);
+                            merged[i] = merged[i].min(earlier);
+                        }
+                    }
+                }
+                merged
+            }
+            None => at,
+        };
+        *lost = Some((topology, merged));
+    }
+
+    /// The topology the Bus last read.
+    pub(crate) fn topology(&self) -> Option<Arc<Topology>> {
+        self.topology
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads `CLUSTER SHARDS` on the command connection and keeps it.
+    pub(crate) async fn read_topology(&self) -> Result<Arc<Topology>, String> {
+        let tls = self.settings.cluster_tls();
+        let topology = self
+            .command("CLUSTER SHARDS", async move |mut c| {
+                let reply: redis::Value = redis::cmd("CLUSTER").arg("SHARDS").query_async(&mut c).await?;
+                Ok(Topology::parse(reply, tls))
+            })
+            .await
+            .map_err(|e| format!("reading the cluster's shards: {e:?}"))??;
+        let topology = Arc::new(topology);
+        *self
+            .topology
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(&topology));
+        Ok(topology)
+    }
+
+    /// A client for the master at `addr` (`host:port`, from the topology),
+    /// with the seeds' credentials and TLS: the Bus's link to that shard.
+    pub(crate) fn shard_client(&self, addr: &str) -> Result<redis::Client, String> {
+        let seed = self.client();
+        let info = seed.get_connection_info().clone();
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("a shard master's address {addr:?}"))?;
+        let addr = match info.addr() {
+            redis::ConnectionAddr::TcpTls {
+                insecure, tls_params, ..
+            } => redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => redis::ConnectionAddr::Tcp(host, port),
+        };
+        let shown = format!("{addr:?}");
+        redis::Client::open(info.set_addr(addr)).map_err(|e| format!("a client for {shown}: {e}"))
     }
 
     /// The history stream of `id`, with what it keeps.
@@ -1396,12 +1779,12 @@ impl Cluster {
     /// and each history's kept messages after `since`.
     async fn read(
         &self,
+        fleet: String,
         histories: Vec<History>,
         since: Option<u64>,
     ) -> Result<(u64, u64, Vec<FleetHistory>), ApiError> {
         let started = Instant::now();
         let script = self.read_script.clone();
-        let fleet = self.names.fleet_key();
         let since_arg = since.map(|s| s.to_string()).unwrap_or_default();
         let r = self
             .command("history", async move |mut c| {
@@ -1428,10 +1811,11 @@ impl Cluster {
     /// for repeats on any node. Best effort: a repeat that finds only the
     /// claim still is not delivered again.
     pub(crate) async fn remember_answer(&self, key: &str, claim: String, answer: &super::Receipt) {
+        let id = answer.id.as_deref();
         let request = claim.split(' ').next().unwrap_or_default();
         // unwrap: a Receipt is numbers and a string; it always serializes.
         let answer = serde_json::to_string(answer).expect("a receipt serializes");
-        let (redis_key, answer) = (self.names.idempotency_key(key), format!("{request} {answer}"));
+        let (redis_key, answer) = (self.names.idempotency_key(id, key), format!("{request} {answer}"));
         let publish_id = claim;
         let _ = self
             .command("SET", async move |mut c| {
@@ -1552,7 +1936,7 @@ impl Cluster {
     pub(crate) async fn command<T>(
         &self,
         what: &'static str,
-        f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+        f: impl AsyncFnOnce(Commands) -> redis::RedisResult<T>,
     ) -> Result<T, ApiError> {
         self.command_on(self.conn(), what, f).await
     }
@@ -1560,9 +1944,9 @@ impl Cluster {
     /// [`Cluster::command`] on a given connection (`None`: no master yet).
     async fn command_on<T>(
         &self,
-        conn: Option<ConnectionManager>,
+        conn: Option<Commands>,
         what: &'static str,
-        f: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+        f: impl AsyncFnOnce(Commands) -> redis::RedisResult<T>,
     ) -> Result<T, ApiError> {
         let Some(conn) = conn else {
             self.stats.errors.fetch_add(1, Relaxed);
@@ -1838,6 +2222,13 @@ impl Cluster {
     /// and no eviction of keys with a TTL (history keys have one: evicted,
     /// their messages would be gone without the floor a gap is told from).
     async fn check_version(&self) {
+        if self.names.sharded() {
+            // CLUSTER SHARDS, which every link reads first, is Redis 7.0's.
+            if let (Ok(mut v), Some(_)) = (self.redis_version.lock(), self.topology()) {
+                "7.0+ (Redis Cluster)".clone_into(&mut v);
+            }
+            return;
+        }
         let Ok(info) = self
             .command("INFO", async move |mut c| {
                 redis::cmd("INFO")
@@ -2318,12 +2709,52 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        let n = Names::new("sb");
+        let n = Names::new("sb", false);
         assert_eq!(n.id_channel("foo"), "sb:id:foo");
         assert_eq!(n.id_of("sb:id:foo"), Some("foo"));
         assert_eq!(n.id_of("sb:broadcast"), None);
         assert_eq!(n.id_of("other:id:foo"), None);
         assert_eq!(n.broadcast(), "sb:broadcast");
+        // One Redis: the names every earlier version used.
+        assert_eq!(n.history_key("a:b"), "sb:history:a:b");
+        assert_eq!(n.clock_key(Some("a")), "sb:fleet");
+        assert_eq!(n.presence_key("i1"), "sb:presence:i1");
+        assert_eq!(n.idempotency_key(Some("a"), "k"), "sb:idem:k");
+    }
+
+    /// On a Redis Cluster everything of an id shares its slot, and the
+    /// fleet's own names share another.
+    #[test]
+    fn a_redis_clusters_names_put_an_id_in_one_slot() {
+        use crate::hub::sharded::slot_of;
+        let n = Names::new("sb", true);
+        for id in ["foo", "chat:room1", "a.b~c-d_e"] {
+            let channel = n.id_channel(id);
+            assert_eq!(n.id_of(&channel), Some(id));
+            let slot = slot_of(id.as_bytes());
+            for key in [
+                channel,
+                n.history_key(id),
+                n.clock_key(Some(id)),
+                n.idempotency_key(Some(id), "k1"),
+                n.occupants_key(id),
+            ] {
+                assert_eq!(slot_of(key.as_bytes()), slot, "{key}");
+            }
+        }
+        let fleet = slot_of(FLEET_TAG.as_bytes());
+        for key in [
+            n.broadcast().to_owned(),
+            n.clock_key(None),
+            n.presence_key("i1"),
+            n.node_key("a"),
+            n.nodes_key(),
+            n.counter_key(),
+            n.idempotency_key(None, "k1"),
+        ] {
+            assert_eq!(slot_of(key.as_bytes()), fleet, "{key}");
+        }
+        assert_eq!(n.id_of(n.broadcast()), None);
     }
 
     #[test]

@@ -196,7 +196,8 @@ impl Received {
         };
         let kind = items.first().and_then(Reply::bytes).unwrap_or_default();
         match (kind, items.len()) {
-            (b"message", 3) => match (&items[1], &items[2]) {
+            // `smessage`: a sharded channel's (Redis Cluster).
+            (b"message" | b"smessage", 3) => match (&items[1], &items[2]) {
                 (Reply::Bulk(Some(channel)), Reply::Bulk(Some(payload))) => Ok(Received::Message {
                     channel: channel.clone(),
                     payload: payload.clone(),
@@ -207,8 +208,11 @@ impl Received {
                 }),
                 _ => Err("a message without channel or payload".to_owned()),
             },
-            (b"subscribe", 3) => Ok(Received::Subscribed),
-            (b"unsubscribe", 3) => Ok(Received::Unsubscribed),
+            (b"subscribe" | b"ssubscribe", 3) => Ok(Received::Subscribed),
+            // A `sunsubscribe` Redis sends unasked (the channel's slot
+            // moved, or its master became a replica) matches no command:
+            // the Bus then links again, to the slot's new master.
+            (b"unsubscribe" | b"sunsubscribe", 3) => Ok(Received::Unsubscribed),
             (b"pong", 2) => Ok(Received::Pong),
             _ => Err(format!(
                 "unexpected event on the pub/sub link: {:?}",
@@ -480,6 +484,28 @@ mod tests {
         );
         assert!(Received::of(arr(&[b"message", b"foo"])).is_err());
         assert!(Received::of(Reply::Int(1)).is_err());
+        // A Redis Cluster's sharded channels.
+        assert_eq!(
+            Received::of(arr(&[b"smessage", b"sb:id:{a}", b"hi"])).unwrap(),
+            Received::Message {
+                channel: Bytes::from_static(b"sb:id:{a}"),
+                payload: Bytes::from_static(b"hi")
+            }
+        );
+        let mut ssub = arr(&[b"ssubscribe", b"sb:id:{a}"]);
+        let mut sunsub = arr(&[b"sunsubscribe", b"sb:id:{a}"]);
+        for r in [&mut ssub, &mut sunsub] {
+            if let Reply::Array(Some(items)) = r {
+                items.push(Reply::Int(0));
+            }
+        }
+        assert_eq!(Received::of(ssub).unwrap(), Received::Subscribed);
+        assert_eq!(Received::of(sunsub).unwrap(), Received::Unsubscribed);
+        assert!(
+            Received::of(Reply::Error("MOVED 16287 127.0.0.1:7001".into()))
+                .unwrap_err()
+                .contains("MOVED")
+        );
     }
 
     #[test]

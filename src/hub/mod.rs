@@ -33,6 +33,7 @@ mod link;
 pub(crate) mod local;
 pub(crate) mod occupancy;
 pub(crate) mod router;
+pub(crate) mod sharded;
 
 use std::io;
 use std::net::SocketAddr;

@@ -914,14 +914,15 @@ impl<S: StreamActor> Router<S> {
     /// in the table. If the link went again meanwhile, they go back to the
     /// table as stale, to catch up from the older point.
     fn caught_up(&mut self, ids: &[Arc<str>], no: u64, lost_at: u64, read: Option<CaughtUp>) {
-        let (fleet, kept) = match read {
+        let (fleet, kept, each) = match read {
             Some(c) => (
                 Some((c.clock, c.epoch, c.broadcasts)),
                 c.ids.into_iter().map(Some).collect(),
+                c.each,
             ),
-            None => (None, vec![None; ids.len()]),
+            None => (None, vec![None; ids.len()], Vec::new()),
         };
-        for (id, kept) in ids.iter().zip(kept) {
+        for (i, (id, kept)) in ids.iter().zip(kept).enumerate() {
             let Some(readers) = self.reading.get_mut(id) else {
                 continue;
             };
@@ -948,13 +949,16 @@ impl<S: StreamActor> Router<S> {
                 // `lost_at`: a failed read leaves them all.
                 let (resumed, upto) = match (&fleet, &kept) {
                     (Some((clock, epoch, broadcasts)), Some(id_kept)) => {
+                        // A broker whose ids come over several links read
+                        // each from where its own link had them.
+                        let (since, clock) = each.get(i).copied().unwrap_or((lost_at, *clock));
                         let read = FleetRead {
-                            clock: *clock,
+                            clock,
                             epoch: *epoch,
                             id: id_kept.clone(),
                             broadcasts: broadcasts.clone(),
                         };
-                        (fleet_resume(read, Some(lost_at)), *clock)
+                        (fleet_resume(read, Some(since)), clock)
                     }
                     _ => (failed_read(Some(lost_at), lost_at), lost_at),
                 };

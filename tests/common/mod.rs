@@ -679,6 +679,42 @@ impl RedisServer {
         (sentinel, tls_port.get())
     }
 
+    /// A Redis Cluster node (`--cluster-enabled yes`) keeping its
+    /// `nodes.conf` in `dir`, on a port below 45,000 whose bus port (the
+    /// port + 10,000) is free too; both are picked again if either was
+    /// taken before redis-server bound it.
+    pub fn start_cluster_node(dir: &std::path::Path) -> Self {
+        let mut last = None;
+        for _ in 0..5 {
+            let port = loop {
+                let p = free_port();
+                if p < 45_000 && !ports_in_use().contains(&(p + 10_000)) {
+                    break p;
+                }
+            };
+            let conf = format!("nodes-{port}.conf");
+            let dir = dir.display().to_string();
+            let timeout = "1500";
+            match Self::try_start(
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    timeout,
+                    "--dir",
+                    &dir,
+                ],
+            ) {
+                Ok(r) => return r,
+                Err(e) => last = Some(e),
+            }
+        }
+        panic!("a Redis Cluster node did not start: {:?}", last.expect("tried"));
+    }
+
     fn try_start_on(port: u16) -> io::Result<Self> {
         Self::try_start(port, &[])
     }

@@ -111,9 +111,15 @@ impl Broker for Redis {
         let channel = cluster.names.id_channel(id);
         let payload = format!("{}!{} {}", cluster.instance, note.kind.as_str(), note.json);
         actix_rt::spawn(async move {
+            // A sharded channel on a Redis Cluster.
+            let command = if cluster.names.sharded() {
+                "SPUBLISH"
+            } else {
+                "PUBLISH"
+            };
             let published = cluster
                 .command("PUBLISH", async move |mut c| {
-                    redis::cmd("PUBLISH")
+                    redis::cmd(command)
                         .arg(channel)
                         .arg(payload)
                         .query_async::<i64>(&mut c)
@@ -186,7 +192,7 @@ impl Broker for Redis {
                             LocalDelivery::Delivered(n) => n,
                             LocalDelivery::NotSubscribed => 0,
                         },
-                        event_id: Some(event),
+                        event_id: event,
                         id: id.map(str::to_owned),
                         nodes: Some(nodes),
                     };
