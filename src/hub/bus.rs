@@ -44,7 +44,7 @@ use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_note, parse
 use super::link::{Conn, FRAMING_BYTES, Received, Reply};
 use super::occupancy::Wrote;
 use super::sharded::{Topology, slot_of};
-use crate::hub::router::{Broadcast, HeldIds, Note, NoteFor, Publish, Subscribed};
+use crate::hub::router::{Broadcast, HeldIds, Note, NoteFor, Part, Publish, Subscribed};
 use crate::supervision::{Crash, guarded};
 
 /// Most channels in one SUBSCRIBE or UNSUBSCRIBE.
@@ -82,8 +82,8 @@ enum Op {
 struct Incoming {
     /// The link it came over (one replaced since is ignored).
     generation: u64,
-    /// Which shard's link (0 on one Redis).
-    shard: usize,
+    /// Which shard's link (0 on one Redis), and which connection of it.
+    shard: (usize, u64),
     /// Its channel.
     channel: Bytes,
     /// `"<origin> <event id or -> <text>"`.
@@ -96,6 +96,8 @@ struct Incoming {
 struct LinkLost {
     /// Which link.
     generation: u64,
+    /// Which shard's connection of it.
+    shard: (usize, u64),
     /// Why, for the log.
     why: String,
 }
@@ -107,18 +109,40 @@ struct LinkLost {
 /// (SSUBSCRIBE) of the slots that master serves; they fail and are made
 /// again together, so the Router sees one link as on one Redis.
 struct Link {
-    /// Each connection's ops, by shard.
-    ops: Vec<mpsc::UnboundedSender<Op>>,
+    /// Each shard's connection.
+    shards: Vec<ShardLink>,
     /// On a Redis Cluster: which master served each slot when the links
-    /// were made.
+    /// were made (a failover changes masters, and the shards' connections
+    /// are remade one by one; slots that move make them all again).
     topology: Option<Arc<Topology>>,
-    /// The highest event id each connection carried: on a Redis Cluster,
-    /// where its shard's ids catch up from if the links go.
-    seen: Vec<u64>,
+}
+
+/// One shard's connection (the only one on one Redis).
+struct ShardLink {
+    /// Where its ops go; `None` while it is made again.
+    ops: Option<mpsc::UnboundedSender<Op>>,
+    /// Bumped for every connection: events of an older one are ignored.
+    generation: u64,
+    /// The highest event id it carried: on a Redis Cluster, where its
+    /// shard's ids catch up from if it goes.
+    seen: u64,
+    /// Failed attempts to make it again since it went.
+    attempts: u32,
+}
+
+impl ShardLink {
+    fn up(ops: mpsc::UnboundedSender<Op>, since: u64) -> Self {
+        ShardLink {
+            ops: Some(ops),
+            generation: 0,
+            seen: since,
+            attempts: 0,
+        }
+    }
 }
 
 impl Link {
-    /// The connection an op goes over: its channel's shard.
+    /// The shard an op goes to: its channel's.
     fn shard_of(&self, op: &Op, names: &super::cluster::Names) -> usize {
         let Some(topology) = &self.topology else {
             return 0;
@@ -189,19 +213,33 @@ impl Bus {
         Duration::from_millis(self.cluster.settings.unsubscribe_linger_ms)
     }
 
+    /// Whether the connection that carries `id` is up.
+    fn linked(&self, id: &Arc<str>) -> bool {
+        self.link.as_ref().is_some_and(|link| {
+            let shard = link.shard_of(&Op::Subscribe(Arc::clone(id)), &self.cluster.names);
+            link.shards.get(shard).is_some_and(|s| s.ops.is_some())
+        })
+    }
+
     /// Queues `op` on the link; without one, the next link's resubscription
     /// covers it.
     fn send(&self, op: Op) {
         match (&self.link, op) {
             (Some(link), Op::Ping) => {
-                for ops in &link.ops {
+                for ops in link.shards.iter().filter_map(|s| s.ops.as_ref()) {
                     let _ = ops.send(Op::Ping);
                 }
             }
             (Some(link), op) => {
                 let shard = link.shard_of(&op, &self.cluster.names);
-                if let Some(ops) = link.ops.get(shard) {
-                    let _ = ops.send(op);
+                match (link.shards.get(shard).and_then(|s| s.ops.as_ref()), op) {
+                    (Some(ops), op) => {
+                        let _ = ops.send(op);
+                    }
+                    // That shard's connection is being made again: it
+                    // subscribes the id then.
+                    (None, Op::Subscribe(id)) => self.subscribed.do_send(Subscribed::NoLink(vec![id])),
+                    (None, _) => {}
                 }
             }
             // No link: plain streams waiting for this id need not wait
@@ -222,11 +260,18 @@ impl Bus {
             return;
         }
         if let Some(link) = self.link.take() {
-            if let Some(topology) = link.topology {
-                self.cluster.links_lost(topology, link.seen);
+            match &link.topology {
+                // Each shard's ids catch up from where its own link had them.
+                Some(topology) => {
+                    self.cluster.shards_up(None);
+                    for (k, shard) in link.shards.iter().enumerate() {
+                        let part = self.part(topology, k);
+                        self.subscribed.do_send(Subscribed::PartDown(part, shard.seen));
+                    }
+                }
+                // SUBSCRIBEs in flight are lost with the link.
+                None => self.subscribed.do_send(Subscribed::LinkDown),
             }
-            // SUBSCRIBEs in flight are lost with the link.
-            self.subscribed.do_send(Subscribed::LinkDown);
             tracing::warn!(
                 event = "bus_down",
                 cause = why,
@@ -237,6 +282,225 @@ impl Bus {
         self.cluster.stats.errors.fetch_add(1, Relaxed);
         self.generation += 1;
         self.schedule_connect(ctx);
+    }
+
+    /// On a Redis Cluster: one shard's connection failed. Only that
+    /// shard's ids are affected: the Router catches them up once it is
+    /// made again (from where it had their messages), publishes to them
+    /// answer 503 meanwhile, and the other shards' ids flow on.
+    fn shard_lost(&mut self, (k, connection): (usize, u64), why: &str, ctx: &mut Context<Self>) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let Some(topology) = link.topology.clone() else {
+            return;
+        };
+        let Some(shard) = link.shards.get_mut(k) else {
+            return;
+        };
+        if shard.generation != connection || shard.ops.take().is_none() {
+            return;
+        }
+        let seen = shard.seen;
+        self.cluster.set_shard_up(k, false, None);
+        if !self.cluster.any_shard_up() {
+            self.cluster.stats.connected.store(false, Relaxed);
+        }
+        self.cluster.stats.errors.fetch_add(1, Relaxed);
+        let part = self.part(&topology, k);
+        self.subscribed.do_send(Subscribed::PartDown(part, seen));
+        tracing::warn!(
+            event = "bus_shard_down",
+            shard = k,
+            master = %topology.shards[k].master,
+            cause = why,
+            "cluster bus lost its link to one shard's master; that shard's ids answer 503 until it is made \
+             again, the others flow on"
+        );
+        self.schedule_shard_connect(k, ctx);
+    }
+
+    /// The ids shard `k` of `topology` carries, for the Router.
+    fn part(&self, topology: &Arc<Topology>, k: usize) -> Part {
+        let names = self.cluster.names.clone();
+        let of = Arc::clone(topology);
+        Part(Arc::new(move |id: &str| {
+            of.shard_of_key(names.id_channel(id).as_bytes()) == k
+        }))
+    }
+
+    /// Makes shard `k`'s connection again after its backoff.
+    fn schedule_shard_connect(&mut self, k: usize, ctx: &mut Context<Self>) {
+        let Some(shard) = self.link.as_mut().and_then(|l| l.shards.get_mut(k)) else {
+            return;
+        };
+        let s = &self.cluster.settings;
+        let exp = s.reconnect_min_ms.saturating_mul(1 << shard.attempts.min(20));
+        let full = exp.min(s.reconnect_max_ms);
+        let jitter = RandomState::new().hash_one((self.generation, k, shard.attempts)) % (full / 2 + 1);
+        shard.attempts = shard.attempts.saturating_add(1);
+        let generation = self.generation;
+        ctx.run_later(Duration::from_millis(full - jitter), move |bus, ctx| {
+            if generation == bus.generation {
+                bus.connect_shard(k, ctx);
+            }
+        });
+    }
+
+    /// Reads the topology again and, if every slot is still in the same
+    /// shard, links to shard `k`'s master (a new one after a failover).
+    /// If slots moved, every shard's link is made again.
+    fn connect_shard(&mut self, k: usize, ctx: &mut Context<Self>) {
+        let Some(before) = self.link.as_ref().and_then(|l| l.topology.clone()) else {
+            return;
+        };
+        let generation = self.generation;
+        let cluster = Arc::clone(&self.cluster);
+        let broadcast = self.cluster.names.broadcast().to_owned();
+        let timeout = self.cluster.link_timeout();
+        let open = async move {
+            let opened = async {
+                let topology = cluster.read_topology().await.map_err(Some)?;
+                if !topology.same_slots(&before) {
+                    return Err(None::<String>);
+                }
+                let master = &topology.shards[k].master;
+                let client = cluster.shard_client(master).map_err(Some)?;
+                let mut conn = Conn::open(&client, cluster.tls())
+                    .await
+                    .map_err(|e| Some(format!("the link to shard master {master}: {e}")))?;
+                let since = shard_time(&mut conn).await.map_err(Some)?;
+                conn.limit(cluster.max_message_bytes + FRAMING_BYTES);
+                if topology.shard_of_key(broadcast.as_bytes()) == k {
+                    ssubscribe_broadcast(&mut conn, &broadcast).await.map_err(Some)?;
+                }
+                Ok((conn, since, topology))
+            };
+            tokio::time::timeout(timeout, opened)
+                .await
+                .map_err(|_| Some("connect and SSUBSCRIBE timed out".to_owned()))?
+        };
+        ctx.spawn(open.into_actor(self).map(move |opened, bus, ctx| {
+            if generation != bus.generation {
+                return;
+            }
+            match opened {
+                Ok((conn, since, topology)) => bus.shard_established(k, (conn, since), topology, ctx),
+                Err(None) => bus.lost(
+                    generation,
+                    "the cluster's slots moved: every shard's link is made again",
+                    ctx,
+                ),
+                Err(Some(cause)) => {
+                    bus.cluster.stats.errors.fetch_add(1, Relaxed);
+                    let attempts = bus
+                        .link
+                        .as_ref()
+                        .and_then(|l| l.shards.get(k))
+                        .map_or(0, |s| s.attempts);
+                    if attempts.is_power_of_two() {
+                        tracing::warn!(
+                            event = "bus_shard_down",
+                            shard = k,
+                            cause,
+                            attempts,
+                            "cluster bus cannot link to one shard's master yet; retrying"
+                        );
+                    }
+                    bus.schedule_shard_connect(k, ctx);
+                }
+            }
+        }));
+    }
+
+    /// Shard `k`'s connection is made again: subscribe there every id of
+    /// it held here or lingering, and mark it up once the other nodes can
+    /// be back too ([`Bus::settle`]).
+    fn shard_established(
+        &mut self,
+        k: usize,
+        (conn, since): (Conn, u64),
+        topology: Arc<Topology>,
+        ctx: &mut Context<Self>,
+    ) {
+        let generation = self.generation;
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let Some(shard) = link.shards.get_mut(k) else {
+            return;
+        };
+        if shard.ops.is_some() {
+            return;
+        }
+        shard.generation += 1;
+        shard.attempts = 0;
+        // Not below what the lost connection carried: a catch-up of it may
+        // still be under way, and reads from the lower of the two.
+        shard.seen = shard.seen.max(since);
+        let connection = shard.generation;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_link(
+            conn,
+            rx,
+            Arc::clone(&self.cluster),
+            ctx.address(),
+            self.subscribed.clone(),
+            (generation, (k, connection)),
+        ));
+        shard.ops = Some(tx);
+        link.topology = Some(Arc::clone(&topology));
+        self.cluster.set_shard_up(k, false, Some(Arc::clone(&topology)));
+        self.cluster.stats.reconnects.fetch_add(1, Relaxed);
+        self.held
+            .send(HeldIds)
+            .into_actor(self)
+            .map(move |held, bus, ctx| {
+                let current = bus
+                    .link
+                    .as_ref()
+                    .and_then(|l| l.shards.get(k))
+                    .is_some_and(|s| s.generation == connection && s.ops.is_some());
+                if generation != bus.generation || !current {
+                    return;
+                }
+                let names = bus.cluster.names.clone();
+                let ids: Vec<Arc<str>> = bus
+                    .cluster
+                    .to_subscribe(held.unwrap_or_default())
+                    .into_iter()
+                    .filter(|id| topology.shard_of_key(names.id_channel(id).as_bytes()) == k)
+                    .collect();
+                for id in &ids {
+                    bus.send(Op::Subscribe(Arc::clone(id)));
+                }
+                bus.cluster
+                    .stats
+                    .resubscribed
+                    .fetch_add(ids.len() as u64, Relaxed);
+                let settle = bus.settle();
+                tracing::info!(
+                    event = "bus_shard_up",
+                    shard = k,
+                    master = %topology.shards[k].master,
+                    ids = ids.len(),
+                    settle_ms = settle.as_millis() as u64,
+                    "cluster bus linked to the shard's master again and subscribed its ids; its publishes \
+                     resume once the other nodes can be back"
+                );
+                ctx.run_later(settle, move |bus, _| {
+                    let current = bus
+                        .link
+                        .as_ref()
+                        .and_then(|l| l.shards.get(k))
+                        .is_some_and(|s| s.generation == connection && s.ops.is_some());
+                    if generation == bus.generation && current {
+                        bus.cluster.set_shard_up(k, true, None);
+                        bus.cluster.stats.connected.store(true, Relaxed);
+                    }
+                });
+            })
+            .wait(ctx);
     }
 
     /// Connects after the backoff for `attempts` failures: reconnect_min_ms
@@ -281,7 +545,7 @@ impl Bus {
                 cluster.fence().await?;
                 conn.write(&subscribe).await.map_err(|e| e.to_string())?;
                 match Received::of(conn.next().await?)? {
-                    Received::Subscribed => Ok((vec![conn], None)),
+                    Received::Subscribed => Ok((vec![(conn, 0)], None)),
                     other => Err(format!("unexpected answer to SUBSCRIBE: {other:?}")),
                 }
             };
@@ -316,13 +580,13 @@ impl Bus {
     /// to every id held here or lingering.
     fn link_established(
         &mut self,
-        conns: Vec<Conn>,
+        conns: Vec<(Conn, u64)>,
         topology: Option<Arc<Topology>>,
         ctx: &mut Context<Self>,
     ) {
         let generation = self.generation;
-        let mut ops = Vec::with_capacity(conns.len());
-        for (shard, conn) in conns.into_iter().enumerate() {
+        let mut shards = Vec::with_capacity(conns.len());
+        for (shard, (conn, since)) in conns.into_iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
             // A task of the runtime, not of this arbiter's local set: the
             // runtime polls it beside the whole local set, so thousands of
@@ -334,13 +598,16 @@ impl Bus {
                 Arc::clone(&self.cluster),
                 ctx.address(),
                 self.subscribed.clone(),
-                (generation, shard),
+                (generation, (shard, 0)),
             ));
-            ops.push(tx);
+            shards.push(ShardLink::up(tx, since));
         }
-        let seen = vec![0; ops.len()];
         let sharded = topology.is_some();
-        self.link = Some(Link { ops, topology, seen });
+        if let Some(topology) = &topology {
+            self.cluster
+                .shards_up(Some((Arc::clone(topology), vec![true; shards.len()])));
+        }
+        self.link = Some(Link { shards, topology });
         // The fleet's clock, for where this node would say it lost the
         // link (a Redis Cluster has none: each shard's link catches up from
         // where it was, see `Cluster::links_lost`).
@@ -523,10 +790,14 @@ async fn run_link(
     cluster: Arc<Cluster>,
     bus: Addr<Bus>,
     router: Recipient<Subscribed>,
-    (generation, shard): (u64, usize),
+    (generation, shard): (u64, (usize, u64)),
 ) {
     let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, &router, (generation, shard)).await;
-    bus.do_send(LinkLost { generation, why });
+    bus.do_send(LinkLost {
+        generation,
+        shard,
+        why,
+    });
 }
 
 /// Sends ops in order and hands messages to the Bus; returns why the link
@@ -542,7 +813,7 @@ async fn relay_until_lost(
     cluster: &Cluster,
     bus: &Addr<Bus>,
     router: &Recipient<Subscribed>,
-    (generation, shard): (u64, usize),
+    (generation, shard): (u64, (usize, u64)),
 ) -> String {
     let timeout = cluster.link_timeout();
     // On a Redis Cluster an SSUBSCRIBE takes the channels of one slot, so
@@ -775,7 +1046,7 @@ async fn send_command(
 async fn open_shards(
     cluster: &Cluster,
     broadcast: &str,
-) -> Result<(Vec<Conn>, Option<Arc<Topology>>), String> {
+) -> Result<(Vec<(Conn, u64)>, Option<Arc<Topology>>), String> {
     let topology = cluster.read_topology().await?;
     let carries_broadcasts = topology.shard_of_key(broadcast.as_bytes());
     let mut conns = Vec::with_capacity(topology.shards.len());
@@ -784,18 +1055,48 @@ async fn open_shards(
         let mut conn = Conn::open(&client, cluster.tls())
             .await
             .map_err(|e| format!("the link to shard master {}: {e}", shard.master))?;
+        let since = shard_time(&mut conn).await?;
         conn.limit(cluster.max_message_bytes + FRAMING_BYTES);
         if i == carries_broadcasts {
-            let subscribe = redis::cmd("SSUBSCRIBE").arg(broadcast).get_packed_command();
-            conn.write(&subscribe).await.map_err(|e| e.to_string())?;
-            match Received::of(conn.next().await?)? {
-                Received::Subscribed => {}
-                other => return Err(format!("unexpected answer to SSUBSCRIBE: {other:?}")),
-            }
+            ssubscribe_broadcast(&mut conn, broadcast).await?;
         }
-        conns.push(conn);
+        conns.push((conn, since));
     }
     Ok((conns, Some(topology)))
+}
+
+/// The shard master's `TIME` in microseconds, asked on a fresh link before
+/// it subscribes anything: where the link starts having its shard's
+/// messages. Every id the shard mints later is above it (ids follow the
+/// shard's time), so if the link goes before it carried any, its ids
+/// catch up from here rather than from the node's clock, which another
+/// shard's ids set.
+async fn shard_time(conn: &mut Conn) -> Result<u64, String> {
+    conn.write(&redis::cmd("TIME").get_packed_command())
+        .await
+        .map_err(|e| e.to_string())?;
+    let number = |r: &Reply| {
+        r.bytes()
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|t| t.parse::<u64>().ok())
+    };
+    match conn.next().await? {
+        Reply::Array(Some(items)) if items.len() == 2 => match (number(&items[0]), number(&items[1])) {
+            (Some(secs), Some(micros)) => Ok(secs.saturating_mul(1_000_000).saturating_add(micros)),
+            _ => Err(format!("unexpected answer to TIME: {items:?}")),
+        },
+        other => Err(format!("unexpected answer to TIME: {other:?}")),
+    }
+}
+
+/// SSUBSCRIBEs the broadcast channel on a fresh link to its slot's master.
+async fn ssubscribe_broadcast(conn: &mut Conn, broadcast: &str) -> Result<(), String> {
+    let subscribe = redis::cmd("SSUBSCRIBE").arg(broadcast).get_packed_command();
+    conn.write(&subscribe).await.map_err(|e| e.to_string())?;
+    match Received::of(conn.next().await?)? {
+        Received::Subscribed => Ok(()),
+        other => Err(format!("unexpected answer to SSUBSCRIBE: {other:?}")),
+    }
 }
 
 impl Actor for Bus {
@@ -982,7 +1283,7 @@ impl Handler<Interest> for Bus {
         guarded(self, ctx, |bus, _| match m {
             Interest::Held(id) => {
                 let back = bus.cluster.end_linger(&id);
-                if back && bus.link.is_some() {
+                if back && bus.linked(&id) {
                     // Back within the linger: still subscribed.
                     bus.subscribed.do_send(Subscribed::Ids(vec![id]));
                 } else if back {
@@ -1022,11 +1323,18 @@ impl Handler<Incoming> for Bus {
         ctx: &mut Context<Self>,
     ) {
         guarded(self, ctx, |bus, _| {
+            let (index, connection) = shard;
+            let current = bus
+                .link
+                .as_ref()
+                .and_then(|l| l.shards.get(index))
+                .is_some_and(|s| s.generation == connection);
             if generation == bus.generation
+                && current
                 && let Some(event) = bus.deliver(&channel, &payload)
-                && let Some(seen) = bus.link.as_mut().and_then(|l| l.seen.get_mut(shard))
+                && let Some(s) = bus.link.as_mut().and_then(|l| l.shards.get_mut(index))
             {
-                *seen = (*seen).max(event);
+                s.seen = s.seen.max(event);
             }
         });
     }
@@ -1175,8 +1483,23 @@ impl Bus {
 impl Handler<LinkLost> for Bus {
     type Result = ();
 
-    fn handle(&mut self, LinkLost { generation, why }: LinkLost, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |bus, ctx| bus.lost(generation, &why, ctx));
+    fn handle(
+        &mut self,
+        LinkLost {
+            generation,
+            shard,
+            why,
+        }: LinkLost,
+        ctx: &mut Context<Self>,
+    ) {
+        guarded(self, ctx, |bus, ctx| {
+            let sharded = bus.link.as_ref().is_some_and(|l| l.topology.is_some());
+            if sharded && generation == bus.generation {
+                bus.shard_lost(shard, &why, ctx);
+            } else {
+                bus.lost(generation, &why, ctx);
+            }
+        });
     }
 }
 

@@ -929,9 +929,9 @@ pub(crate) struct Cluster {
     /// On a Redis Cluster: which master serves each slot, as the Bus last
     /// read it (`None` before the first read).
     topology: Mutex<Option<Arc<Topology>>>,
-    /// On a Redis Cluster: where each shard's link had its messages when
-    /// the links went (see [`Cluster::links_lost`]).
-    lost_links: Mutex<Option<(Arc<Topology>, Vec<u64>)>>,
+    /// On a Redis Cluster: which shards' links are up, by the topology
+    /// they were made from.
+    shard_links: Mutex<Option<(Arc<Topology>, Vec<bool>)>>,
     /// The highest event id this node saw: in its publishes' answers and
     /// on the bus. [`Cluster::fence`] moves the fleet's clock past it.
     seen: AtomicU64,
@@ -1059,7 +1059,7 @@ impl Cluster {
             fence_script: redis::Script::new(&format!("{LUA_PRELUDE}{FENCE_SCRIPT}")),
             broadcast_script: redis::Script::new(BROADCAST_SCRIPT),
             topology: Mutex::new(None),
-            lost_links: Mutex::new(None),
+            shard_links: Mutex::new(None),
             seen: AtomicU64::new(0),
             namespaces,
             redis_version: Mutex::new(String::new()),
@@ -1309,7 +1309,7 @@ impl Cluster {
         key_ttl: Duration,
         subscribed_here: impl Future<Output = bool>,
     ) -> Result<PublishOutcome, PublishFailed> {
-        if self.fail_fast().is_err() {
+        if self.fail_fast().is_err() || self.shard_down(id) {
             self.stats.publish_errors.fetch_add(1, Relaxed);
             return Err(PublishFailed::NotSent);
         }
@@ -1639,15 +1639,15 @@ impl Cluster {
     }
 
     /// [`Cluster::catch_up`] on a Redis Cluster: each id's clock and
-    /// history, read in its slot (all at once on the cluster connection),
-    /// after where this node had the messages of its shard's link when
-    /// that link went ([`Cluster::lost_links`]): ids of different shards
-    /// come over different links, so the node's clock (the highest id
-    /// from any of them) says nothing of what another link still had on
-    /// its way.
+    /// history, read in its slot (all at once on the cluster connection).
+    /// The Router asks from where the id's shard's link had its messages
+    /// when it went ([`crate::hub::router::Subscribed::PartDown`]): ids of
+    /// different shards come over different links, so the node's clock
+    /// (the highest id from any of them) says nothing of what another link
+    /// still had on its way.
     async fn catch_up_sharded(&self, ids: &[Arc<str>], since: u64) -> Result<CaughtUp, ApiError> {
         let reads = ids.iter().map(|id| {
-            let from = self.caught_up_from(id, since);
+            let from = since;
             let clock_key = self.names.clock_key(Some(id));
             let history = self.history_of(id);
             async move { (from, self.read(clock_key, vec![history], Some(from)).await) }
@@ -1667,50 +1667,6 @@ impl Cluster {
             out.clock = out.clock.max(clock);
         }
         Ok(out)
-    }
-
-    /// On a Redis Cluster: where this node had the messages of `id`'s
-    /// shard when its link went (at most `since`), as the Bus recorded it.
-    fn caught_up_from(&self, id: &str, since: u64) -> u64 {
-        let lost = self
-            .lost_links
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some((topology, at)) = lost.as_ref() else {
-            return since;
-        };
-        let shard = topology.shard_of_key(self.names.id_channel(id).as_bytes());
-        at.get(shard).copied().unwrap_or(since).min(since)
-    }
-
-    /// On a Redis Cluster: the links went, each having had every message
-    /// of its shard up to `at[shard]` (the highest event id it carried;
-    /// ids minted on one shard grow with its time, and a link carries
-    /// them in order). An earlier record not yet caught up keeps the lower
-    /// positions.
-    pub(crate) fn links_lost(&self, topology: Arc<Topology>, at: Vec<u64>) {
-        let mut lost = self
-            .lost_links
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let merged = match lost.take() {
-            Some((before, was)) => {
-                // Per slot: the lower of the two, read through each record's
-                // own topology.
-                let mut merged = at;
-                for (i, shard) in topology.shards.iter().enumerate() {
-                    for &(a, b) in &shard.slots {
-                        for slot in [a, b] {
-                            let earlier = was.get(before.shard_of(slot)).copied().unwrap_or(0);
-                            merged[i] = merged[i].min(earlier);
-                        }
-                    }
-                }
-                merged
-            }
-            None => at,
-        };
-        *lost = Some((topology, merged));
     }
 
     /// The topology the Bus last read.
@@ -1902,6 +1858,57 @@ impl Cluster {
     /// `/readyz` reports.
     pub(crate) fn ready(&self) -> bool {
         self.stats.connected.load(Relaxed) && !self.unusable.load(Relaxed)
+    }
+
+    /// On a Redis Cluster: which shards' links are up (see
+    /// [`Cluster::shard_down`]); `None`: all of them are being made.
+    pub(crate) fn shards_up(&self, up: Option<(Arc<Topology>, Vec<bool>)>) {
+        *self.shard_links() = up;
+    }
+
+    /// On a Redis Cluster: shard `k`'s link is up (and settled) or not, in
+    /// `topology` (the same slots, its masters perhaps new).
+    pub(crate) fn set_shard_up(&self, k: usize, up: bool, topology: Option<Arc<Topology>>) {
+        let mut links = self.shard_links();
+        if let Some((t, flags)) = links.as_mut() {
+            if let Some(topology) = topology {
+                *t = topology;
+            }
+            if let Some(flag) = flags.get_mut(k) {
+                *flag = up;
+            }
+        }
+    }
+
+    /// Whether any shard's link is up.
+    pub(crate) fn any_shard_up(&self) -> bool {
+        self.shard_links()
+            .as_ref()
+            .is_some_and(|(_, flags)| flags.iter().any(|&up| up))
+    }
+
+    /// On a Redis Cluster: whether the link to the shard of `id` (`None`:
+    /// of broadcasts) is down, while others are up. A publish there is
+    /// refused at once (503), and only there: the other shards' ids flow.
+    fn shard_down(&self, id: Option<&str>) -> bool {
+        let links = self.shard_links();
+        let Some((topology, flags)) = links.as_ref() else {
+            return false;
+        };
+        let channel = match id {
+            Some(id) => self.names.id_channel(id),
+            None => self.names.broadcast().to_owned(),
+        };
+        !flags
+            .get(topology.shard_of_key(channel.as_bytes()))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    fn shard_links(&self) -> MutexGuard<'_, Option<(Arc<Topology>, Vec<bool>)>> {
+        self.shard_links
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Answers at once, without Redis, while the bus is down (or Redis is

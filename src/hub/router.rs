@@ -26,7 +26,7 @@
 //! lost ([`Subscribed::LinkDown`]), the ids held here catch up from the
 //! history once they are subscribed again.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -178,6 +178,9 @@ pub(crate) const MAX_SUBJECTS: usize = 1_000;
 
 /// The streams of one id. Nearly every id has one connection, kept inline.
 type Streams<S> = SmallVec<[(ConnId, WeakAddr<S>); 1]>;
+
+/// Ids with their streams, as a catch-up reads them.
+type Batch<S> = Vec<(Arc<str>, Streams<S>)>;
 
 /// A message for a stream, from `/send` or `/broadcast`.
 ///
@@ -547,8 +550,15 @@ pub(crate) struct Router<S: StreamActor> {
     /// Ids confirmed on the new link since it was lost: a stream of one
     /// may read the fleet's history. Empty at rest.
     recovered: HashSet<Arc<str>>,
-    /// Times the link was lost.
+    /// Times the link, or a part of it, was lost.
     link_epoch: u64,
+    /// The whole link was lost (not only parts) since the last time every
+    /// id caught up.
+    whole_lost: bool,
+    /// The parts of the link lost since then (a Redis Cluster's shards,
+    /// [`Subscribed::PartDown`]), as tests of an id, each with where it had
+    /// its ids' messages when it went. Empty at rest.
+    lost_parts: Vec<(Part, u64)>,
     /// Broadcasts still being handed out, oldest first. Empty at rest.
     fanouts: VecDeque<Fanout<S>>,
     /// Broadcast deliveries handed out and not yet handled or dropped.
@@ -576,6 +586,8 @@ impl<S: StreamActor> Router<S> {
             stale: HashSet::new(),
             recovered: HashSet::new(),
             link_epoch: 0,
+            whole_lost: false,
+            lost_parts: Vec::new(),
             table: HashMap::new(),
             streams: 0,
             closing: false,
@@ -662,7 +674,7 @@ impl<S: StreamActor> Router<S> {
     /// if it waits for one), or, one with event ids, first to the history.
     fn enter(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
         if w.tracked {
-            if self.lost_at.is_some() && !self.recovered.contains(&id) {
+            if self.affected(&id) {
                 // The link is down, or its id not subscribed again yet: a
                 // read now could miss what comes before it is. It waits
                 // for the id's confirmation on the new link (the broker
@@ -688,7 +700,7 @@ impl<S: StreamActor> Router<S> {
     /// Puts a stream into the table. While the link is down (or this id
     /// not subscribed again since), it will catch up with the rest.
     fn join(&mut self, id: Arc<str>, conn: ConnId, addr: WeakAddr<S>) {
-        if self.lost_at.is_some() && !self.recovered.contains(&id) {
+        if self.affected(&id) {
             self.stale.insert(Arc::clone(&id));
         }
         self.table.entry(id).or_default().push((conn, addr));
@@ -823,22 +835,60 @@ impl<S: StreamActor> Router<S> {
     /// A stream whose read saw the link go: it reads again, at once if its
     /// id is subscribed on the new link, or once it is.
     fn retry_read(&mut self, id: Arc<str>, w: Waiting<S>, ctx: &mut Context<Self>) {
-        if self.lost_at.is_none() || self.recovered.contains(&id) {
+        if !self.affected(&id) {
             self.start_read(id, w, ctx);
         } else {
             self.awaiting.entry(id).or_default().push(w);
         }
     }
 
-    /// The link was lost: remember where (this node had every message of
-    /// its ids up to its clock), and which ids will catch up.
-    fn link_lost(&mut self) {
+    /// The link was lost (`part`: only the part of it that carries the
+    /// ids `part` holds, and where it had their messages): remember where
+    /// (the whole link: this node had every message of its ids up to its
+    /// clock), and which ids will catch up.
+    fn link_lost(&mut self, part: Option<(Part, u64)>) {
         self.link_epoch += 1;
-        self.recovered.clear();
         if self.lost_at.is_none() {
             self.lost_at = Some(self.clock);
         }
-        self.stale.extend(self.table.keys().cloned());
+        match part {
+            None => {
+                self.whole_lost = true;
+                self.recovered.clear();
+                self.stale.extend(self.table.keys().cloned());
+            }
+            Some((part, at)) => {
+                self.recovered.retain(|id| !part.holds(id));
+                self.stale
+                    .extend(self.table.keys().filter(|id| part.holds(id)).cloned());
+                self.lost_parts.push((part, at));
+            }
+        }
+    }
+
+    /// Whether `id`'s messages may be missing here: its part of the link
+    /// was lost and it is not confirmed on a new one yet.
+    fn affected(&self, id: &str) -> bool {
+        self.lost_at.is_some()
+            && !self.recovered.contains(id)
+            && (self.whole_lost || self.lost_parts.iter().any(|(part, _)| part.holds(id)))
+    }
+
+    /// Where `id` catches up from: where its part of the link had its
+    /// messages when it went (the lowest, if it went more than once), or
+    /// `lost_at`, where the whole link went.
+    fn lost_from(&self, id: &str, lost_at: u64) -> u64 {
+        let parts = self
+            .lost_parts
+            .iter()
+            .filter(|(part, _)| part.holds(id))
+            .map(|(_, at)| *at)
+            .min();
+        match (self.whole_lost, parts) {
+            (true, Some(at)) => at.min(lost_at),
+            (false, Some(at)) => at,
+            (_, None) => lost_at,
+        }
     }
 
     /// `ids` are subscribed on a new link: those of them whose streams may
@@ -850,14 +900,17 @@ impl<S: StreamActor> Router<S> {
         let Some(lost_at) = self.lost_at else {
             return;
         };
-        let mut batch = Vec::new();
+        // By where each catches up from: one position for every id of a
+        // whole link, one per part of it.
+        let mut batches: BTreeMap<u64, Batch<S>> = BTreeMap::new();
         for id in ids {
             self.recovered.insert(Arc::clone(id));
             if self.stale.remove(id)
                 && let Some(streams) = self.table.remove(id)
             {
                 self.streams -= streams.len();
-                batch.push((Arc::clone(id), streams));
+                let from = self.lost_from(id, lost_at);
+                batches.entry(from).or_default().push((Arc::clone(id), streams));
             }
         }
         if self.stale.is_empty() {
@@ -865,8 +918,12 @@ impl<S: StreamActor> Router<S> {
             self.lost_at = None;
             self.recovered = HashSet::new();
             self.stale = HashSet::new();
+            self.whole_lost = false;
+            self.lost_parts = Vec::new();
         }
-        self.read_again(batch, lost_at, ctx);
+        for (from, batch) in batches {
+            self.read_again(batch, from, ctx);
+        }
     }
 
     /// Reads the fleet's history since `lost_at` for `batch`'s streams
@@ -902,7 +959,9 @@ impl<S: StreamActor> Router<S> {
             let read = self.broker.catch_up(ids.clone(), lost_at);
             ctx.spawn(
                 actix::fut::wrap_future::<_, Self>(read).map(move |r, router, ctx| {
-                    guarded(router, ctx, |router, _| router.caught_up(&ids, no, lost_at, r));
+                    guarded(router, ctx, |router, ctx| {
+                        router.caught_up(&ids, no, lost_at, r, ctx)
+                    });
                 }),
             );
         }
@@ -913,7 +972,17 @@ impl<S: StreamActor> Router<S> {
     /// floor), any gap, and what came while the read was out, and is back
     /// in the table. If the link went again meanwhile, they go back to the
     /// table as stale, to catch up from the older point.
-    fn caught_up(&mut self, ids: &[Arc<str>], no: u64, lost_at: u64, read: Option<CaughtUp>) {
+    fn caught_up(
+        &mut self,
+        ids: &[Arc<str>],
+        no: u64,
+        lost_at: u64,
+        read: Option<CaughtUp>,
+        ctx: &mut Context<Self>,
+    ) {
+        // Streams whose read saw another part of the link go: theirs is up,
+        // so they read again at once.
+        let mut again: Vec<(Arc<str>, Streams<S>)> = Vec::new();
         let (fleet, kept, each) = match read {
             Some(c) => (
                 Some((c.clock, c.epoch, c.broadcasts)),
@@ -935,6 +1004,16 @@ impl<S: StreamActor> Router<S> {
                 self.reading.remove(id);
             }
             for r in mine {
+                if r.link_epoch != self.link_epoch && !self.affected(id) {
+                    match again.last_mut() {
+                        Some((last, streams)) if last == id => streams.push((r.stream.conn, r.stream.addr)),
+                        _ => again.push((
+                            Arc::clone(id),
+                            smallvec::smallvec![(r.stream.conn, r.stream.addr)],
+                        )),
+                    }
+                    continue;
+                }
                 if r.link_epoch != self.link_epoch {
                     self.lost_at = Some(self.lost_at.map_or(lost_at, |at| at.min(lost_at)));
                     self.stale.insert(Arc::clone(id));
@@ -949,8 +1028,8 @@ impl<S: StreamActor> Router<S> {
                 // `lost_at`: a failed read leaves them all.
                 let (resumed, upto) = match (&fleet, &kept) {
                     (Some((clock, epoch, broadcasts)), Some(id_kept)) => {
-                        // A broker whose ids come over several links read
-                        // each from where its own link had them.
+                        // A broker whose ids come over several links: each
+                        // id's own clock.
                         let (since, clock) = each.get(i).copied().unwrap_or((lost_at, *clock));
                         let read = FleetRead {
                             clock,
@@ -964,6 +1043,9 @@ impl<S: StreamActor> Router<S> {
                 };
                 self.hand_over(id, r.stream, resumed, upto, r.buffered, true);
             }
+        }
+        if !again.is_empty() {
+            self.read_again(again, lost_at, ctx);
         }
     }
 
@@ -1545,6 +1627,28 @@ pub(crate) enum Subscribed {
     /// least that far, so where it says it lost a link is not before the
     /// fleet's epoch (nothing before it can be missing here).
     Clock(u64),
+    /// A part of the link is down (a Redis Cluster's link to one shard),
+    /// having had its ids' messages up to the event id given: as
+    /// [`Subscribed::LinkDown`], for the ids `part` holds only; the others'
+    /// messages still come.
+    PartDown(Part, u64),
+}
+
+/// A part of the broker's link, as a test of whether it carries an id.
+#[derive(Clone)]
+pub(crate) struct Part(pub(crate) Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl Part {
+    /// Whether this part carries `id`'s messages.
+    fn holds(&self, id: &str) -> bool {
+        (self.0)(id)
+    }
+}
+
+impl std::fmt::Debug for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Part")
+    }
 }
 
 impl<S: StreamActor> Handler<Subscribed> for Router<S> {
@@ -1578,8 +1682,15 @@ impl<S: StreamActor> Handler<Subscribed> for Router<S> {
                 r.witness(event);
             }
             Subscribed::LinkDown => {
-                r.link_lost();
+                r.link_lost(None);
                 let ids: Vec<Arc<str>> = r.awaiting.keys().cloned().collect();
+                for id in &ids {
+                    r.admit(id, ctx);
+                }
+            }
+            Subscribed::PartDown(part, at) => {
+                let ids: Vec<Arc<str>> = r.awaiting.keys().filter(|id| part.holds(id)).cloned().collect();
+                r.link_lost(Some((part, at)));
                 for id in &ids {
                     r.admit(id, ctx);
                 }

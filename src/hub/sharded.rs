@@ -168,6 +168,11 @@ impl Topology {
             };
             out.push(Shard { master, slots });
         }
+        // In slot order: the same slots read twice give the same indexes.
+        for shard in &mut out {
+            shard.slots.sort_unstable();
+        }
+        out.sort_by_key(|shard| shard.slots[0]);
         let mut owner = vec![u8::MAX; usize::from(SLOTS)];
         for (i, shard) in out.iter().enumerate() {
             let i = u8::try_from(i).map_err(|_| "more than 255 shards".to_owned())?;
@@ -184,6 +189,17 @@ impl Topology {
             shards: out,
             owner: owner.into(),
         })
+    }
+
+    /// Whether `other` puts every slot in the same shard as this one
+    /// (their masters may differ: a failover).
+    pub(crate) fn same_slots(&self, other: &Topology) -> bool {
+        self.shards.len() == other.shards.len()
+            && self
+                .shards
+                .iter()
+                .zip(&other.shards)
+                .all(|(a, b)| a.slots == b.slots)
     }
 
     /// The index in [`Topology::shards`] of the shard that serves `slot`.

@@ -683,7 +683,7 @@ impl RedisServer {
     /// `nodes.conf` in `dir`, on a port below 45,000 whose bus port (the
     /// port + 10,000) is free too; both are picked again if either was
     /// taken before redis-server bound it.
-    pub fn start_cluster_node(dir: &std::path::Path) -> Self {
+    pub fn start_cluster_node(dir: &std::path::Path, extra: &[&str]) -> Self {
         let mut last = None;
         for _ in 0..5 {
             let port = loop {
@@ -692,27 +692,31 @@ impl RedisServer {
                     break p;
                 }
             };
-            let conf = format!("nodes-{port}.conf");
-            let dir = dir.display().to_string();
-            let timeout = "1500";
-            match Self::try_start(
-                port,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &conf,
-                    "--cluster-node-timeout",
-                    timeout,
-                    "--dir",
-                    &dir,
-                ],
-            ) {
+            match Self::try_start_cluster_node(dir, port, extra) {
                 Ok(r) => return r,
                 Err(e) => last = Some(e),
             }
         }
         panic!("a Redis Cluster node did not start: {:?}", last.expect("tried"));
+    }
+
+    /// A Redis Cluster node on `port` (again, after it was stopped: it
+    /// rejoins with the `nodes.conf` it kept in `dir`).
+    pub fn try_start_cluster_node(dir: &std::path::Path, port: u16, extra: &[&str]) -> io::Result<Self> {
+        let conf = format!("nodes-{port}.conf");
+        let dir = dir.display().to_string();
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &conf,
+            "--cluster-node-timeout",
+            "1500",
+            "--dir",
+            &dir,
+        ];
+        args.extend_from_slice(extra);
+        Self::try_start(port, &args)
     }
 
     fn try_start_on(port: u16) -> io::Result<Self> {

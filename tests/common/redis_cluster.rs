@@ -26,19 +26,29 @@ pub struct RedisCluster {
     /// create` (the first three were made masters).
     pub nodes: Vec<RedisServer>,
     dir: PathBuf,
+    /// The arguments every node was started with beyond the usual ones.
+    extra: Vec<String>,
 }
 
 impl RedisCluster {
     /// Starts six nodes and makes them a cluster; waits until every node
     /// says `cluster_state:ok` and knows every other.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`RedisCluster::start`] with `extra` arguments for every node (e.g.
+    /// `--cluster-require-full-coverage no`).
+    pub fn start_with(extra: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "sb-redis-cluster-{}-{}",
             std::process::id(),
             COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).expect("a directory for the cluster's files");
-        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_cluster_node(&dir)).collect();
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| RedisServer::start_cluster_node(&dir, extra))
+            .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
@@ -54,7 +64,8 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = RedisCluster { nodes, dir };
+        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        let cluster = RedisCluster { nodes, dir, extra };
         cluster.wait_ok(Duration::from_secs(20));
         cluster
     }
@@ -78,6 +89,14 @@ impl RedisCluster {
                 info.lines().any(|l| l.trim_end() == "cluster_state:ok")
                     && info.lines().any(|l| l.trim_end() == "cluster_slots_ok:16384")
             });
+            // Every replica has synced with its master: one that has not
+            // cannot take over (its data is too old to be elected).
+            let ok = ok
+                && self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+                    let info = n.command(&["INFO", "replication"]).text().unwrap_or_default();
+                    info.lines().any(|l| l.trim_end() == "role:master")
+                        || info.lines().any(|l| l.trim_end() == "master_link_status:up")
+                });
             let agreed = ok && {
                 let views: Vec<Vec<(u16, u16)>> = self
                     .nodes
@@ -171,6 +190,46 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Starts node `i` again on its port (after [`RedisServer::kill`]): it
+    /// rejoins the cluster from the `nodes.conf` it kept.
+    pub fn restart(&mut self, i: usize) {
+        let port = self.nodes[i].port;
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.nodes[i] = RedisServer::try_start_cluster_node(&self.dir, port, &extra)
+            .unwrap_or_else(|e| panic!("restarting the cluster node on {port}: {e}"));
+    }
+
+    /// `CLUSTER MYID` of node `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.nodes[i]
+            .command(&["CLUSTER", "MYID"])
+            .text()
+            .expect("CLUSTER MYID answers an id")
+    }
+
+    /// `redis-cli --cluster reshard`: moves `slots` slots from master
+    /// `from` to master `to` (indexes in `nodes`), keys and all.
+    pub fn reshard(&self, from: usize, to: usize, slots: u32) {
+        let out = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "reshard",
+                &format!("127.0.0.1:{}", self.nodes[from].port),
+            ])
+            .args(["--cluster-from", &self.node_id(from)])
+            .args(["--cluster-to", &self.node_id(to)])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli --cluster reshard runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster reshard: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The indexes of the nodes that are masters now.
