@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::flood::{Flood, FloodSpec, FloodSummary, Transport, errors_text};
 use super::outcome::{Outcome, Recorder};
 use super::process::{self, TempDir};
-use super::redis::Redis;
+use super::redis::{Redis, RedisCluster};
 use super::servers::{Launch, Server, WORKERS};
 use super::table::{Table, fixed, opt, ratio, thousands, times};
 use super::{Common, Ramp, client, max_streams, procfs};
@@ -92,6 +92,44 @@ pub struct Args {
     /// sse, ws).
     #[arg(long, value_enum, default_value_t = Transport::Chunked)]
     pub transport: Transport,
+    /// Also run the processes on a Redis Cluster of three masters and
+    /// three replicas (`cluster.redis_cluster_nodes`), in the same run.
+    #[arg(long)]
+    pub redis_cluster: bool,
+}
+
+/// What the nodes of one setup run on.
+#[derive(Clone, Copy)]
+enum Backend<'a> {
+    /// Nothing: one process.
+    None,
+    /// One Redis.
+    One(&'a Redis),
+    /// A Redis Cluster.
+    Cluster(&'a RedisCluster),
+}
+
+impl<'a> Backend<'a> {
+    fn nodes(self) -> Vec<&'a Redis> {
+        match self {
+            Backend::None => Vec::new(),
+            Backend::One(r) => vec![r],
+            Backend::Cluster(c) => c.nodes.iter().collect(),
+        }
+    }
+
+    /// The nodes that take the publishes: the one Redis, or the masters.
+    fn masters(self) -> Vec<&'a Redis> {
+        match self {
+            Backend::None => Vec::new(),
+            Backend::One(r) => vec![r],
+            Backend::Cluster(c) => c.masters(),
+        }
+    }
+
+    fn is_some(self) -> bool {
+        !matches!(self, Backend::None)
+    }
 }
 
 /// What `bench cluster` measured.
@@ -115,6 +153,8 @@ pub(crate) struct ClusterRow {
     pub workers: u32,
     /// Joined by Redis.
     pub redis: bool,
+    /// ... a Redis Cluster's (three masters, three replicas).
+    pub redis_cluster: bool,
     /// Streams asked for.
     pub streams: u64,
     /// Messages per second asked for.
@@ -187,8 +227,26 @@ pub(crate) struct RedisUsage {
     pub samples: u64,
     /// `total_commands_processed` over the whole run.
     pub commands: Option<u64>,
-    /// `pubsub_channels` once every stream was open.
+    /// `pubsub_channels` once every stream was open (a Redis Cluster's
+    /// masters: `pubsub_shardchannels`, summed).
     pub channels: Option<u64>,
+    /// Each master's part (one Redis: itself).
+    pub shards: Vec<ShardUsage>,
+}
+
+/// One master during a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub(crate) struct ShardUsage {
+    /// Its port.
+    pub port: u16,
+    /// Publish scripts it ran (`cmdstat_evalsha` calls) over the window.
+    pub publishes: u64,
+    /// Its CPU time (`used_cpu_user` + `used_cpu_sys`) over the window, s.
+    pub cpu_s: f64,
+    /// `used_memory` before the server started, once every stream was
+    /// open, and after the run, bytes.
+    pub memory: [u64; 3],
 }
 
 /// Runs `bench cluster`.
@@ -246,15 +304,39 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         redis_url: Some(redis.url()),
         ..Launch::default()
     };
-    let row = measure(&launch, Some(&redis), &load, dir.path(), &mut rec)?;
+    let row = measure(&launch, Backend::One(&redis), &load, dir.path(), &mut rec)?;
     print_row(&row);
     data.rows.push(row);
     if let Some(note) = redis.stop() {
         rec.note(note);
     }
 
+    if args.redis_cluster {
+        println!(
+            "cluster: {} switchboard processes + a Redis Cluster (3 masters, 3 replicas), the same load",
+            args.processes
+        );
+        let redis = RedisCluster::start()?;
+        for n in &redis.nodes {
+            rec.tool(&n.command);
+        }
+        rec.tool(&redis.command);
+        let launch = Launch {
+            processes: Some(args.processes),
+            workers: Some(args.workers),
+            env: vec![("SWITCHBOARD__CLUSTER__REDIS_CLUSTER_NODES", redis.seeds())],
+            ..Launch::default()
+        };
+        let row = measure(&launch, Backend::Cluster(&redis), &load, dir.path(), &mut rec)?;
+        print_row(&row);
+        data.rows.push(row);
+        for note in redis.stop() {
+            rec.note(note);
+        }
+    }
+
     println!("cluster: 1 switchboard process ({WORKERS} workers), no Redis, the same load");
-    let row = measure(&Launch::default(), None, &load, dir.path(), &mut rec)?;
+    let row = measure(&Launch::default(), Backend::None, &load, dir.path(), &mut rec)?;
     print_row(&row);
     data.rows.push(row);
 
@@ -291,24 +373,37 @@ fn print_row(row: &ClusterRow) {
 /// One setup: `launch` (joined by `redis` when given) under `load`.
 fn measure(
     launch: &Launch,
-    redis: Option<&Redis>,
+    backend: Backend<'_>,
     load: &Load,
     dir: &Path,
     rec: &mut Recorder,
 ) -> anyhow::Result<ClusterRow> {
     let processes = launch.processes.unwrap_or(1);
-    let label = if redis.is_some() { "cluster" } else { "single" };
+    let label = match backend {
+        Backend::None => "single",
+        Backend::One(_) => "cluster",
+        Backend::Cluster(_) => "redis-cluster",
+    };
+    let redis = backend.nodes();
+    let masters = backend.masters();
+    let memory_before: Vec<u64> = masters
+        .iter()
+        .map(|m| m.info_u64("used_memory").unwrap_or(0))
+        .collect();
     let mut server = Server::start_switchboard(launch)?;
     rec.tool(&server.command);
-    if redis.is_some() {
+    if backend.is_some() {
         wait_fleet(&mut server, processes)?;
         check_pids(&server, processes, rec);
     }
     let server_pids = server.pids();
-    let redis_pid = redis.map(Redis::pid);
-    let redis_commands_before = redis.and_then(|r| r.info_u64("total_commands_processed"));
-    let redis_rss_before = redis_pid.and_then(|p| procfs::rss_bytes(&[p]).ok());
-    let sampler = Sampler::start(redis_pid, server_pids.clone());
+    let redis_pids: Vec<u32> = redis.iter().map(|r| r.pid()).collect();
+    let sum_info = |key: &str| -> Option<u64> { redis.iter().map(|r| r.info_u64(key)).sum::<Option<u64>>() };
+    let redis_commands_before = sum_info("total_commands_processed");
+    let redis_rss_before = (!redis_pids.is_empty())
+        .then(|| procfs::rss_bytes(&redis_pids).ok())
+        .flatten();
+    let sampler = Sampler::start(redis_pids.clone(), server_pids.clone());
 
     let ramp = Duration::from_secs_f64(load.streams as f64 / load.rate) + CONNECT_SLACK;
     let spec = FloodSpec {
@@ -336,12 +431,21 @@ fn measure(
     // The CPU window: from every stream open (floodtest then starts sending) to its end.
     let window_start = Instant::now();
     let server_cpu_before = procfs::cpu_ticks(&server_pids).ok();
-    let redis_cpu_before = redis_pid.and_then(|p| procfs::cpu_ticks(&[p]).ok());
+    let redis_cpu_before = (!redis_pids.is_empty())
+        .then(|| procfs::cpu_ticks(&redis_pids).ok())
+        .flatten();
+    let shard_before: Vec<(u64, f64, u64)> = masters.iter().map(|m| shard_counters(m)).collect();
     let (nodes, cluster_streams) = read_nodes(server.addr(), load.streams, &mut flood);
     if nodes.is_empty() {
         rec.note(format!("{label}: GET /cluster listed no nodes"));
     }
-    let channels = redis.and_then(|r| r.info_u64("pubsub_channels"));
+    let channels = match backend {
+        Backend::Cluster(_) => masters
+            .iter()
+            .map(|m| m.info_u64("pubsub_shardchannels"))
+            .sum::<Option<u64>>(),
+        _ => sum_info("pubsub_channels"),
+    };
 
     let summary = flood.finish();
     let window_s = window_start.elapsed().as_secs_f64();
@@ -351,10 +455,26 @@ fn measure(
         Some(secs(after) - secs(before?))
     };
     let server_cpu_s = cpu_delta(&server_pids, server_cpu_before);
-    let redis_cpu_s = redis_pid.and_then(|p| cpu_delta(&[p], redis_cpu_before));
+    let redis_cpu_s = (!redis_pids.is_empty())
+        .then(|| cpu_delta(&redis_pids, redis_cpu_before))
+        .flatten();
+    let shards: Vec<ShardUsage> = masters
+        .iter()
+        .zip(&shard_before)
+        .zip(&memory_before)
+        .map(|((m, (calls, cpu, open)), before)| {
+            let (calls_after, cpu_after, after) = shard_counters(m);
+            ShardUsage {
+                port: m.port,
+                publishes: calls_after.saturating_sub(*calls),
+                cpu_s: cpu_after - cpu,
+                memory: [*before, *open, after],
+            }
+        })
+        .collect();
     let samples = sampler.stop();
     let summary = summary?;
-    let bus = if redis.is_some() {
+    let bus = if backend.is_some() {
         Some(read_bus(server.addr(), processes))
     } else {
         None
@@ -367,17 +487,17 @@ fn measure(
             b.nodes_read
         ));
     }
-    let redis_usage = redis.map(|r| RedisUsage {
+    let redis_usage = backend.is_some().then(|| RedisUsage {
         cpu_s: redis_cpu_s.unwrap_or(0.0),
         rss_before: redis_rss_before.unwrap_or(0),
         rss_max: samples.redis_max(),
         rss_mean: samples.redis_mean(),
         samples: samples.redis.len() as u64,
-        commands: r
-            .info_u64("total_commands_processed")
+        commands: sum_info("total_commands_processed")
             .zip(redis_commands_before)
             .map(|(after, before)| after.saturating_sub(before)),
         channels,
+        shards,
     });
     if let Some(note) = server.stop() {
         rec.note(note);
@@ -385,7 +505,8 @@ fn measure(
     Ok(ClusterRow {
         processes,
         workers: launch.workers.unwrap_or(WORKERS),
-        redis: redis.is_some(),
+        redis: backend.is_some(),
+        redis_cluster: matches!(backend, Backend::Cluster(_)),
         streams: load.streams,
         msg_rate: load.msg_rate,
         all_open_s,
@@ -543,14 +664,14 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(redis: Option<u32>, server: Vec<u32>) -> Self {
+    fn start(redis: Vec<u32>, server: Vec<u32>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
             let mut s = Samples::default();
             while !flag.load(Relaxed) && !process::interrupted() {
-                if let Some(pid) = redis
-                    && let Ok(rss) = procfs::rss_bytes(&[pid])
+                if !redis.is_empty()
+                    && let Ok(rss) = procfs::rss_bytes(&redis)
                 {
                     s.redis.push(rss);
                 }
@@ -587,7 +708,28 @@ fn setup(r: &ClusterRow) -> String {
         count(r.processes, "process"),
         count(r.workers, "worker")
     );
-    if r.redis { what + " + Redis" } else { what }
+    match (r.redis, r.redis_cluster) {
+        (true, true) => what + " + Redis Cluster",
+        (true, false) => what + " + Redis",
+        _ => what,
+    }
+}
+
+/// A master's publish scripts run (`cmdstat_evalsha` calls), its CPU
+/// seconds (`used_cpu_user` + `used_cpu_sys`) and its `used_memory`.
+fn shard_counters(m: &Redis) -> (u64, f64, u64) {
+    let info = m.info_all().unwrap_or_default();
+    let get = |key: &str| info.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let calls = get("cmdstat_evalsha")
+        .and_then(|v| v.split(',').find_map(|f| f.strip_prefix("calls=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let cpu = ["used_cpu_user", "used_cpu_sys"]
+        .iter()
+        .filter_map(|k| get(k)?.parse::<f64>().ok())
+        .sum();
+    let memory = get("used_memory").and_then(|v| v.parse().ok()).unwrap_or(0);
+    (calls, cpu, memory)
 }
 
 /// The table: the cluster row and the single-process row, then each node's
@@ -699,6 +841,54 @@ pub(crate) fn render(o: &Outcome<ClusterData>) -> String {
     if let (Some((n, c)), Some((_, s))) = (p99(true), p99(false)) {
         out += &format!("\np99: {n} processes ÷ 1 process = {}.\n", times(ratio(c, s)));
     }
+    let latency = |cluster: bool| {
+        o.data
+            .rows
+            .iter()
+            .find(|r| r.redis && r.redis_cluster == cluster)
+            .map(|r| (r.flood.latency_ms.p50, r.flood.latency_ms.p99))
+    };
+    if let (Some((Some(c50), Some(c99))), Some((Some(o50), Some(o99)))) = (latency(true), latency(false)) {
+        out += &format!(
+            "\nRedis Cluster ÷ one Redis: p50 {}, p99 {}.\n",
+            times(ratio(c50, o50)),
+            times(ratio(c99, o99))
+        );
+    }
+    for r in o.data.rows.iter().filter(|r| r.redis) {
+        let Some(u) = &r.redis_usage else {
+            continue;
+        };
+        if u.shards.is_empty() {
+            continue;
+        }
+        let total: u64 = u.shards.iter().map(|x| x.publishes).sum();
+        let mean = total as f64 / u.shards.len() as f64;
+        let max = u.shards.iter().map(|x| x.publishes).max().unwrap_or(0);
+        let each: Vec<String> = u
+            .shards
+            .iter()
+            .map(|x| {
+                format!(
+                    ":{} {} publishes, {} s CPU ({} ms per 1,000), used_memory {:.1} → {:.1} → {:.1} MiB",
+                    x.port,
+                    thousands(x.publishes),
+                    fixed(x.cpu_s, 2),
+                    opt(ratio(x.cpu_s * 1e6, x.publishes as f64), |v| fixed(v, 1)),
+                    mib(x.memory[0]),
+                    mib(x.memory[1]),
+                    mib(x.memory[2])
+                )
+            })
+            .collect();
+        out += &format!(
+            "\n{}, per master (before the server → every stream open → after the run): {}; max ÷ mean publishes \
+             per master = {}.\n",
+            setup(r),
+            each.join("; "),
+            opt(ratio(max as f64, mean), |v| fixed(v, 3))
+        );
+    }
     if !o.data.redis_version.is_empty() {
         out += &format!("\nRedis {}.\n", o.data.redis_version);
     }
@@ -715,6 +905,7 @@ pub(crate) mod tests {
             processes: if redis { 4 } else { 1 },
             workers: if redis { 1 } else { 2 },
             redis,
+            redis_cluster: false,
             streams: 10_000,
             msg_rate: 1000.0,
             all_open_s: Some(2.2),
@@ -751,6 +942,7 @@ pub(crate) mod tests {
                 samples: 140,
                 commands: Some(40_000),
                 channels: Some(10_000),
+                shards: Vec::new(),
             }),
             flood: FloodSummary {
                 established: 10_000,

@@ -53,10 +53,14 @@ pub(crate) struct Redis {
 impl Redis {
     /// Starts a fresh Redis and waits until it answers `PING`.
     pub(crate) fn start() -> anyhow::Result<Self> {
+        Self::start_on(process::free_port()?, &[])
+    }
+
+    /// Starts a fresh Redis on `port` with `extra` arguments.
+    fn start_on(port: u16, extra: &[String]) -> anyhow::Result<Self> {
         let exe = find_program("redis-server").with_context(install_hint)?;
         let dir = TempDir::new("redis")?;
-        let port = process::free_port()?;
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "--port",
             &port.to_string(),
             "--save",
@@ -70,6 +74,7 @@ impl Redis {
         ]
         .map(String::from)
         .to_vec();
+        args.extend_from_slice(extra);
         let log = dir.path().join("redis.log");
         let proc = Spawned::logged("redis-server", Command::new(&exe).args(&args), &log)?;
         let mut redis = Redis {
@@ -126,6 +131,14 @@ impl Redis {
         }
     }
 
+    /// `INFO all` (every section, `commandstats` too) as `key → value`.
+    pub(crate) fn info_all(&self) -> anyhow::Result<Vec<(String, String)>> {
+        match command(self.addr(), &["INFO", "all"]).context("redis INFO all")? {
+            Reply::Bulk(text) => Ok(parse_info(&text)),
+            other => bail!("redis INFO all answered {other:?}"),
+        }
+    }
+
     /// One numeric `INFO` field (None when absent or unreadable).
     pub(crate) fn info_u64(&self, key: &str) -> Option<u64> {
         let info = self.info().ok()?;
@@ -143,6 +156,127 @@ impl Redis {
             eprintln!("bench: {n}\n{}", process::tail(&self.log, 10));
         }
         note
+    }
+}
+
+/// A Redis Cluster of three masters and three replicas, made by
+/// `redis-cli --cluster create`, for `bench cluster --redis-cluster`.
+pub(crate) struct RedisCluster {
+    /// Every node.
+    pub nodes: Vec<Redis>,
+    /// How it was made, for the report.
+    pub command: String,
+}
+
+impl RedisCluster {
+    /// Starts six cluster nodes (a node's bus port is its port + 10,000:
+    /// ports below 45,000, tried again on another if one was taken) and
+    /// joins them; waits until every node says `cluster_state:ok` and every
+    /// replica has synced.
+    pub(crate) fn start() -> anyhow::Result<Self> {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let mut last = None;
+            for _ in 0..5 {
+                let port = cluster_port();
+                let extra = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1500"].map(String::from);
+                match Redis::start_on(port, &extra) {
+                    Ok(r) => {
+                        last = None;
+                        nodes.push(r);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            if let Some(e) = last {
+                return Err(e.context("starting a Redis Cluster node"));
+            }
+        }
+        let exe = find_program("redis-cli").context("redis-cli (apt-get install -y redis-tools)")?;
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(|n| n.addr().to_string()));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let out = Command::new(&exe)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .context("redis-cli --cluster create")?;
+        if !out.status.success() {
+            bail!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let cluster = RedisCluster {
+            nodes,
+            command: shell_line(&exe.display().to_string(), &args),
+        };
+        let started = Instant::now();
+        while !cluster.settled() {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("the Redis Cluster did not settle within 30 s");
+            }
+            process::pause(Duration::from_millis(100))?;
+        }
+        Ok(cluster)
+    }
+
+    /// Every node says `cluster_state:ok`, and every replica has synced.
+    fn settled(&self) -> bool {
+        self.nodes.iter().all(|n| {
+            let field = |cmd: &[&str], line: &str| match command(n.addr(), cmd) {
+                Ok(Reply::Bulk(text)) => text.lines().any(|l| l.trim_end() == line),
+                _ => false,
+            };
+            field(&["CLUSTER", "INFO"], "cluster_state:ok")
+                && (field(&["INFO", "replication"], "role:master")
+                    || field(&["INFO", "replication"], "master_link_status:up"))
+        })
+    }
+
+    /// `cluster.redis_cluster_nodes`: every node.
+    pub(crate) fn seeds(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://{}", n.addr()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The nodes that are masters now.
+    pub(crate) fn masters(&self) -> Vec<&Redis> {
+        self.nodes
+            .iter()
+            .filter(|n| {
+                n.info()
+                    .is_ok_and(|i| i.iter().any(|(k, v)| k == "role" && v == "master"))
+            })
+            .collect()
+    }
+
+    /// Stops every node; the notes of those that did not exit cleanly.
+    pub(crate) fn stop(self) -> Vec<String> {
+        self.nodes.into_iter().filter_map(Redis::stop).collect()
+    }
+}
+
+/// A port below 45,000 that nothing answers on, nor on its bus port (the
+/// port + 10,000): a candidate, tried by starting the node on it.
+fn cluster_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        let port = 20_000 + (h.finish() % 25_000) as u16;
+        let taken = |p: u16| std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, p)).is_ok();
+        if !taken(port) && !taken(port + 10_000) {
+            return port;
+        }
     }
 }
 
