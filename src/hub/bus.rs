@@ -90,6 +90,44 @@ struct Incoming {
     payload: Bytes,
 }
 
+/// Redis confirmed a SUBSCRIBE of these ids (sent by a link task).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Confirmed {
+    /// Which link.
+    generation: u64,
+    /// Which shard's connection of it.
+    shard: (usize, u64),
+    /// The ids.
+    ids: Vec<Arc<str>>,
+}
+
+impl Handler<Confirmed> for Bus {
+    type Result = ();
+
+    fn handle(
+        &mut self,
+        Confirmed {
+            generation,
+            shard,
+            ids,
+        }: Confirmed,
+        ctx: &mut Context<Self>,
+    ) {
+        guarded(self, ctx, |bus, _| {
+            let (index, connection) = shard;
+            let current = bus
+                .link
+                .as_ref()
+                .and_then(|l| l.shards.get(index))
+                .is_some_and(|s| s.generation == connection && s.ops.is_some());
+            if generation == bus.generation && current {
+                bus.subscribed.do_send(Subscribed::Ids(ids));
+            }
+        });
+    }
+}
+
 /// A link failed (sent by its link task).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -445,7 +483,6 @@ impl Bus {
             rx,
             Arc::clone(&self.cluster),
             ctx.address(),
-            self.subscribed.clone(),
             (generation, (k, connection)),
         ));
         shard.ops = Some(tx);
@@ -597,7 +634,6 @@ impl Bus {
                 rx,
                 Arc::clone(&self.cluster),
                 ctx.address(),
-                self.subscribed.clone(),
                 (generation, (shard, 0)),
             ));
             shards.push(ShardLink::up(tx, since));
@@ -667,7 +703,12 @@ impl Bus {
                     "cluster bus connected and subscribed again; ready once the other nodes can be back"
                 );
                 ctx.run_later(settle, move |bus, _| {
-                    if generation == bus.generation && bus.link.is_some() {
+                    // On a Redis Cluster, with at least one shard's link up.
+                    let up = bus
+                        .link
+                        .as_ref()
+                        .is_some_and(|l| l.topology.is_none() || l.shards.iter().any(|s| s.ops.is_some()));
+                    if generation == bus.generation && up {
                         bus.cluster.stats.connected.store(true, Relaxed);
                     }
                 });
@@ -789,10 +830,9 @@ async fn run_link(
     mut rx: mpsc::UnboundedReceiver<Op>,
     cluster: Arc<Cluster>,
     bus: Addr<Bus>,
-    router: Recipient<Subscribed>,
     (generation, shard): (u64, (usize, u64)),
 ) {
-    let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, &router, (generation, shard)).await;
+    let why = relay_until_lost(&mut conn, &mut rx, &cluster, &bus, (generation, shard)).await;
     bus.do_send(LinkLost {
         generation,
         shard,
@@ -812,7 +852,6 @@ async fn relay_until_lost(
     rx: &mut mpsc::UnboundedReceiver<Op>,
     cluster: &Cluster,
     bus: &Addr<Bus>,
-    router: &Recipient<Subscribed>,
     (generation, shard): (u64, (usize, u64)),
 ) -> String {
     let timeout = cluster.link_timeout();
@@ -870,7 +909,14 @@ async fn relay_until_lost(
                 && let Some(done) = unconfirmed.pop_front()
                 && !done.ids.is_empty()
             {
-                router.do_send(Subscribed::Ids(done.ids));
+                // Through the Bus, which drops it if this connection was
+                // replaced meanwhile (its ids are then subscribed again on
+                // the new one, and confirmed there).
+                bus.do_send(Confirmed {
+                    generation,
+                    shard,
+                    ids: done.ids,
+                });
             }
         }
         // Ops that came meanwhile: the biased select below reads the
@@ -1249,11 +1295,24 @@ impl Supervised for Bus {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.cluster.stats.restarts.fetch_add(1, Relaxed);
         self.cluster.stats.connected.store(false, Relaxed);
-        self.link = None;
         self.connecting = false;
         self.generation += 1;
         self.attempts = 0;
-        self.subscribed.do_send(Subscribed::LinkDown);
+        match self.link.take() {
+            // Each shard's ids catch up from where its own link had them,
+            // not from the node's clock (another shard's ids set it).
+            Some(Link {
+                shards,
+                topology: Some(topology),
+            }) => {
+                self.cluster.shards_up(None);
+                for (k, shard) in shards.iter().enumerate() {
+                    let part = self.part(&topology, k);
+                    self.subscribed.do_send(Subscribed::PartDown(part, shard.seen));
+                }
+            }
+            _ => self.subscribed.do_send(Subscribed::LinkDown),
+        }
         tracing::warn!(
             event = "restart",
             actor = "bus",

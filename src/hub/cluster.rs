@@ -89,7 +89,9 @@ const SHARDED_PRELUDE: &str = "local function fmt(n) return string.format('%.0f'
     redis.call('HSET', KEYS[1], 'clock', fmt(now), 'epoch', fmt(now), 'node', me) \
     elseif f[3] ~= me then epoch = math.max(now, clock + 1) \
     redis.call('HSET', KEYS[1], 'epoch', fmt(epoch), 'node', me) end \
-    redis.call('PEXPIRE', KEYS[1], keep) ";
+    local kept = tonumber(keep) \
+    if not kept or kept <= 0 then kept = 3600000 end \
+    redis.call('PEXPIRE', KEYS[1], kept) ";
 
 /// A broadcast on a Redis Cluster: claims its `Idempotency-Key` (if any)
 /// and SPUBLISHes `<origin> <message>` on the broadcast channel, in the
@@ -407,23 +409,35 @@ fn sharded_master(
             "no cluster.redis_cluster_nodes",
         ))
     })?;
-    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
-        .connection_timeout(timeout)
-        .response_timeout(timeout)
-        .retries(2)
-        .tcp_settings(TcpSettings::default().set_nodelay(true));
     let certificates = || redis::TlsCertificates {
         client_tls: None,
         root_cert: ca.map(<[u8]>::to_vec),
     };
-    if settings.cluster_tls() && ca.is_some() {
-        builder = builder.certs(certificates());
-    }
-    let cluster = builder.build()?;
-    let config = redis::cluster::ClusterConfig::new()
-        .set_connection_timeout(timeout)
-        .set_response_timeout(timeout);
-    let conn = cluster.get_pending_async_connection_with_config(config);
+    let client = |retries: u32| {
+        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(retries)
+            .tcp_settings(TcpSettings::default().set_nodelay(true));
+        if settings.cluster_tls() && ca.is_some() {
+            builder = builder.certs(certificates());
+        }
+        builder.build()
+    };
+    // The publishes' own connection never retries: redis-rs would send the
+    // publish script again after a connection lost or a timeout, when the
+    // first may have run (a second event id, delivered twice). A MOVED or
+    // ASK answer (the script did not run) is a 503 that is safe to retry,
+    // and refreshes the slot map for the next publish.
+    let publishes = client(0)?;
+    let cluster = client(2)?;
+    let config = || {
+        redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout)
+    };
+    let conn = cluster.get_pending_async_connection_with_config(config());
+    let publish = publishes.get_pending_async_connection_with_config(config());
     let client = match (ca, first.addr()) {
         (Some(_), redis::ConnectionAddr::TcpTls { .. }) => {
             redis::Client::build_with_tls(first, certificates())?
@@ -433,7 +447,7 @@ fn sharded_master(
     Ok(Master {
         client,
         conn: Commands::Sharded(conn),
-        publish: None,
+        publish: Some(Commands::Sharded(publish)),
         found: true,
     })
 }
@@ -1973,12 +1987,20 @@ impl Cluster {
                 tracing::debug!(command = what, cause = %e, "redis command failed");
                 // Redis answered, with an error (a script's, a command's):
                 // reported as that, not as a Redis that did not answer.
+                // A Redis Cluster's redirects and refusals too: the command
+                // did not run there.
                 if matches!(
                     e.kind(),
                     redis::ErrorKind::Server(
                         redis::ServerErrorKind::ResponseError
                             | redis::ServerErrorKind::ExecAbort
                             | redis::ServerErrorKind::NoPerm
+                            | redis::ServerErrorKind::Moved
+                            | redis::ServerErrorKind::Ask
+                            | redis::ServerErrorKind::TryAgain
+                            | redis::ServerErrorKind::ClusterDown
+                            | redis::ServerErrorKind::MasterDown
+                            | redis::ServerErrorKind::CrossSlot
                     ) | redis::ErrorKind::Extension
                 ) {
                     return Err(ApiError::RedisRefused(format!("{what}: {e}")));

@@ -546,7 +546,7 @@ pub(crate) struct Router<S: StreamActor> {
     /// Ids whose streams may have missed messages while the link was down,
     /// until their subscription is confirmed on a new link and they catch
     /// up ([`Router::catch_up`]). Empty at rest.
-    stale: HashSet<Arc<str>>,
+    stale: HashMap<Arc<str>, u64>,
     /// Ids confirmed on the new link since it was lost: a stream of one
     /// may read the fleet's history. Empty at rest.
     recovered: HashSet<Arc<str>>,
@@ -583,7 +583,7 @@ impl<S: StreamActor> Router<S> {
             presence_flushing: false,
             floors: HashMap::new(),
             lost_at: None,
-            stale: HashSet::new(),
+            stale: HashMap::new(),
             recovered: HashSet::new(),
             link_epoch: 0,
             whole_lost: false,
@@ -700,8 +700,11 @@ impl<S: StreamActor> Router<S> {
     /// Puts a stream into the table. While the link is down (or this id
     /// not subscribed again since), it will catch up with the rest.
     fn join(&mut self, id: Arc<str>, conn: ConnId, addr: WeakAddr<S>) {
-        if self.affected(&id) {
-            self.stale.insert(Arc::clone(&id));
+        if self.affected(&id)
+            && let Some(lost_at) = self.lost_at
+        {
+            let from = self.lost_from(&id, lost_at);
+            self.mark_stale(&id, from);
         }
         self.table.entry(id).or_default().push((conn, addr));
         self.streams += 1;
@@ -848,22 +851,35 @@ impl<S: StreamActor> Router<S> {
     /// clock), and which ids will catch up.
     fn link_lost(&mut self, part: Option<(Part, u64)>) {
         self.link_epoch += 1;
-        if self.lost_at.is_none() {
-            self.lost_at = Some(self.clock);
-        }
+        let lost_at = *self.lost_at.get_or_insert(self.clock);
+        let ids: Vec<Arc<str>> = self.table.keys().cloned().collect();
         match part {
             None => {
                 self.whole_lost = true;
                 self.recovered.clear();
-                self.stale.extend(self.table.keys().cloned());
+                for id in &ids {
+                    self.mark_stale(id, lost_at);
+                }
             }
             Some((part, at)) => {
                 self.recovered.retain(|id| !part.holds(id));
-                self.stale
-                    .extend(self.table.keys().filter(|id| part.holds(id)).cloned());
+                for id in ids.iter().filter(|id| part.holds(id)) {
+                    self.mark_stale(id, at);
+                }
                 self.lost_parts.push((part, at));
             }
         }
+    }
+
+    /// `id`'s streams may have missed its messages after `from`: they
+    /// catch up from there, or from an earlier point already noted (each
+    /// id keeps its own, so a part that went twice, or a part that came
+    /// back while another is down, never moves an id's point).
+    fn mark_stale(&mut self, id: &Arc<str>, from: u64) {
+        self.stale
+            .entry(Arc::clone(id))
+            .and_modify(|at| *at = (*at).min(from))
+            .or_insert(from);
     }
 
     /// Whether `id`'s messages may be missing here: its part of the link
@@ -897,19 +913,18 @@ impl<S: StreamActor> Router<S> {
     /// meanwhile (what comes live is buffered, as for a read) and come
     /// back with a [`Welcome::again`]: what they missed, and any gap.
     fn catch_up(&mut self, ids: &[Arc<str>], ctx: &mut Context<Self>) {
-        let Some(lost_at) = self.lost_at else {
+        if self.lost_at.is_none() {
             return;
-        };
-        // By where each catches up from: one position for every id of a
-        // whole link, one per part of it.
+        }
+        // By where each catches up from (its own point, see
+        // `Router::mark_stale`): one read per position and batch.
         let mut batches: BTreeMap<u64, Batch<S>> = BTreeMap::new();
         for id in ids {
             self.recovered.insert(Arc::clone(id));
-            if self.stale.remove(id)
+            if let Some(from) = self.stale.remove(id)
                 && let Some(streams) = self.table.remove(id)
             {
                 self.streams -= streams.len();
-                let from = self.lost_from(id, lost_at);
                 batches.entry(from).or_default().push((Arc::clone(id), streams));
             }
         }
@@ -917,7 +932,7 @@ impl<S: StreamActor> Router<S> {
             // Every id caught up, or is catching up now.
             self.lost_at = None;
             self.recovered = HashSet::new();
-            self.stale = HashSet::new();
+            self.stale = HashMap::new();
             self.whole_lost = false;
             self.lost_parts = Vec::new();
         }
@@ -1016,7 +1031,7 @@ impl<S: StreamActor> Router<S> {
                 }
                 if r.link_epoch != self.link_epoch {
                     self.lost_at = Some(self.lost_at.map_or(lost_at, |at| at.min(lost_at)));
-                    self.stale.insert(Arc::clone(id));
+                    self.mark_stale(id, lost_at);
                     self.table
                         .entry(Arc::clone(id))
                         .or_default()
@@ -2198,6 +2213,8 @@ mod tests {
         presence: Option<Duration>,
         /// Reads and catch-ups never answer (they are recorded).
         hold: bool,
+        /// Catch-ups answer (nothing missed) after 50 ms.
+        slow: bool,
     }
 
     impl FakeFleet {
@@ -2210,6 +2227,20 @@ mod tests {
             Self::with(true)
         }
 
+        /// One whose catch-ups answer 50 ms later, having found nothing.
+        fn slow() -> (Arc<dyn Broker>, Arc<Mutex<Vec<String>>>) {
+            let (_, told) = Self::with(false);
+            let fleet = FakeFleet {
+                history: Mutex::new(crate::hub::history::History::new(16, Duration::from_secs(60))),
+                told: Arc::clone(&told),
+                writes: Arc::default(),
+                presence: None,
+                hold: false,
+                slow: true,
+            };
+            (Arc::new(fleet), told)
+        }
+
         fn with(hold: bool) -> (Arc<dyn Broker>, Arc<Mutex<Vec<String>>>) {
             let told = Arc::default();
             let fleet = FakeFleet {
@@ -2218,6 +2249,7 @@ mod tests {
                 writes: Arc::default(),
                 presence: None,
                 hold,
+                slow: false,
             };
             (Arc::new(fleet), told)
         }
@@ -2256,11 +2288,26 @@ mod tests {
             let read = self.history.lock().unwrap().read(id, since);
             Read::Later(Box::pin(async move { Some(read) }))
         }
-        fn catch_up(&self, ids: Vec<Arc<str>>, _: u64) -> crate::hub::broker::Later<Option<CaughtUp>> {
-            if self.hold {
-                for id in ids {
+        fn catch_up(&self, ids: Vec<Arc<str>>, since: u64) -> crate::hub::broker::Later<Option<CaughtUp>> {
+            if self.hold || self.slow {
+                for id in &ids {
                     self.tell(format!("catch up {id}"));
+                    self.tell(format!("catch up {id} from {since}"));
                 }
+            }
+            if self.slow {
+                return Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Some(CaughtUp {
+                        clock: since,
+                        epoch: 0,
+                        broadcasts: Default::default(),
+                        ids: vec![Default::default(); ids.len()],
+                        each: Vec::new(),
+                    })
+                });
+            }
+            if self.hold {
                 return Box::pin(std::future::pending());
             }
             Box::pin(async { None })
@@ -2877,6 +2924,65 @@ mod tests {
         drop(pending);
     }
 
+    /// A part of the link (a Redis Cluster's shard) with one id.
+    fn part_of(id: &'static str) -> Part {
+        Part(Arc::new(move |i: &str| i == id))
+    }
+
+    /// Waits until `told` has `line`.
+    async fn told_line(told: &Arc<Mutex<Vec<String>>>, line: &str) {
+        eventually(|| told.lock().unwrap().iter().any(|l| l == line)).await;
+    }
+
+    /// Each id catches up from its own point: a part that goes again while
+    /// its id's catch-up is out keeps the earlier point (nothing between
+    /// the two is skipped), and a part that goes again after its ids caught
+    /// up, while another part is still down, starts from its new point
+    /// (nothing they had is replayed).
+    #[actix_rt::test]
+    async fn each_id_catches_up_from_its_own_point() {
+        let stats = Arc::new(Stats::new());
+        let (fleet, told) = FakeFleet::slow();
+        let router = Router::<Fake>::new(Arc::clone(&stats), fleet).start();
+        let _a = welcomed(&router, 1).await;
+        let _b = log_in(&router, "b", None).await;
+        router.send(Subscribed::Ids(vec![Arc::from("b")])).await.unwrap();
+        // a's part goes at 100, comes back; a's catch-up is out when the
+        // part goes again at 500, so a is read again from 100, not 500.
+        router
+            .send(Subscribed::PartDown(part_of("a"), 100))
+            .await
+            .unwrap();
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        router
+            .send(Subscribed::PartDown(part_of("a"), 500))
+            .await
+            .unwrap();
+        told_line(&told, "catch up a from 100").await;
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        told.lock().unwrap().clear();
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        told_line(&told, "catch up a from 100").await;
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        // b's part goes at 200 and stays down; a's goes at 700 and comes
+        // back: a catches up from 700, not from its part's earlier 100.
+        router
+            .send(Subscribed::PartDown(part_of("b"), 200))
+            .await
+            .unwrap();
+        router
+            .send(Subscribed::PartDown(part_of("a"), 700))
+            .await
+            .unwrap();
+        told.lock().unwrap().clear();
+        router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();
+        told_line(&told, "catch up a from 700").await;
+        router.send(Subscribed::Ids(vec![Arc::from("b")])).await.unwrap();
+        told_line(&told, "catch up b from 200").await;
+        let lines = told.lock().unwrap().clone();
+        assert!(!lines.iter().any(|l| l == "catch up a from 100"), "{lines:?}");
+    }
+
     #[actix_rt::test]
     async fn a_restart_during_a_catch_up_catches_up_again() {
         let stats = Arc::new(Stats::new());
@@ -2941,6 +3047,7 @@ mod tests {
             writes: Arc::clone(&writes),
             presence: Some(Duration::from_millis(5)),
             hold: false,
+            slow: false,
         };
         let _router = Router::<Fake>::new(stats, Arc::new(fleet)).start();
         tokio::time::sleep(Duration::from_millis(100)).await;
