@@ -23,19 +23,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster::{WAIT, event_line, lines_within, open_ids, post, prefix, start_node, wait_until};
-use common::{StreamClient, TestServer, request, settings};
+use common::{StreamClient, TestServer, request};
 use redis_cluster::RedisCluster;
 use switchboard::Settings;
 
 /// A node of a fleet on `redis`.
 fn node_settings(redis: &RedisCluster, prefix: &str, name: &str) -> Settings {
-    let mut s = settings();
-    s.server.admin_public = true;
-    s.cluster.redis_cluster_nodes = redis.seeds();
-    s.cluster.prefix = prefix.to_owned();
-    s.cluster.node_name = name.to_owned();
-    s.cluster.heartbeat_interval_ms = 200;
-    s
+    redis.node_settings(prefix, name)
 }
 
 /// `per_shard` ids served by each master, as `(id, master index)`.

@@ -72,20 +72,8 @@ impl Engine {
     fn redis(test: &str, edit: fn(&mut Settings)) -> Engine {
         let redis = RedisServer::start();
         let p = prefix(test);
-        let node = |name: &str| {
-            let mut s = node_settings(&redis, &p, name);
-            s.cluster.heartbeat_interval_ms = 200;
-            edit(&mut s);
-            start_node(s)
-        };
-        let (a, b) = (node("a"), node("b"));
-        Engine {
-            publish_on: a.addr,
-            stream_on: b.addr,
-            redis: Backing::Redis(redis, p),
-            _nodes: vec![a, b],
-            held: RefCell::default(),
-        }
+        let nodes = Self::two_nodes(|name| node_settings(&redis, &p, name), edit);
+        Self::fleet(nodes, Backing::Redis(redis, p))
     }
 
     /// Two nodes on a Redis Cluster of three masters and three replicas
@@ -93,21 +81,27 @@ impl Engine {
     fn redis_cluster(test: &str, edit: fn(&mut Settings)) -> Engine {
         let redis = RedisCluster::start();
         let p = prefix(test);
+        let nodes = Self::two_nodes(|name| redis.node_settings(&p, name), edit);
+        Self::fleet(nodes, Backing::Cluster(redis, p))
+    }
+
+    /// Nodes `a` and `b`, their settings `of(name)` edited by `edit`.
+    fn two_nodes(of: impl Fn(&str) -> Settings, edit: fn(&mut Settings)) -> [TestServer; 2] {
         let node = |name: &str| {
-            let mut s = settings();
-            s.server.admin_public = true;
-            s.cluster.redis_cluster_nodes = redis.seeds();
-            s.cluster.prefix = p.clone();
-            s.cluster.node_name = name.to_owned();
+            let mut s = of(name);
             s.cluster.heartbeat_interval_ms = 200;
             edit(&mut s);
             start_node(s)
         };
-        let (a, b) = (node("a"), node("b"));
+        [node("a"), node("b")]
+    }
+
+    /// Publishing on `a`, streaming on `b`.
+    fn fleet([a, b]: [TestServer; 2], redis: Backing) -> Engine {
         Engine {
             publish_on: a.addr,
             stream_on: b.addr,
-            redis: Backing::Cluster(redis, p),
+            redis,
             _nodes: vec![a, b],
             held: RefCell::default(),
         }

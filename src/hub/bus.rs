@@ -105,24 +105,10 @@ struct Confirmed {
 impl Handler<Confirmed> for Bus {
     type Result = ();
 
-    fn handle(
-        &mut self,
-        Confirmed {
-            generation,
-            shard,
-            ids,
-        }: Confirmed,
-        ctx: &mut Context<Self>,
-    ) {
+    fn handle(&mut self, m: Confirmed, ctx: &mut Context<Self>) {
         guarded(self, ctx, |bus, _| {
-            let (index, connection) = shard;
-            let current = bus
-                .link
-                .as_ref()
-                .and_then(|l| l.shards.get(index))
-                .is_some_and(|s| s.generation == connection && s.ops.is_some());
-            if generation == bus.generation && current {
-                bus.subscribed.do_send(Subscribed::Ids(ids));
+            if bus.current(m.generation, m.shard, true) {
+                bus.subscribed.do_send(Subscribed::Ids(m.ids));
             }
         });
     }
@@ -249,6 +235,17 @@ impl Bus {
 
     fn linger(&self) -> Duration {
         Duration::from_millis(self.cluster.settings.unsubscribe_linger_ms)
+    }
+
+    /// Whether an event of link `generation`, shard connection `(index,
+    /// connection)` is of the current one (`up`: and it was not dropped).
+    fn current(&self, generation: u64, (index, connection): (usize, u64), up: bool) -> bool {
+        generation == self.generation
+            && self
+                .link
+                .as_ref()
+                .and_then(|l| l.shards.get(index))
+                .is_some_and(|s| s.generation == connection && (s.ops.is_some() || !up))
     }
 
     /// Whether the connection that carries `id` is up.
@@ -493,12 +490,7 @@ impl Bus {
             .send(HeldIds)
             .into_actor(self)
             .map(move |held, bus, ctx| {
-                let current = bus
-                    .link
-                    .as_ref()
-                    .and_then(|l| l.shards.get(k))
-                    .is_some_and(|s| s.generation == connection && s.ops.is_some());
-                if generation != bus.generation || !current {
+                if !bus.current(generation, (k, connection), true) {
                     return;
                 }
                 let names = bus.cluster.names.clone();
@@ -526,12 +518,7 @@ impl Bus {
                      resume once the other nodes can be back"
                 );
                 ctx.run_later(settle, move |bus, _| {
-                    let current = bus
-                        .link
-                        .as_ref()
-                        .and_then(|l| l.shards.get(k))
-                        .is_some_and(|s| s.generation == connection && s.ops.is_some());
-                    if generation == bus.generation && current {
+                    if bus.current(generation, (k, connection), true) {
                         bus.cluster.set_shard_up(k, true, None);
                         bus.cluster.stats.connected.store(true, Relaxed);
                     }
@@ -1382,16 +1369,11 @@ impl Handler<Incoming> for Bus {
         ctx: &mut Context<Self>,
     ) {
         guarded(self, ctx, |bus, _| {
-            let (index, connection) = shard;
-            let current = bus
-                .link
-                .as_ref()
-                .and_then(|l| l.shards.get(index))
-                .is_some_and(|s| s.generation == connection);
-            if generation == bus.generation
-                && current
+            // A connection being dropped still hands over what it read,
+            // in order, before its LinkLost.
+            if bus.current(generation, shard, false)
                 && let Some(event) = bus.deliver(&channel, &payload)
-                && let Some(s) = bus.link.as_mut().and_then(|l| l.shards.get_mut(index))
+                && let Some(s) = bus.link.as_mut().and_then(|l| l.shards.get_mut(shard.0))
             {
                 s.seen = s.seen.max(event);
             }

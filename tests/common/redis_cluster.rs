@@ -79,6 +79,18 @@ impl RedisCluster {
             .join(",")
     }
 
+    /// The settings of a fleet node on this cluster, with `prefix` and
+    /// `name`, its operator pages on its port, heartbeats every 200 ms.
+    pub fn node_settings(&self, prefix: &str, name: &str) -> switchboard::Settings {
+        let mut s = crate::common::settings();
+        s.server.admin_public = true;
+        s.cluster.redis_cluster_nodes = self.seeds();
+        s.cluster.prefix = prefix.to_owned();
+        s.cluster.node_name = name.to_owned();
+        s.cluster.heartbeat_interval_ms = 200;
+        s
+    }
+
     /// Waits until every live node reports `cluster_state:ok` and every
     /// slot is served by a master it agrees on.
     pub fn wait_ok(&self, within: Duration) {
