@@ -228,7 +228,7 @@ pub(crate) struct RedisUsage {
     /// `total_commands_processed` over the whole run.
     pub commands: Option<u64>,
     /// `pubsub_channels` once every stream was open (a Redis Cluster's
-    /// masters: `pubsub_shardchannels`, summed).
+    /// masters: `pubsubshard_channels`, summed).
     pub channels: Option<u64>,
     /// Each master's part (one Redis: itself).
     pub shards: Vec<ShardUsage>,
@@ -442,7 +442,7 @@ fn measure(
     let channels = match backend {
         Backend::Cluster(_) => masters
             .iter()
-            .map(|m| m.info_u64("pubsub_shardchannels"))
+            .map(|m| m.info_u64("pubsubshard_channels"))
             .sum::<Option<u64>>(),
         _ => sum_info("pubsub_channels"),
     };
