@@ -62,6 +62,10 @@ const SETTLE_MARGIN: Duration = Duration::from_millis(100);
 /// How often lingering ids are checked for expiry, at most.
 const SWEEP_MAX: Duration = Duration::from_millis(250);
 
+/// A link's queue of subscription changes keeps at most this capacity
+/// once it is empty.
+const SHRINK_ABOVE: usize = 1024;
+
 /// Most occupancy writes (each of up to 1,000 ids) one step makes.
 const OCCUPANCY_STEPS: usize = 10;
 
@@ -929,6 +933,12 @@ async fn relay_until_lost(
             gather_until = None;
             if let Err(e) = send_command(conn, &mut queued, &mut unconfirmed, cluster, timeout).await {
                 return format!("writing to Redis: {e}");
+            }
+            if queued.is_empty() && queued.capacity() > SHRINK_ABOVE {
+                // A burst of new ids (on a Redis Cluster one command per
+                // slot, so they wait longer) grew the queue: its memory
+                // goes back rather than staying with the idle link.
+                queued.shrink_to_fit();
             }
             continue;
         }
