@@ -40,7 +40,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Payload, parse_note, parse_payload};
+use super::cluster::{AwaitedEcho, Cluster, MAX_AHEAD, Names, Payload, parse_note, parse_payload};
 use super::link::{Conn, FRAMING_BYTES, Received, Reply};
 use super::occupancy::Wrote;
 use super::sharded::{Topology, slot_of};
@@ -171,15 +171,19 @@ impl ShardLink {
 
 impl Link {
     /// The shard an op goes to: its channel's.
-    fn shard_of(&self, op: &Op, names: &super::cluster::Names) -> usize {
-        let Some(topology) = &self.topology else {
-            return 0;
-        };
-        match op {
-            Op::Subscribe(id) => topology.shard_of_key(names.id_channel(id).as_bytes()),
-            Op::Unsubscribe(channel) => topology.shard_of_key(channel.as_bytes()),
-            Op::Ping => 0,
+    fn shard_of(&self, op: &Op) -> usize {
+        match (&self.topology, op) {
+            (Some(_), Op::Subscribe(id)) => self.shard_of_id(id),
+            (Some(topology), Op::Unsubscribe(channel)) => topology.shard_of_key(channel.as_bytes()),
+            _ => 0,
         }
+    }
+
+    /// The shard that carries `id`'s channel.
+    fn shard_of_id(&self, id: &str) -> usize {
+        self.topology
+            .as_ref()
+            .map_or(0, |topology| topology.shard_of(Names::slot_of_id(id)))
     }
 }
 
@@ -255,7 +259,7 @@ impl Bus {
     /// Whether the connection that carries `id` is up.
     fn linked(&self, id: &Arc<str>) -> bool {
         self.link.as_ref().is_some_and(|link| {
-            let shard = link.shard_of(&Op::Subscribe(Arc::clone(id)), &self.cluster.names);
+            let shard = link.shard_of_id(id);
             link.shards.get(shard).is_some_and(|s| s.ops.is_some())
         })
     }
@@ -270,7 +274,7 @@ impl Bus {
                 }
             }
             (Some(link), op) => {
-                let shard = link.shard_of(&op, &self.cluster.names);
+                let shard = link.shard_of(&op);
                 match (link.shards.get(shard).and_then(|s| s.ops.as_ref()), op) {
                     (Some(ops), op) => {
                         let _ = ops.send(op);
@@ -361,11 +365,8 @@ impl Bus {
 
     /// The ids shard `k` of `topology` carries, for the Router.
     fn part(&self, topology: &Arc<Topology>, k: usize) -> Part {
-        let names = self.cluster.names.clone();
         let of = Arc::clone(topology);
-        Part(Arc::new(move |id: &str| {
-            of.shard_of_key(names.id_channel(id).as_bytes()) == k
-        }))
+        Part(Arc::new(move |id: &str| of.shard_of(Names::slot_of_id(id)) == k))
     }
 
     /// Makes shard `k`'s connection again after its backoff.
@@ -497,12 +498,11 @@ impl Bus {
                 if !bus.current(generation, (k, connection), true) {
                     return;
                 }
-                let names = bus.cluster.names.clone();
                 let ids: Vec<Arc<str>> = bus
                     .cluster
                     .to_subscribe(held.unwrap_or_default())
                     .into_iter()
-                    .filter(|id| topology.shard_of_key(names.id_channel(id).as_bytes()) == k)
+                    .filter(|id| topology.shard_of(Names::slot_of_id(id)) == k)
                     .collect();
                 for id in &ids {
                     bus.send(Op::Subscribe(Arc::clone(id)));

@@ -635,6 +635,12 @@ impl Names {
         self.sharded
     }
 
+    /// The slot of every name of `id` on a Redis Cluster: its hash tag is
+    /// the id, so no name needs to be made to find it.
+    pub(crate) fn slot_of_id(id: &str) -> u16 {
+        crate::hub::sharded::slot_of(id.as_bytes())
+    }
+
     /// The channel of stream id `id`: one per id, a sharded channel
     /// (SSUBSCRIBE, SPUBLISH) in the id's slot on a Redis Cluster.
     pub(crate) fn id_channel(&self, id: &str) -> String {
@@ -1551,30 +1557,24 @@ impl Cluster {
     /// Reads the fleet's history for a stream of `id` that resumes after
     /// `since` (or, `None`, starts now) with [`READ_SCRIPT`].
     pub(crate) async fn read_history(&self, id: &str, since: Option<u64>) -> Result<FleetRead, ApiError> {
-        if self.names.sharded() {
-            // The id's own clock and history, in its slot; broadcasts are
-            // not kept on a Redis Cluster (see BROADCAST_SCRIPT).
-            let clock_key = self.names.clock_key(Some(id));
-            let (clock, epoch, mut kept) = self.read(clock_key, vec![self.history_of(id)], since).await?;
-            let mut read = FleetRead {
-                clock,
-                epoch,
-                ..FleetRead::default()
-            };
-            if since.is_some() {
-                read.id = kept.pop().ok_or(ApiError::BusUnavailable)?;
-            }
-            return Ok(read);
+        // On a Redis Cluster the id's own clock and history, in its slot;
+        // broadcasts are not kept there (see BROADCAST_SCRIPT).
+        let sharded = self.names.sharded();
+        let mut histories = vec![self.history_of(id)];
+        if !sharded {
+            histories.push(self.broadcasts_history());
         }
-        let histories = vec![self.history_of(id), self.broadcasts_history()];
-        let (clock, epoch, mut kept) = self.read(self.names.fleet_key(), histories, since).await?;
+        let clock_key = self.names.clock_key(Some(id));
+        let (clock, epoch, mut kept) = self.read(clock_key, histories, since).await?;
         let mut read = FleetRead {
             clock,
             epoch,
             ..FleetRead::default()
         };
         if since.is_some() {
-            read.broadcasts = kept.pop().ok_or(ApiError::BusUnavailable)?;
+            if !sharded {
+                read.broadcasts = kept.pop().ok_or(ApiError::BusUnavailable)?;
+            }
             read.id = kept.pop().ok_or(ApiError::BusUnavailable)?;
         }
         Ok(read)
@@ -1648,7 +1648,7 @@ impl Cluster {
             epoch,
             broadcasts,
             ids: kept,
-            each: Vec::new(),
+            clocks: Vec::new(),
         })
     }
 
@@ -1661,23 +1661,22 @@ impl Cluster {
     /// still had on its way.
     async fn catch_up_sharded(&self, ids: &[Arc<str>], since: u64) -> Result<CaughtUp, ApiError> {
         let reads = ids.iter().map(|id| {
-            let from = since;
             let clock_key = self.names.clock_key(Some(id));
             let history = self.history_of(id);
-            async move { (from, self.read(clock_key, vec![history], Some(from)).await) }
+            self.read(clock_key, vec![history], Some(since))
         });
         let mut out = CaughtUp {
             clock: since,
             epoch: 0,
             broadcasts: FleetHistory::default(),
             ids: Vec::with_capacity(ids.len()),
-            each: Vec::with_capacity(ids.len()),
+            clocks: Vec::with_capacity(ids.len()),
         };
-        for (from, read) in futures_util::future::join_all(reads).await {
+        for read in futures_util::future::join_all(reads).await {
             let (clock, _, mut kept) = read?;
             // The epoch is folded into the history's floor by READ_SCRIPT.
             out.ids.push(kept.pop().ok_or(ApiError::BusUnavailable)?);
-            out.each.push((from, clock.max(from)));
+            out.clocks.push(clock.max(since));
             out.clock = out.clock.max(clock);
         }
         Ok(out)
@@ -1909,14 +1908,11 @@ impl Cluster {
         let Some((topology, flags)) = links.as_ref() else {
             return false;
         };
-        let channel = match id {
-            Some(id) => self.names.id_channel(id),
-            None => self.names.broadcast().to_owned(),
+        let slot = match id {
+            Some(id) => Names::slot_of_id(id),
+            None => crate::hub::sharded::slot_of(self.names.broadcast().as_bytes()),
         };
-        !flags
-            .get(topology.shard_of_key(channel.as_bytes()))
-            .copied()
-            .unwrap_or(false)
+        !flags.get(topology.shard_of(slot)).copied().unwrap_or(false)
     }
 
     fn shard_links(&self) -> MutexGuard<'_, Option<(Arc<Topology>, Vec<bool>)>> {
@@ -2761,6 +2757,7 @@ mod tests {
             let channel = n.id_channel(id);
             assert_eq!(n.id_of(&channel), Some(id));
             let slot = slot_of(id.as_bytes());
+            assert_eq!(Names::slot_of_id(id), slot);
             for key in [
                 channel,
                 n.history_key(id),

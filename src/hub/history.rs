@@ -270,10 +270,9 @@ pub(crate) struct CaughtUp {
     pub(crate) broadcasts: FleetHistory,
     /// Each id's messages after it, in the order asked.
     pub(crate) ids: Vec<FleetHistory>,
-    /// Empty, or for each id (a Redis Cluster's, where ids of different
-    /// shards come over different links): the position it was read after
-    /// (at most the one asked) and its own clock.
-    pub(crate) each: Vec<(u64, u64)>,
+    /// Empty, or each id's own clock (a Redis Cluster's, where each id
+    /// has one): where its live messages take over from what was read.
+    pub(crate) clocks: Vec<u64>,
 }
 
 /// Why a resume was told of a gap, for `/stats` (`history.gaps_by_cause`).

@@ -998,11 +998,11 @@ impl<S: StreamActor> Router<S> {
         // Streams whose read saw another part of the link go: theirs is up,
         // so they read again at once.
         let mut again: Vec<(Arc<str>, Streams<S>)> = Vec::new();
-        let (fleet, kept, each) = match read {
+        let (fleet, kept, clocks) = match read {
             Some(c) => (
                 Some((c.clock, c.epoch, c.broadcasts)),
                 c.ids.into_iter().map(Some).collect(),
-                c.each,
+                c.clocks,
             ),
             None => (None, vec![None; ids.len()], Vec::new()),
         };
@@ -1045,14 +1045,14 @@ impl<S: StreamActor> Router<S> {
                     (Some((clock, epoch, broadcasts)), Some(id_kept)) => {
                         // A broker whose ids come over several links: each
                         // id's own clock.
-                        let (since, clock) = each.get(i).copied().unwrap_or((lost_at, *clock));
+                        let clock = clocks.get(i).copied().unwrap_or(*clock);
                         let read = FleetRead {
                             clock,
                             epoch: *epoch,
                             id: id_kept.clone(),
                             broadcasts: broadcasts.clone(),
                         };
-                        (fleet_resume(read, Some(since)), clock)
+                        (fleet_resume(read, Some(lost_at)), clock)
                     }
                     _ => (failed_read(Some(lost_at), lost_at), lost_at),
                 };
@@ -2303,7 +2303,7 @@ mod tests {
                         epoch: 0,
                         broadcasts: Default::default(),
                         ids: vec![Default::default(); ids.len()],
-                        each: Vec::new(),
+                        clocks: Vec::new(),
                     })
                 });
             }
