@@ -415,3 +415,175 @@ fn a_node_restarted_subscribes_on_every_shard() {
         );
     }
 }
+
+/// The message bodies of a stream's lines, with or without event ids.
+fn any_bodies(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|line| {
+            let (_, rest) = line.split_once("Recvd msg #")?;
+            let (_, body) = rest.split_once(": '")?;
+            body.strip_suffix('\'').map(str::to_owned)
+        })
+        .collect()
+}
+
+/// A broadcast comes in one order with each id's messages on every node
+/// (issue 38, "Broadcasts"): each shard sends its own copy, in its order
+/// among its ids' messages, and each node hands shard k's copy to shard
+/// k's ids. Broadcasts from both nodes race messages to ids of every shard
+/// from several publishers; every id's streams on both nodes then get the
+/// same sequence, and every broadcast answered 200 reached every stream.
+/// (Before, every broadcast came over the link of the fleet's slot, and
+/// the two nodes' links interleaved it differently with an id's messages
+/// that came over its own shard's.)
+#[test]
+fn a_broadcast_comes_in_one_order_with_each_ids_messages_on_every_node() {
+    let redis = RedisCluster::start();
+    let p = prefix("rc_order");
+    let a = start_node(node_settings(&redis, &p, "a"));
+    let b = start_node(node_settings(&redis, &p, "b"));
+    let ids = ids_on_every_shard(&redis, 4);
+    let mut on_a = open_all(&redis, &p, a.addr, &ids);
+    let mut on_b = HashMap::new();
+    for (id, _) in &ids {
+        let mut s = open_ids(b.addr, id, None);
+        assert_eq!(s.status, 200, "GET /test/{id}");
+        assert!(s.line().contains("Switchboard welcomes you!"));
+        on_b.insert(id.clone(), s);
+    }
+    for (id, _) in &ids {
+        let channel = format!("{p}:id:{{{id}}}");
+        assert_eq!(redis.wait_shard_numsub(&channel, 2, WAIT), 2, "{channel}");
+    }
+    const ROUNDS: usize = 100;
+    // Four publishers, each with its own ids (so each id's messages go in
+    // one order), half on each node; a broadcaster on each node.
+    let mut threads = Vec::new();
+    for (t, chunk) in ids.chunks(ids.len().div_ceil(4)).enumerate() {
+        let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
+        let addr = if t % 2 == 0 { a.addr } else { b.addr };
+        threads.push(std::thread::spawn(move || {
+            for round in 0..ROUNDS {
+                for id in &ids {
+                    let r = post(addr, &format!("/send/{id}"), &format!("{id}-{round}"));
+                    assert_eq!(r.status, 200, "{}", r.text());
+                }
+            }
+        }));
+    }
+    for (name, addr) in [("a", a.addr), ("b", b.addr)] {
+        threads.push(std::thread::spawn(move || {
+            for round in 0..ROUNDS {
+                let r = post(addr, "/broadcast", &format!("all-{name}{round}"));
+                assert_eq!(r.status, 200, "{}", r.text());
+                assert_eq!(r.json()["nodes"], 1, "{}", r.text());
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let read = |streams: &mut HashMap<String, StreamClient>| -> HashMap<String, Vec<String>> {
+        std::thread::scope(|scope| {
+            let readers: Vec<_> = streams
+                .iter_mut()
+                .map(|(id, s)| {
+                    scope.spawn(move || (id.clone(), any_bodies(&lines_within(s, Duration::from_secs(3)))))
+                })
+                .collect();
+            readers.into_iter().map(|r| r.join().unwrap()).collect()
+        })
+    };
+    let (got_a, got_b) = (read(&mut on_a), read(&mut on_b));
+    let mut differ = Vec::new();
+    for (id, _) in &ids {
+        let (x, y) = (&got_a[id], &got_b[id]);
+        assert_eq!(x.len(), 3 * ROUNDS, "{id} on a: {x:?}");
+        assert_eq!(
+            x.iter().filter(|m| m.starts_with("all-")).count(),
+            2 * ROUNDS,
+            "{id}: every broadcast on a"
+        );
+        if x != y {
+            let at = x.iter().zip(y).position(|(m, n)| m != n).unwrap_or(0);
+            differ.push(format!(
+                "{id} from #{at}: a {:?}, b {:?}",
+                &x[at..(at + 4).min(x.len())],
+                &y[at..(at + 4).min(y.len())]
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "a different order on the two nodes: {differ:#?}"
+    );
+}
+
+/// A broadcast whose copy one shard's master does not take (paused with
+/// SIGSTOP, before any link notices) is answered 503 saying how many
+/// shards' ids got it, never 200; its `Idempotency-Key` is given back, so
+/// the retry once the master is back is sent, to every shard. Meanwhile
+/// the other shards' ids take publishes.
+#[test]
+fn a_broadcast_one_shard_did_not_take_is_a_503_that_says_so() {
+    let redis = RedisCluster::start();
+    let p = prefix("rc_partial");
+    let mut s = node_settings(&redis, &p, "a");
+    // The links notice a silent master only after 5 s; a command gives up
+    // after 300 ms.
+    s.cluster.heartbeat_ttl_ms = 5000;
+    s.cluster.command_timeout_ms = 300;
+    let a = start_node(s);
+    let ids = ids_on_every_shard(&redis, 1);
+    let mut streams = open_all(&redis, &p, a.addr, &ids);
+    // A master that does not serve the fleet's slot (the key's claim).
+    let fleet = redis.master_of(redis.slot_of("{!fleet}"));
+    let &(ref paused_id, paused) = ids.iter().find(|(_, m)| *m != fleet).unwrap();
+    let pid = redis.nodes[paused].pid().expect("redis pid");
+    common::process::send_signal(pid, "STOP");
+    // The other shards' ids flow on, from the first publish of the run:
+    // each master had the scripts loaded when its link was made (redis-rs
+    // answers a NOSCRIPT with SCRIPT LOAD on every master, the paused one
+    // too, and each first publish timed out that way).
+    for (id, master) in &ids {
+        if *master != paused {
+            let r = post(a.addr, &format!("/send/{id}"), "first");
+            assert_eq!(r.status, 200, "{id}: {}", r.text());
+            let line = streams.get_mut(id).unwrap().line();
+            assert!(line.ends_with("'first'"), "{id}: {line}");
+        }
+    }
+    let key = [("Idempotency-Key", "b-1")];
+    let r = request(a.addr, "POST", "/broadcast", &key, b"once").unwrap();
+    common::process::send_signal(pid, "CONT");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let outcome = r.json()["outcome"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        outcome.starts_with("partly delivered: the ids of 2 of the Redis Cluster's 3 shards got it"),
+        "{outcome}"
+    );
+    // The other shards' ids had it at once.
+    for (id, master) in &ids {
+        if *master != paused {
+            let line = streams.get_mut(id).unwrap().line();
+            assert!(line.ends_with("'once'"), "{id}: {line}");
+        }
+    }
+    // Back: the retry with the same key is sent to every shard (the
+    // paused shard's late copy may come first: "may get it twice").
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = request(a.addr, "POST", "/broadcast", &key, b"once").unwrap();
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(r.status, 200, "{}", r.text());
+    let lines = lines_within(streams.get_mut(paused_id).unwrap(), Duration::from_secs(2));
+    assert!(
+        lines.iter().any(|l| l.ends_with("'once'")),
+        "{paused_id}: {lines:?}"
+    );
+}

@@ -363,6 +363,14 @@ impl Bus {
         self.schedule_shard_connect(k, ctx);
     }
 
+    /// Which ids a broadcast that came over shard `k`'s link is for: that
+    /// shard's (each shard sends its own copy, in its order among its ids'
+    /// messages: [`Cluster::broadcast_sharded`]); every id on one Redis.
+    fn broadcast_part(&self, k: usize) -> Option<Part> {
+        let topology = self.link.as_ref()?.topology.as_ref()?;
+        Some(self.part(topology, k))
+    }
+
     /// The ids shard `k` of `topology` carries, for the Router.
     fn part(&self, topology: &Arc<Topology>, k: usize) -> Part {
         let of = Arc::clone(topology);
@@ -396,7 +404,6 @@ impl Bus {
         };
         let generation = self.generation;
         let cluster = Arc::clone(&self.cluster);
-        let broadcast = self.cluster.names.broadcast().to_owned();
         let timeout = self.cluster.link_timeout();
         let open = async move {
             let opened = async {
@@ -410,8 +417,11 @@ impl Bus {
                     .await
                     .map_err(|e| Some(format!("the link to shard master {master}: {e}")))?;
                 let since = shard_time(&mut conn).await.map_err(Some)?;
+                load_scripts(&mut conn, cluster.shard_scripts())
+                    .await
+                    .map_err(Some)?;
                 conn.limit(cluster.max_message_bytes + FRAMING_BYTES);
-                if topology.shard_of_key(broadcast.as_bytes()) == k {
+                if let Some(broadcast) = cluster.names.shard_broadcast(&topology, k) {
                     ssubscribe_broadcast(&mut conn, &broadcast).await.map_err(Some)?;
                 }
                 Ok((conn, since, topology))
@@ -555,7 +565,7 @@ impl Bus {
         let open = async move {
             let opened = async {
                 if cluster.names.sharded() {
-                    return open_shards(&cluster, &broadcast).await;
+                    return open_shards(&cluster).await;
                 }
                 let subscribe = redis::cmd("SUBSCRIBE").arg(&broadcast).get_packed_command();
                 // With sentinels: the master they name now, confirmed
@@ -1085,13 +1095,9 @@ async fn send_command(
 }
 
 /// On a Redis Cluster: reads which master serves each slot, opens a link
-/// to each, and SSUBSCRIBEs the broadcast channel on its slot's master.
-async fn open_shards(
-    cluster: &Cluster,
-    broadcast: &str,
-) -> Result<(Vec<(Conn, u64)>, Option<Arc<Topology>>), String> {
+/// to each, and SSUBSCRIBEs there that shard's broadcast channel.
+async fn open_shards(cluster: &Cluster) -> Result<(Vec<(Conn, u64)>, Option<Arc<Topology>>), String> {
     let topology = cluster.read_topology().await?;
-    let carries_broadcasts = topology.shard_of_key(broadcast.as_bytes());
     let mut conns = Vec::with_capacity(topology.shards.len());
     for (i, shard) in topology.shards.iter().enumerate() {
         let client = cluster.shard_client(&shard.master)?;
@@ -1099,9 +1105,10 @@ async fn open_shards(
             .await
             .map_err(|e| format!("the link to shard master {}: {e}", shard.master))?;
         let since = shard_time(&mut conn).await?;
+        load_scripts(&mut conn, cluster.shard_scripts()).await?;
         conn.limit(cluster.max_message_bytes + FRAMING_BYTES);
-        if i == carries_broadcasts {
-            ssubscribe_broadcast(&mut conn, broadcast).await?;
+        if let Some(broadcast) = cluster.names.shard_broadcast(&topology, i) {
+            ssubscribe_broadcast(&mut conn, &broadcast).await?;
         }
         conns.push((conn, since));
     }
@@ -1132,7 +1139,21 @@ async fn shard_time(conn: &mut Conn) -> Result<u64, String> {
     }
 }
 
-/// SSUBSCRIBEs the broadcast channel on a fresh link to its slot's master.
+/// Loads `sources` (SCRIPT LOAD) on a fresh link to a shard's master,
+/// before it subscribes ([`Cluster::shard_scripts`]).
+async fn load_scripts(conn: &mut Conn, sources: &[String]) -> Result<(), String> {
+    for source in sources {
+        let load = redis::cmd("SCRIPT").arg("LOAD").arg(source).get_packed_command();
+        conn.write(&load).await.map_err(|e| e.to_string())?;
+        match conn.next().await? {
+            Reply::Bulk(Some(_)) => {}
+            other => return Err(format!("unexpected answer to SCRIPT LOAD: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// SSUBSCRIBEs a shard's broadcast channel on a fresh link to its master.
 async fn ssubscribe_broadcast(conn: &mut Conn, broadcast: &str) -> Result<(), String> {
     let subscribe = redis::cmd("SSUBSCRIBE").arg(broadcast).get_packed_command();
     conn.write(&subscribe).await.map_err(|e| e.to_string())?;
@@ -1382,7 +1403,7 @@ impl Handler<Incoming> for Bus {
             // A connection being dropped still hands over what it read,
             // in order, before its LinkLost.
             if bus.current(generation, shard, false)
-                && let Some(event) = bus.deliver(&channel, &payload)
+                && let Some(event) = bus.deliver(shard.0, &channel, &payload)
                 && let Some(s) = bus.link.as_mut().and_then(|l| l.shards.get_mut(shard.0))
             {
                 s.seen = s.seen.max(event);
@@ -1392,9 +1413,10 @@ impl Handler<Incoming> for Bus {
 }
 
 impl Bus {
-    /// Hands a message from another node to the Router.
+    /// Hands a message from another node to the Router (`shard`: which
+    /// shard's link it came over; 0 on one Redis).
     /// Answers the event id it carried, if it did.
-    fn deliver(&mut self, channel: &[u8], payload: &[u8]) -> Option<u64> {
+    fn deliver(&mut self, shard: usize, channel: &[u8], payload: &[u8]) -> Option<u64> {
         let stats = &self.cluster.stats;
         let channel = String::from_utf8_lossy(channel);
         // `<instance>!join <json>` or `!leave`: another node's stream
@@ -1446,7 +1468,7 @@ impl Bus {
             }
             stats.echoes.fetch_add(1, Relaxed);
             if let Some(echo) = seq.and_then(|seq| self.cluster.take_awaited(seq)) {
-                self.deliver_here(&channel, text, event, echo);
+                self.deliver_here(shard, &channel, text, event, echo);
             }
             return event;
         }
@@ -1473,12 +1495,13 @@ impl Bus {
         }
         let text: Arc<str> = Arc::from(text);
         let accepted = std::time::Instant::now();
-        if channel == self.cluster.names.broadcast() {
+        if self.cluster.names.is_broadcast(&channel) {
             self.broadcast.do_send(Broadcast {
                 msg: text,
                 event,
                 accepted,
                 limit: None,
+                part: self.broadcast_part(shard),
             });
         } else if let Some(id) = self.cluster.names.id_of(&channel) {
             self.publish.do_send(Publish {
@@ -1500,14 +1523,15 @@ impl Bus {
 impl Bus {
     /// This node's own publish, back from Redis: its streams get it
     /// now, and the waiting `/send` or `/broadcast` is told what they got.
-    fn deliver_here(&self, channel: &str, text: &str, event: Option<u64>, echo: AwaitedEcho) {
+    fn deliver_here(&self, shard: usize, channel: &str, text: &str, event: Option<u64>, echo: AwaitedEcho) {
         let (msg, accepted, waiter) = (Arc::from(text), std::time::Instant::now(), echo.waiter);
-        if channel == self.cluster.names.broadcast() {
+        if self.cluster.names.is_broadcast(channel) {
             let done = self.broadcast.send(Broadcast {
                 msg,
                 event,
                 accepted,
                 limit: None,
+                part: self.broadcast_part(shard),
             });
             actix_rt::spawn(async move {
                 if let (Ok(Some(Ok(n))), Some(waiter)) = (done.await, waiter) {
@@ -1692,7 +1716,7 @@ mod tests {
             } else {
                 format!("other@{event} m{event}")
             };
-            bus.deliver(channel.as_bytes(), payload.as_bytes());
+            bus.deliver(0, channel.as_bytes(), payload.as_bytes());
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         while published.lock().unwrap().len() < 100 && Instant::now() < deadline {
@@ -1724,9 +1748,10 @@ mod tests {
             "other!wave {}".to_owned(),
             r#"other!leave {"node":"b"}"#.to_owned(),
         ] {
-            bus.deliver(channel.as_bytes(), payload.as_bytes());
+            bus.deliver(0, channel.as_bytes(), payload.as_bytes());
         }
         bus.deliver(
+            0,
             cluster.names.broadcast().as_bytes(),
             br#"other!join {"node":"b"}"#,
         );

@@ -93,19 +93,14 @@ const SHARDED_PRELUDE: &str = "local function fmt(n) return string.format('%.0f'
     if not kept or kept <= 0 then kept = 3600000 end \
     redis.call('PEXPIRE', KEYS[1], kept) ";
 
-/// A broadcast on a Redis Cluster: claims its `Idempotency-Key` (if any)
-/// and SPUBLISHes `<origin> <message>` on the broadcast channel, in the
-/// fleet's slot, to which every node is subscribed on that slot's master.
-/// It has no event id and is not kept (as in one process): an event id
-/// from one slot's clock would have no order against the ids other shards
-/// mint, and a stream's position would then skip their messages.
+/// Claims a broadcast's `Idempotency-Key` on a Redis Cluster, in the
+/// fleet's slot, before its copies go to every shard
+/// ([`Cluster::broadcast_sharded`]).
 ///
-/// KEYS: the idempotency key (the channel when there is none). ARGV:
-/// origin, message, channel, claim (`""`: no key), the key's TTL in ms.
-/// Answers as [`PUBLISH_SCRIPT`], with `""` for the event id.
-const BROADCAST_SCRIPT: &str = "if ARGV[4] ~= '' and not redis.call('SET', KEYS[1], ARGV[4], 'NX', 'PX', ARGV[5]) then \
-    return {0, redis.call('GET', KEYS[1])} end \
-    return {1, '', redis.call('SPUBLISH', ARGV[3], ARGV[1] .. ' ' .. ARGV[2]), 0}";
+/// KEYS: the idempotency key. ARGV: the claim, the key's TTL in ms.
+/// Answers `{1}` (claimed) or `{0, <what the key holds>}`.
+const CLAIM_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end \
+    return {0, redis.call('GET', KEYS[1])}";
 
 /// Publishes a message fleet-wide in one step, so that it has one event id
 /// and one place in its id's order on every node:
@@ -324,6 +319,11 @@ pub(crate) enum PublishFailed {
     /// [`CLOCK_TOLERANCE`]: nothing was kept or sent (see
     /// [`PUBLISH_SCRIPT`]).
     ClockAhead(Duration),
+    /// A broadcast on a Redis Cluster whose copies went to `reached` of
+    /// its `shards` shards, not to the others: the ids of those got it,
+    /// the others' did not. Its `Idempotency-Key` was given back, so a
+    /// retry sends it again, to every shard.
+    Partial { reached: usize, shards: usize },
 }
 
 /// Most ids one presence pipeline carries (a full rewrite of a node
@@ -698,9 +698,30 @@ impl Names {
         }
     }
 
-    /// The channel every node subscribes to.
+    /// The channel every node subscribes to (on one Redis).
     pub(crate) fn broadcast(&self) -> &str {
         &self.broadcast
+    }
+
+    /// On a Redis Cluster, the broadcast channel of shard `k` of
+    /// `topology` (`<prefix>:broadcast:{!b<n>}`, in one of its slots; see
+    /// [`Topology::broadcast_tag`]).
+    pub(crate) fn shard_broadcast(&self, topology: &Topology, k: usize) -> Option<String> {
+        let tag = topology.broadcast_tag(k)?;
+        Some(format!("{}:broadcast:{{{tag}}}", self.prefix))
+    }
+
+    /// Whether `channel` carries broadcasts: the one channel on one Redis,
+    /// any shard's on a Redis Cluster.
+    pub(crate) fn is_broadcast(&self, channel: &str) -> bool {
+        if self.sharded {
+            channel
+                .strip_prefix(self.prefix.as_str())
+                .and_then(|c| c.strip_prefix(":broadcast:{"))
+                .is_some_and(|c| c.starts_with(crate::hub::sharded::BROADCAST_TAG))
+        } else {
+            channel == self.broadcast
+        }
     }
 
     fn node_key(&self, name: &str) -> String {
@@ -944,8 +965,12 @@ pub(crate) struct Cluster {
     publish_script: redis::Script,
     read_script: redis::Script,
     fence_script: redis::Script,
-    /// [`BROADCAST_SCRIPT`] (a Redis Cluster's broadcasts).
-    broadcast_script: redis::Script,
+    /// [`CLAIM_SCRIPT`] (a Redis Cluster's broadcasts with a key).
+    claim_script: redis::Script,
+    /// On a Redis Cluster, the sources of the scripts a publish or a read
+    /// runs: each shard's link loads them on its master before it
+    /// subscribes ([`Cluster::shard_scripts`]).
+    shard_scripts: Vec<String>,
     /// On a Redis Cluster: which master serves each slot, as the Bus last
     /// read it (`None` before the first read).
     topology: Mutex<Option<Arc<Topology>>>,
@@ -1042,6 +1067,19 @@ impl Cluster {
             prefix = %settings.prefix,
             "cluster mode"
         );
+        let publish_source = if sharded {
+            format!(
+                "local keep = ARGV[4] {SHARDED_PRELUDE}{}",
+                PUBLISH_SCRIPT.replace("'PUBLISH'", "'SPUBLISH'")
+            )
+        } else {
+            format!("{LUA_PRELUDE}{PUBLISH_SCRIPT}")
+        };
+        let read_source = if sharded {
+            format!("local keep = ARGV[2] {SHARDED_PRELUDE}{READ_SCRIPT}")
+        } else {
+            format!("{LUA_PRELUDE}{READ_SCRIPT}")
+        };
         Ok(Cluster {
             node,
             instance: instance_id(),
@@ -1063,21 +1101,15 @@ impl Cluster {
             lingering: Mutex::new(HashMap::new()),
             awaited: Mutex::new(BTreeMap::new()),
             seq: AtomicU64::new(0),
-            publish_script: redis::Script::new(&if sharded {
-                format!(
-                    "local keep = ARGV[4] {SHARDED_PRELUDE}{}",
-                    PUBLISH_SCRIPT.replace("'PUBLISH'", "'SPUBLISH'")
-                )
-            } else {
-                format!("{LUA_PRELUDE}{PUBLISH_SCRIPT}")
-            }),
-            read_script: redis::Script::new(&if sharded {
-                format!("local keep = ARGV[2] {SHARDED_PRELUDE}{READ_SCRIPT}")
-            } else {
-                format!("{LUA_PRELUDE}{READ_SCRIPT}")
-            }),
+            publish_script: redis::Script::new(&publish_source),
+            read_script: redis::Script::new(&read_source),
             fence_script: redis::Script::new(&format!("{LUA_PRELUDE}{FENCE_SCRIPT}")),
-            broadcast_script: redis::Script::new(BROADCAST_SCRIPT),
+            claim_script: redis::Script::new(CLAIM_SCRIPT),
+            shard_scripts: if sharded {
+                vec![publish_source, read_source, CLAIM_SCRIPT.to_owned()]
+            } else {
+                Vec::new()
+            },
             topology: Mutex::new(None),
             shard_links: Mutex::new(None),
             seen: AtomicU64::new(0),
@@ -1329,57 +1361,20 @@ impl Cluster {
         key_ttl: Duration,
         subscribed_here: impl Future<Output = bool>,
     ) -> Result<PublishOutcome, PublishFailed> {
+        if self.names.sharded() && id.is_none() {
+            return self.broadcast_sharded(msg, keyed, key_ttl).await;
+        }
         if self.fail_fast().is_err() || self.shard_down(id) {
             self.stats.publish_errors.fetch_add(1, Relaxed);
             return Err(PublishFailed::NotSent);
         }
-        let seq = self.seq.fetch_add(1, Relaxed) + 1;
+        let (seq, rx) = self.expect_echo(key_ttl);
         let publish_id = format!("{}/{seq}", self.instance);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        {
-            let mut pending = self.awaited();
-            let now = Instant::now();
-            // Sequence numbers grow and the TTL is one: the oldest entries
-            // expire first, so dropping the expired ones is a walk from the
-            // front. Past MAX_PENDING the oldest goes too (its echo, if
-            // Redis ever runs it, is then not delivered here).
-            loop {
-                let full = pending.len() >= MAX_PENDING;
-                match pending.first_entry() {
-                    Some(first) if full || first.get().expires <= now => drop(first.remove()),
-                    _ => break,
-                }
-            }
-            pending.insert(
-                seq,
-                AwaitedEcho {
-                    waiter: Some(tx),
-                    expires: now + key_ttl.max(self.timeout()),
-                },
-            );
-        }
         let claim = keyed.map(|(_, request)| format!("{request} {publish_id}"));
-        let sharded = self.names.sharded();
-        // A broadcast on a Redis Cluster: no event id, nothing kept (see
-        // BROADCAST_SCRIPT); every key in the fleet's slot.
-        let unnumbered = sharded && id.is_none();
         let (channel, history) = self.names.of(id);
         let clock = self.names.clock_key(id);
-        let key = keyed.map_or_else(
-            || {
-                if unnumbered {
-                    channel.clone()
-                } else {
-                    clock.clone()
-                }
-            },
-            |(key, _)| self.names.idempotency_key(id, key),
-        );
-        let script = if unnumbered {
-            self.broadcast_script.clone()
-        } else {
-            self.publish_script.clone()
-        };
+        let key = keyed.map_or_else(|| clock.clone(), |(key, _)| self.names.idempotency_key(id, key));
+        let script = self.publish_script.clone();
         let (fleet, origin, text) = (clock, publish_id, msg.to_owned());
         let policy = id.map_or(self.namespaces.default_policy(), |id| self.namespaces.of(id));
         let (size, ttl) = (policy.history_size, policy.history_ttl_ms);
@@ -1390,17 +1385,6 @@ impl Cluster {
         // once: a window of one reconnect.)
         let conn = self.publish_conn();
         let run = self.command_on(conn.clone(), "PUBLISH", async move |mut c| {
-            if unnumbered {
-                return script
-                    .key(key)
-                    .arg(origin)
-                    .arg(text)
-                    .arg(channel)
-                    .arg(claim_arg)
-                    .arg(key_ms)
-                    .invoke_async::<Vec<redis::Value>>(&mut c)
-                    .await;
-            }
             script
                 .key(fleet)
                 .key(history)
@@ -1475,8 +1459,7 @@ impl Cluster {
         let event: Option<u64> = reply
             .next()
             .and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .and_then(|s| s.parse().ok())
-            .filter(|_| !unnumbered);
+            .and_then(|s| s.parse().ok());
         if let Some(event) = event {
             self.saw(event);
         }
@@ -1554,11 +1537,205 @@ impl Cluster {
         Ok(fresh(receivers, LocalDelivery::NotSubscribed))
     }
 
+    /// Registers the echo of this node's publish number `seq` (answered):
+    /// the link that brings it back hands it to this node's streams and
+    /// tells the receiver how many got it. Kept for `key_ttl` (at least the
+    /// command timeout).
+    fn expect_echo(&self, key_ttl: Duration) -> (u64, tokio::sync::oneshot::Receiver<u64>) {
+        let seq = self.seq.fetch_add(1, Relaxed) + 1;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut pending = self.awaited();
+            let now = Instant::now();
+            // Sequence numbers grow and the TTL is one: the oldest entries
+            // expire first, so dropping the expired ones is a walk from the
+            // front. Past MAX_PENDING the oldest goes too (its echo, if
+            // Redis ever runs it, is then not delivered here).
+            loop {
+                let full = pending.len() >= MAX_PENDING;
+                match pending.first_entry() {
+                    Some(first) if full || first.get().expires <= now => drop(first.remove()),
+                    _ => break,
+                }
+            }
+            pending.insert(
+                seq,
+                AwaitedEcho {
+                    waiter: Some(tx),
+                    expires: now + key_ttl.max(self.timeout()),
+                },
+            );
+        }
+        (seq, rx)
+    }
+
+    /// How many of this node's streams got its publish `seq` (`None`: its
+    /// echo did not come in time; then it is not delivered here).
+    async fn local_echo(&self, seq: u64, mut rx: tokio::sync::oneshot::Receiver<u64>) -> Option<u64> {
+        if let Ok(Ok(done)) = tokio::time::timeout(self.timeout(), &mut rx).await {
+            return Some(done);
+        }
+        // Unless the echo took the entry just now and is delivering it.
+        if self.awaited().remove(&seq).is_none() {
+            return tokio::time::timeout(self.timeout(), rx)
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        None
+    }
+
+    /// A broadcast on a Redis Cluster: one copy per shard, SPUBLISHed on
+    /// that shard's broadcast channel ([`Names::shard_broadcast`]), and
+    /// every node hands the copy shard `k`'s link brings to the ids of
+    /// shard `k` only. Each id's streams thus get it in the order its own
+    /// shard ran it among the id's messages, the same order on every node.
+    /// A copy has no event id and is not kept: an id from one shard's
+    /// clock would have no order against the ids another shard mints.
+    ///
+    /// Its `Idempotency-Key` is claimed first, in the fleet's slot
+    /// ([`CLAIM_SCRIPT`]). Every shard's link must be up, or nothing is
+    /// sent (503, as for an id whose shard is down). Copies that fail
+    /// while others went: [`PublishFailed::Partial`], and the claim is
+    /// given back, so that a retry sends it again.
+    async fn broadcast_sharded(
+        &self,
+        msg: &str,
+        keyed: Option<(&str, &str)>,
+        key_ttl: Duration,
+    ) -> Result<PublishOutcome, PublishFailed> {
+        let channels: Option<Vec<String>> = self.all_shards_up().and_then(|topology| {
+            (0..topology.shards.len())
+                .map(|k| self.names.shard_broadcast(&topology, k))
+                .collect()
+        });
+        let Some(channels) = channels.filter(|_| self.fail_fast().is_ok()) else {
+            self.stats.publish_errors.fetch_add(1, Relaxed);
+            return Err(PublishFailed::NotSent);
+        };
+        let claimed = match keyed {
+            None => None,
+            Some((key, request)) => {
+                let key = self.names.idempotency_key(None, key);
+                let claim = format!("{request} {}/b{}", self.instance, self.seq.load(Relaxed));
+                let (script, k, c) = (self.claim_script.clone(), key.clone(), claim.clone());
+                let ms = key_ttl.as_millis() as u64;
+                let reply = self
+                    .command_on(self.publish_conn(), "PUBLISH", async move |mut conn| {
+                        script
+                            .key(k)
+                            .arg(c)
+                            .arg(ms)
+                            .invoke_async::<Vec<redis::Value>>(&mut conn)
+                            .await
+                    })
+                    .await;
+                let mut reply = match reply {
+                    Ok(reply) => reply.into_iter(),
+                    Err(e) => {
+                        self.stats.publish_errors.fetch_add(1, Relaxed);
+                        return Err(match e {
+                            ApiError::RedisRefused(why) => PublishFailed::Refused(why),
+                            _ => PublishFailed::Unknown,
+                        });
+                    }
+                };
+                let fresh: u8 = reply
+                    .next()
+                    .and_then(|v| redis::from_redis_value(v).ok())
+                    .unwrap_or(0);
+                if fresh == 0 {
+                    let stored: String = reply
+                        .next()
+                        .and_then(|v| redis::from_redis_value(v).ok())
+                        .unwrap_or_default();
+                    let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
+                    if bound_to != request {
+                        return Ok(PublishOutcome::Mismatch);
+                    }
+                    return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));
+                }
+                Some((key, claim))
+            }
+        };
+        let copies = channels.into_iter().map(|channel| {
+            let (seq, rx) = self.expect_echo(key_ttl);
+            let text = payload(&format!("{}/{seq}", self.instance), None, msg);
+            let sent = self.command_on(self.publish_conn(), "PUBLISH", async move |mut c| {
+                redis::cmd("SPUBLISH")
+                    .arg(channel)
+                    .arg(text)
+                    .query_async::<u64>(&mut c)
+                    .await
+            });
+            async move { (seq, rx, sent.await) }
+        });
+        let sent = futures_util::future::join_all(copies).await;
+        let shards = sent.len();
+        let (mut counts, mut refused, mut refusals) = (Vec::with_capacity(shards), None, 0);
+        let mut echoes = Vec::with_capacity(shards);
+        for (seq, rx, result) in sent {
+            match result {
+                Ok(n) => {
+                    counts.push(n);
+                    echoes.push((seq, rx));
+                }
+                Err(e) => {
+                    if let ApiError::RedisRefused(why) = e {
+                        // Not sent: no echo comes.
+                        self.awaited().remove(&seq);
+                        refused = Some(why);
+                        refusals += 1;
+                    }
+                }
+            }
+        }
+        // Every node subscribes every shard's channel, so each copy reaches
+        // as many nodes. One that reached fewer went to a channel some
+        // node does not subscribe (yet): its slot moved, or that node's
+        // link to the shard is being made again. Those nodes' ids of that
+        // shard did not get it, and it is not kept: partly delivered.
+        let receivers = counts.iter().copied().max().unwrap_or(0);
+        let reached = counts.iter().filter(|&&n| n == receivers).count();
+        if reached < shards {
+            self.stats.publish_errors.fetch_add(1, Relaxed);
+            // Some copy timed out: Redis may still send it.
+            let unknown = counts.len() + refusals < shards;
+            if let Some((key, _)) = &claimed
+                && (reached > 0 || !unknown)
+            {
+                // A retry sends it again (to every shard).
+                let key = key.clone();
+                let _ = self
+                    .command("DEL", async move |mut c| {
+                        redis::cmd("DEL").arg(key).query_async::<u64>(&mut c).await
+                    })
+                    .await;
+            }
+            return Err(match (reached, refused) {
+                (0, Some(why)) if !unknown => PublishFailed::Refused(why),
+                (0, _) => PublishFailed::Unknown,
+                _ => PublishFailed::Partial { reached, shards },
+            });
+        }
+        self.stats.publishes.fetch_add(1, Relaxed);
+        let mut here = 0;
+        for (seq, rx) in echoes {
+            here += self.local_echo(seq, rx).await.unwrap_or(0);
+        }
+        Ok(PublishOutcome::Fresh {
+            nodes: receivers.saturating_sub(1),
+            local: LocalDelivery::Delivered(here),
+            claim: claimed.map(|(_, claim)| claim),
+            event: None,
+        })
+    }
+
     /// Reads the fleet's history for a stream of `id` that resumes after
     /// `since` (or, `None`, starts now) with [`READ_SCRIPT`].
     pub(crate) async fn read_history(&self, id: &str, since: Option<u64>) -> Result<FleetRead, ApiError> {
         // On a Redis Cluster the id's own clock and history, in its slot;
-        // broadcasts are not kept there (see BROADCAST_SCRIPT).
+        // broadcasts are not kept there (see Cluster::broadcast_sharded).
         let sharded = self.names.sharded();
         let mut histories = vec![self.history_of(id)];
         if !sharded {
@@ -1680,6 +1857,16 @@ impl Cluster {
             out.clock = out.clock.max(clock);
         }
         Ok(out)
+    }
+
+    /// On a Redis Cluster, the scripts every master must have: a link to
+    /// a shard's master loads them there before it subscribes. Otherwise
+    /// redis-rs answers a NOSCRIPT (a new master: scripts are not
+    /// replicated) with `SCRIPT LOAD` on every master, and one master that
+    /// does not answer (paused, cut off) would fail the publishes of every
+    /// shard until the link notices it.
+    pub(crate) fn shard_scripts(&self) -> &[String] {
+        &self.shard_scripts
     }
 
     /// The topology the Bus last read.
@@ -1908,11 +2095,20 @@ impl Cluster {
         let Some((topology, flags)) = links.as_ref() else {
             return false;
         };
-        let slot = match id {
-            Some(id) => Names::slot_of_id(id),
-            None => crate::hub::sharded::slot_of(self.names.broadcast().as_bytes()),
-        };
-        !flags.get(topology.shard_of(slot)).copied().unwrap_or(false)
+        match id {
+            Some(id) => !flags
+                .get(topology.shard_of(Names::slot_of_id(id)))
+                .copied()
+                .unwrap_or(false),
+            None => !flags.iter().all(|&up| up),
+        }
+    }
+
+    /// The topology, if every shard's link is up (a Redis Cluster).
+    fn all_shards_up(&self) -> Option<Arc<Topology>> {
+        let links = self.shard_links();
+        let (topology, flags) = links.as_ref()?;
+        (flags.len() == topology.shards.len() && flags.iter().all(|&up| up)).then(|| Arc::clone(topology))
     }
 
     fn shard_links(&self) -> MutexGuard<'_, Option<(Arc<Topology>, Vec<bool>)>> {
@@ -2614,7 +2810,6 @@ pub(crate) struct Payload<'a> {
 /// without an event id. The id rides on the origin so that a node of a
 /// version before it travelled, which compares the origin with its own and
 /// delivers the rest, still delivers the text unchanged.
-#[cfg(test)]
 fn payload(origin: &str, event: Option<u64>, text: &str) -> String {
     match event {
         Some(event) => format!("{origin}@{event} {text}"),
@@ -2781,6 +2976,14 @@ mod tests {
             assert_eq!(slot_of(key.as_bytes()), fleet, "{key}");
         }
         assert_eq!(n.id_of(n.broadcast()), None);
+        // Each shard's broadcast channel (Topology::broadcast_tag).
+        assert!(n.is_broadcast("sb:broadcast:{!b17}"));
+        assert!(!n.is_broadcast("sb:id:{b17}"));
+        assert!(!n.is_broadcast("other:broadcast:{!b17}"));
+        assert_eq!(n.id_of("sb:broadcast:{!b17}"), None);
+        let one = Names::new("sb", false);
+        assert!(one.is_broadcast("sb:broadcast"));
+        assert!(!one.is_broadcast("sb:broadcast:{!b17}"));
     }
 
     #[test]

@@ -79,6 +79,7 @@ impl Local {
                     event: None,
                     accepted,
                     limit,
+                    part: None,
                 };
                 let delivered = self.admitted(&self.broadcast_to, streams, make).await?;
                 Receipt {

@@ -1582,6 +1582,9 @@ pub(crate) struct Broadcast {
     pub(crate) accepted: Instant,
     /// As [`Publish::limit`].
     pub(crate) limit: Option<u64>,
+    /// Only the ids of this part (a Redis Cluster: the ids of the shard
+    /// whose link brought this copy); `None`: every id.
+    pub(crate) part: Option<Part>,
 }
 
 /// Tell every stream to end (server shutdown). Answers how many were told.
@@ -1936,12 +1939,15 @@ impl<S: StreamActor> Handler<Broadcast> for Router<S> {
                 }
             }
             let floors = &mut r.floors;
+            let streams = r
+                .table
+                .iter()
+                .filter(|(id, _)| m.part.as_ref().is_none_or(|p| p.holds(id)))
+                .flat_map(|(_, streams)| streams);
             let mut targets: Vec<(ConnId, WeakAddr<S>)> = if floors.is_empty() {
-                r.table.values().flatten().cloned().collect()
+                streams.cloned().collect()
             } else {
-                r.table
-                    .values()
-                    .flatten()
+                streams
                     .filter(|(conn, _)| !Router::<S>::already_had(floors, *conn, event))
                     .cloned()
                     .collect()
@@ -2475,6 +2481,7 @@ mod tests {
             event: None,
             accepted: Instant::now(),
             limit: Some(1),
+            part: None,
         };
         assert_eq!(router.send(b).await.unwrap(), Some(Err(Busy)));
         // A stream that stops holding deliveries: they count as dropped and
@@ -2502,6 +2509,7 @@ mod tests {
             event: None,
             accepted: Instant::now(),
             limit: None,
+            part: None,
         };
         assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -2530,6 +2538,7 @@ mod tests {
                 event: None,
                 accepted: Instant::now(),
                 limit: None,
+                part: None,
             };
             assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
         }
@@ -2715,6 +2724,7 @@ mod tests {
                 event: Some(event),
                 accepted: Instant::now(),
                 limit: None,
+                part: None,
             };
             assert_eq!(router.send(b).await.unwrap(), Some(Ok(n + 1)));
         }
@@ -2786,6 +2796,7 @@ mod tests {
             event: Some(10),
             accepted: Instant::now(),
             limit: None,
+            part: None,
         };
         assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
         // The link goes (after the broadcast came) and comes back: every
@@ -2837,6 +2848,7 @@ mod tests {
             event: Some(u64::MAX / 2),
             accepted: Instant::now(),
             limit: None,
+            part: None,
         };
         assert_eq!(router.send(b).await.unwrap(), Some(Ok(n)));
         router.send(Subscribed::Ids(vec![Arc::from("a")])).await.unwrap();

@@ -21,6 +21,9 @@ pub(crate) const SLOTS: u16 = 16_384;
 /// The hash tag of the fleet's own keys (not an id's: ids never hold `!`).
 pub(crate) const FLEET_TAG: &str = "!fleet";
 
+/// The start of each shard's broadcast tag ([`Topology::broadcast_tag`]).
+pub(crate) const BROADCAST_TAG: &str = "!b";
+
 /// The slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the
 /// first `{` and the next `}`, if not empty) or of the whole key, modulo
 /// 16,384, as Redis Cluster computes it.
@@ -91,7 +94,14 @@ pub(crate) struct Topology {
     pub(crate) shards: Vec<Shard>,
     /// The index in `shards` of each slot's shard (`u8::MAX`: none).
     owner: Arc<[u8]>,
+    /// Each shard's broadcast tag ([`Topology::broadcast_tag`]).
+    broadcast_tags: Vec<String>,
 }
+
+/// Most tags tried to find one in each shard's slots: every slot is hit
+/// long before (a shard of a single slot is found in ~16,384 tries on
+/// average), and the search runs once per topology read.
+const TAG_TRIES: u32 = 4_000_000;
 
 impl Topology {
     /// Reads a `CLUSTER SHARDS` reply.
@@ -185,10 +195,38 @@ impl Topology {
         if let Some(slot) = owner.iter().position(|&o| o == u8::MAX) {
             return Err(format!("slot {slot} is served by no master"));
         }
+        let mut broadcast_tags = vec![String::new(); out.len()];
+        let mut missing = out.len();
+        for n in 0..TAG_TRIES {
+            if missing == 0 {
+                break;
+            }
+            let tag = format!("{BROADCAST_TAG}{n}");
+            let k = usize::from(owner[usize::from(slot_of(tag.as_bytes()))]);
+            if broadcast_tags[k].is_empty() {
+                broadcast_tags[k] = tag;
+                missing -= 1;
+            }
+        }
+        if let Some(k) = broadcast_tags.iter().position(String::is_empty) {
+            return Err(format!("no broadcast tag found in the slots of shard {k}"));
+        }
         Ok(Topology {
             shards: out,
             owner: owner.into(),
+            broadcast_tags,
         })
+    }
+
+    /// The hash tag of shard `k`'s broadcast channel: the first of `!b0`,
+    /// `!b1`, ... whose slot the shard serves (not an id: `!` is not an id
+    /// character). A broadcast is SPUBLISHed once per shard, on its
+    /// channel, and each node hands the copy shard `k`'s link brings to
+    /// the ids of shard `k` only: in the order that shard ran their
+    /// publishes, the same on every node (`docs/cluster.md`,
+    /// "Broadcasts").
+    pub(crate) fn broadcast_tag(&self, k: usize) -> Option<&str> {
+        self.broadcast_tags.get(k).map(String::as_str)
     }
 
     /// Whether `other` puts every slot in the same shard as this one
@@ -312,6 +350,33 @@ mod tests {
         assert_eq!(t.shards[t.shard_of(10950)].master, "127.0.0.1:7001");
         assert_eq!(t.shards[t.shard_of(5461)].master, "127.0.0.1:7002");
         assert_eq!(t.shards[t.shard_of(16383)].master, "127.0.0.1:7003");
+    }
+
+    /// Each shard has a broadcast tag in its own slots, even a shard of a
+    /// single slot, and the same slots give the same tags.
+    #[test]
+    fn each_shard_has_a_broadcast_tag_in_its_slots() {
+        let reply = || {
+            redis::Value::Array(vec![
+                shard(&[0, 9000], vec![node(7001, "master", "online")]),
+                shard(&[9001, 9001], vec![node(7002, "master", "online")]),
+                shard(&[9002, 16383], vec![node(7003, "master", "online")]),
+            ])
+        };
+        let t = Topology::parse(reply(), false).unwrap();
+        let tags: Vec<String> = (0..3).map(|k| t.broadcast_tag(k).unwrap().to_owned()).collect();
+        for (k, tag) in tags.iter().enumerate() {
+            assert!(tag.starts_with(BROADCAST_TAG), "{tag}");
+            assert_eq!(t.shard_of(slot_of(tag.as_bytes())), k, "{tag}");
+            assert_eq!(
+                t.shard_of(slot_of(format!("sb:broadcast:{{{tag}}}").as_bytes())),
+                k
+            );
+        }
+        assert_eq!(slot_of(tags[1].as_bytes()), 9001);
+        let again = Topology::parse(reply(), false).unwrap();
+        assert!((0..3).all(|k| again.broadcast_tag(k) == Some(tags[k].as_str())));
+        assert_eq!(t.broadcast_tag(3), None);
     }
 
     #[test]

@@ -126,7 +126,7 @@ pub(crate) struct Undelivered {
     /// What failed.
     pub(crate) error: ApiError,
     /// What became of the message, and whether a retry is safe.
-    pub(crate) outcome: &'static str,
+    pub(crate) outcome: std::borrow::Cow<'static, str>,
 }
 
 /// What became of a publish; `routes` turns it into the HTTP answer.

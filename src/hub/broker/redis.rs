@@ -232,6 +232,18 @@ fn undelivered(id: Option<&str>, failed: PublishFailed, keyed: bool) -> Undelive
         _ => ApiError::BusUnavailable,
     };
     let outcome = match (failed, keyed) {
+        (PublishFailed::Partial { reached, shards }, _) => {
+            return Undelivered {
+                id: None,
+                error,
+                outcome: format!(
+                    "partly delivered: the ids of {reached} of the Redis Cluster's {shards} shards got \
+                     it, the others' did not (a shard's master stopped answering); a retry sends it to \
+                     every shard again, so streams of those {reached} may get it twice"
+                )
+                .into(),
+            };
+        }
         (PublishFailed::NotSent, _) => "not delivered anywhere: the bus is down; retry",
         (PublishFailed::Refused(_), _) => {
             "not delivered anywhere: Redis refused the publish script before it published; \
@@ -257,6 +269,6 @@ fn undelivered(id: Option<&str>, failed: PublishFailed, keyed: bool) -> Undelive
     Undelivered {
         id: id.map(str::to_owned),
         error,
-        outcome,
+        outcome: outcome.into(),
     }
 }
