@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -73,6 +74,24 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cluster_ports(n, start=43001):
+    """`n` ports below 55,535 whose cluster bus port (+10,000) is free too.
+    Probed, then given to redis-server: a port taken in between fails the
+    start loudly (redis-server exits), never silently."""
+    ports = []
+    for p in range(start, 55_535):
+        try:
+            for q in (p, p + 10_000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        ports.append(p)
+        if len(ports) == n:
+            return ports
+    raise SystemExit("no free ports for a Redis Cluster")
 
 
 def meminfo():
@@ -181,6 +200,9 @@ def main():
     ap.add_argument("--json", help="write the result here, as `bench report` reads it (bench/results/c1m.json "
                     "for BENCHMARKS.md)")
     ap.add_argument("--max-minutes", type=float, default=15.0)
+    ap.add_argument("--redis-cluster", action="store_true",
+                    help="the fleet on a Redis Cluster of three masters (cluster.redis_cluster_nodes) "
+                         "instead of one redis-server")
     args = ap.parse_args()
     n = args.streams
     if n < 1 or args.hold <= 0:
@@ -301,16 +323,45 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
     nice = ["nice", "-n", "-10"] if os.geteuid() == 0 else []
     if nice:
         run.notes.append("redis-server ran at nice -10: on this box it shares two cores with ~110 busy processes")
-    redis = run.start("redis", [*nice, "redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--loglevel", "warning",
-                                # The fleet's history: Redis 7.0 preallocates
-                                # a stream node of this many bytes per id
-                                # (4,344 B of used_memory per id with one
-                                # message at the default 4096; 480 B at 256).
-                                "--stream-node-max-bytes", "256",
-                                # Why Redis closes a client (an output buffer
-                                # over its limit) is only in its log.
-                                "--logfile", redis_log])
+    redis_args = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning",
+                  # The fleet's history: Redis 7.0 preallocates a stream
+                  # node of this many bytes per id (4,344 B of used_memory
+                  # per id with one message at the default 4096; 480 B at
+                  # 256).
+                  "--stream-node-max-bytes", "256"]
+    if args.redis_cluster:
+        # Three masters, no replicas (a replica's replication would take
+        # CPU from the same two cores; the fault tests have replicas).
+        ports = cluster_ports(3)
+        redis_pids = []
+        # A fresh directory per run: a node that finds an earlier run's
+        # nodes.conf is already in a cluster, and `--cluster create` fails.
+        conf_dir = tempfile.mkdtemp(prefix="c1m-redis-cluster-")
+        for i, p in enumerate(ports):
+            node = run.start(f"redis-{p}", [*nice, "redis-server", "--port", str(p), *redis_args,
+                                           "--cluster-enabled", "yes", "--cluster-node-timeout", "5000",
+                                           "--dir", conf_dir, "--cluster-config-file", f"nodes-{p}.conf",
+                                           # Why Redis closes a client is only in its log.
+                                           "--logfile", f"{redis_log}.{i}"])
+            redis_pids.append(node.pid)
+        time.sleep(0.5)
+        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while not all("cluster_state:ok" in subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"],
+                                                           capture_output=True, text=True).stdout for p in ports):
+            if time.time() > deadline:
+                raise SystemExit("the Redis Cluster did not come up")
+            time.sleep(0.2)
+        bus = {"SWITCHBOARD__CLUSTER__REDIS_CLUSTER_NODES": ",".join(f"127.0.0.1:{p}" for p in ports)}
+        result["redis_cluster_masters"] = len(ports)
+    else:
+        redis = run.start("redis", [*nice, "redis-server", "--port", str(rport), *redis_args,
+                                    # Why Redis closes a client (an output
+                                    # buffer over its limit) is only in its log.
+                                    "--logfile", redis_log])
+        redis_pids = [redis.pid]
+        bus = {"SWITCHBOARD__CLUSTER__REDIS_URL": f"redis://127.0.0.1:{rport}"}
     time.sleep(0.5)
     env = {
         "SWITCHBOARD__SERVER__PORT": str(port),
@@ -318,7 +369,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         "SWITCHBOARD__SERVER__WORKERS": "1",
         "SWITCHBOARD__LOG__LEVEL": "warn",
         "SWITCHBOARD__STREAM__TICK_INTERVAL_MS": str(int(args.tick_interval * 1000)),
-        "SWITCHBOARD__CLUSTER__REDIS_URL": f"redis://127.0.0.1:{rport}",
+        **bus,
         "SWITCHBOARD__CLUSTER__PREFIX": "c1m",
         "SWITCHBOARD__SERVER__SHUTDOWN_TIMEOUT_MS": str(shutdown_ms),
     }
@@ -329,7 +380,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
 
     def relay():
         for line in fleet.stderr:
-            if "lost its Redis link" in line:
+            if "lost its Redis link" in line or "lost its link to one shard's master" in line:
                 result["bus_links_lost"] += 1
             sys.stderr.write(line)
     threading.Thread(target=relay, daemon=True).start()
@@ -380,7 +431,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         s = {
             "t": round(t, 1), "unix": round(time.time(), 1), "streams": held,
             "box_used": m["MemTotal"] - m["MemAvailable"],
-            "server_rss": sum(rss(p) for p in servers), "redis_rss": rss(redis.pid),
+            "server_rss": sum(rss(p) for p in servers), "redis_rss": sum(rss(p) for p in redis_pids),
             "client_rss": sum(rss(p) for p in clients), "slab": m["Slab"],
         }
         run.samples.append(s)
@@ -397,7 +448,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
         if held_at is None and held is not None and held >= n:
             held_at = t
             result["held_at_unix"] = time.time()
-            cpu0 = (time.time(), sum(cpu_ticks(p) for p in servers), cpu_ticks(redis.pid))
+            cpu0 = (time.time(), sum(cpu_ticks(p) for p in servers), sum(cpu_ticks(p) for p in redis_pids))
             result["ramp_s"] = round(t, 1)
             # Idle: before the hold's messages, with only the ramp's behind
             # it (in cluster mode the history is in Redis, not the nodes).
@@ -419,7 +470,7 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
             log(f"broadcast: {status} {body} in {broadcast['answer_ms']} ms")
         if held_at is not None and t >= held_at + args.hold:
             result["streams_held_end_cluster"] = held
-            cpu1 = (time.time(), sum(cpu_ticks(p) for p in servers), cpu_ticks(redis.pid))
+            cpu1 = (time.time(), sum(cpu_ticks(p) for p in servers), sum(cpu_ticks(p) for p in redis_pids))
             window = cpu1[0] - cpu0[0]
             result["server_cpu_pct"] = round(100 * (cpu1[1] - cpu0[1]) / tck / window, 1)
             result["redis_cpu_pct"] = round(100 * (cpu1[2] - cpu0[2]) / tck / window, 1)

@@ -1157,14 +1157,6 @@ impl Settings {
                     .into(),
             );
         }
-        if c.redis_wait_replicas > 0 {
-            return invalid(
-                "cluster.redis_wait_replicas",
-                "is not supported with cluster.redis_cluster_nodes yet (WAIT would have to follow \
-                 each publish to its shard's master); set it to 0"
-                    .into(),
-            );
-        }
         if !self.hooks.events_url.trim().is_empty() {
             return invalid(
                 "hooks.events_url",
@@ -1573,8 +1565,6 @@ mod tests {
         assert!(e.contains("not a Redis address"), "{e}");
         let e = refused(|s| s.cluster.prefix = "sb{x}".into());
         assert!(e.starts_with("cluster.prefix"), "{e}");
-        let e = refused(|s| s.cluster.redis_wait_replicas = 1);
-        assert!(e.starts_with("cluster.redis_wait_replicas"), "{e}");
         let e = refused(|s| {
             s.hooks.events_url = "http://127.0.0.1:1/events".into();
             s.hooks.secret = "0123456789abcdef".into();
@@ -1585,6 +1575,9 @@ mod tests {
         s.cluster.redis_cluster_nodes = "127.0.0.1:7001".into();
         s.server.processes = 2;
         s.server.port = 8000;
+        s.validate().unwrap();
+        // WAIT follows each publish to its id's master.
+        s.cluster.redis_wait_replicas = 1;
         s.validate().unwrap();
     }
 

@@ -587,3 +587,50 @@ fn a_broadcast_one_shard_did_not_take_is_a_503_that_says_so() {
         "{paused_id}: {lines:?}"
     );
 }
+
+/// `cluster.redis_wait_replicas = 1` on a Redis Cluster: a publish
+/// answers 200 once its id's master's replica has it (`WAIT` on that
+/// master, over the connection its script ran on); with that replica
+/// paused, 503 "unknown" (counted in `cluster.wait_short`), while an id of
+/// another shard, whose replica runs, still answers 200.
+#[test]
+fn a_publish_on_a_redis_cluster_waits_for_its_masters_replica() {
+    let redis = RedisCluster::start();
+    let p = prefix("rc_wait");
+    let mut s = node_settings(&redis, &p, "w");
+    s.cluster.redis_wait_replicas = 1;
+    // WAIT gets half of it (as in cluster_sentinel.rs).
+    s.cluster.command_timeout_ms = 1000;
+    let n = start_node(s);
+    let ids = ids_on_every_shard(&redis, 1);
+    for (id, _) in &ids {
+        let r = post(n.addr, &format!("/send/{id}"), "kept");
+        assert_eq!(r.status, 200, "{id}: {}", r.text());
+    }
+    let (paused_id, _) = &ids[0];
+    let (other_id, _) = &ids[1];
+    let replica = redis.replica_of(redis.slot_of(paused_id));
+    let pid = redis.nodes[replica].pid().expect("redis pid");
+    common::process::send_signal(pid, "STOP");
+    let r = post(n.addr, &format!("/send/{paused_id}"), "unreplicated");
+    let other = post(n.addr, &format!("/send/{other_id}"), "replicated");
+    common::process::send_signal(pid, "CONT");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let outcome = r.json()["outcome"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        outcome.starts_with("unknown") && outcome.contains("redis_wait_replicas"),
+        "{outcome}"
+    );
+    assert_eq!(n.stats()["cluster"]["wait_short"], 1);
+    assert_eq!(other.status, 200, "{}", other.text());
+    // The replica back: 200 again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = post(n.addr, &format!("/send/{paused_id}"), "again");
+        if r.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", r.text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

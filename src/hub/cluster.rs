@@ -1471,13 +1471,12 @@ impl Cluster {
             // Below the command timeout, so a short count is an answer,
             // not a timeout.
             let ms = (self.settings.command_timeout_ms / 2).max(5);
+            // On a Redis Cluster, on the id's master (the slot is unused
+            // on one Redis).
+            let slot = id.map_or(0, Names::slot_of_id);
             let acked = self
                 .command_on(conn, "WAIT", async move |mut c| {
-                    redis::cmd("WAIT")
-                        .arg(wait)
-                        .arg(ms)
-                        .query_async::<u32>(&mut c)
-                        .await
+                    c.wait_replicas(slot, wait, ms).await
                 })
                 .await;
             if !acked.is_ok_and(|n| n >= wait) {

@@ -79,6 +79,31 @@ impl ConnectionLike for Commands {
     }
 }
 
+impl Commands {
+    /// `WAIT replicas ms` on the connection the publish of an id in `slot`
+    /// ran on: one Redis's, or on a Redis Cluster the slot's master's
+    /// (redis-rs keeps one connection per node, so it is the one its
+    /// script went over). WAIT counts the writes of that connection.
+    pub(crate) async fn wait_replicas(
+        &mut self,
+        slot: u16,
+        replicas: u32,
+        ms: u64,
+    ) -> redis::RedisResult<u32> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(ms);
+        match self {
+            Commands::One(c) => wait.query_async(c).await,
+            Commands::Sharded(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let master = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let acked = c.route_command(wait, RoutingInfo::SingleNode(master)).await?;
+                Ok(redis::from_redis_value(acked)?)
+            }
+        }
+    }
+}
+
 /// One shard: its master now, and the slots it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Shard {

@@ -180,6 +180,31 @@ impl RedisCluster {
         panic!("slot {slot} is served by no master");
     }
 
+    /// The index in `nodes` of a replica of the master that serves
+    /// `slot` now, as that master's `INFO replication` lists it (another
+    /// node's `CLUSTER SLOTS` may not know it yet).
+    pub fn replica_of(&self, slot: u16) -> usize {
+        let master = &self.nodes[self.master_of(slot)];
+        let info = master
+            .command(&["INFO", "replication"])
+            .text()
+            .expect("INFO replication answers text");
+        let port: u16 = info
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("slave0:")?
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("port="))?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("slot {slot}'s master has no replica: {info}"));
+        self.nodes
+            .iter()
+            .position(|n| n.port == port)
+            .expect("the replica is one of ours")
+    }
+
     /// `PUBSUB SHARDNUMSUB channel` on the master of the channel's slot:
     /// how many connections subscribe to it there.
     pub fn shard_numsub(&self, channel: &str) -> i64 {
