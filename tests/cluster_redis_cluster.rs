@@ -337,6 +337,27 @@ fn a_reshard_of_a_thousand_slots_under_load_loses_nothing() {
             );
         }
     }
+    // Presence follows the ids to their new shards: node a sees b's
+    // stream of every id (b wrote its presence again once the slots moved),
+    // from b's hash on each id's shard, and every master keeps one.
+    wait_until(Duration::from_secs(10), "b's streams in a's /presence", || {
+        ids.iter()
+            .all(|(id, _)| cluster::get(a.addr, &format!("/presence/{id}")).json()["streams"] == 1)
+    });
+    assert_presence_on_every_master(&redis, &p);
+}
+
+/// Every master holds a presence hash of its ids (one per node per shard,
+/// `<prefix>:presence:{<shard tag>}:<instance>`), none in the fleet's slot.
+fn assert_presence_on_every_master(redis: &RedisCluster, p: &str) {
+    for m in redis.masters() {
+        let keys = redis.nodes[m].command(&["KEYS", &format!("{p}:presence:*")]);
+        let keys: Vec<String> = keys.items().iter().filter_map(common::Resp::text).collect();
+        assert!(!keys.is_empty(), "no presence hash on master {m}");
+        for key in &keys {
+            assert!(key.starts_with(&format!("{p}:presence:{{!b")), "{key}");
+        }
+    }
 }
 
 /// The whole cluster down: publishes answer 503 and `/readyz` 503; once it
@@ -406,6 +427,11 @@ fn a_node_restarted_subscribes_on_every_shard() {
     drop(b);
     let b: TestServer = start_node(node_settings(&redis, &p, "b"));
     let mut streams = open_all(&redis, &p, b.addr, &ids);
+    wait_until(Duration::from_secs(10), "b's streams in a's /presence", || {
+        ids.iter()
+            .all(|(id, _)| cluster::get(a.addr, &format!("/presence/{id}")).json()["streams"] == 1)
+    });
+    assert_presence_on_every_master(&redis, &p);
     for (id, _) in &ids {
         let event = cluster::send_ok(a.addr, id, &format!("to {id}"));
         let line = streams.get_mut(id).unwrap().line();

@@ -326,6 +326,10 @@ pub(crate) enum PublishFailed {
     Partial { reached: usize, shards: usize },
 }
 
+/// The field that keeps a Redis Cluster's per-shard presence hash there
+/// when this node holds no id of that shard (`!`: not an id).
+const PRESENCE_MARKER: &str = "!";
+
 /// Most ids one presence pipeline carries (a full rewrite of a node
 /// holding a million ids is a hundred of them).
 const PRESENCE_BATCH: usize = 10_000;
@@ -688,6 +692,13 @@ impl Names {
         self.fleet_of("presence", instance)
     }
 
+    /// On a Redis Cluster, one process's presence hash for the ids of the
+    /// shard whose tag is `tag` ([`Topology::shard_tag`]):
+    /// `<prefix>:presence:{<tag>}:<instance>`, on that shard.
+    fn shard_presence_key(&self, tag: &str, instance: &str) -> String {
+        format!("{}:presence:{{{tag}}}:{instance}", self.prefix)
+    }
+
     /// The id inside a channel name from [`Names::id_channel`].
     pub(crate) fn id_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
         let id = channel.strip_prefix(self.prefix.as_str())?.strip_prefix(":id:")?;
@@ -705,9 +716,9 @@ impl Names {
 
     /// On a Redis Cluster, the broadcast channel of shard `k` of
     /// `topology` (`<prefix>:broadcast:{!b<n>}`, in one of its slots; see
-    /// [`Topology::broadcast_tag`]).
+    /// [`Topology::shard_tag`]).
     pub(crate) fn shard_broadcast(&self, topology: &Topology, k: usize) -> Option<String> {
-        let tag = topology.broadcast_tag(k)?;
+        let tag = topology.shard_tag(k)?;
         Some(format!("{}:broadcast:{{{tag}}}", self.prefix))
     }
 
@@ -718,7 +729,7 @@ impl Names {
             channel
                 .strip_prefix(self.prefix.as_str())
                 .and_then(|c| c.strip_prefix(":broadcast:{"))
-                .is_some_and(|c| c.starts_with(crate::hub::sharded::BROADCAST_TAG))
+                .is_some_and(|c| c.starts_with(crate::hub::sharded::SHARD_TAG))
         } else {
             channel == self.broadcast
         }
@@ -971,6 +982,9 @@ pub(crate) struct Cluster {
     /// runs: each shard's link loads them on its master before it
     /// subscribes ([`Cluster::shard_scripts`]).
     shard_scripts: Vec<String>,
+    /// On a Redis Cluster: the topology presence was last written with
+    /// ([`Cluster::write_presence_sharded`]).
+    presence_topology: Mutex<Option<Arc<Topology>>>,
     /// On a Redis Cluster: which master serves each slot, as the Bus last
     /// read it (`None` before the first read).
     topology: Mutex<Option<Arc<Topology>>>,
@@ -1111,6 +1125,7 @@ impl Cluster {
                 Vec::new()
             },
             topology: Mutex::new(None),
+            presence_topology: Mutex::new(None),
             shard_links: Mutex::new(None),
             seen: AtomicU64::new(0),
             namespaces,
@@ -2213,8 +2228,66 @@ impl Cluster {
     /// here, so the hash is replaced. Answers whether the hash was there
     /// before the write.
     pub(crate) async fn write_presence(&self, counts: &[HeldCount], full: bool) -> Result<bool, ApiError> {
+        if self.names.sharded() {
+            return self.write_presence_sharded(counts, full).await;
+        }
         let key = self.names.presence_key(&self.instance);
+        let counts: Vec<&HeldCount> = counts.iter().collect();
+        self.write_presence_hash(key, &counts, full).await
+    }
+
+    /// [`Cluster::write_presence`] on a Redis Cluster: one hash per shard,
+    /// for the ids of that shard, carrying the shard's tag
+    /// ([`Names::shard_presence_key`]), so that presence is spread over the
+    /// shards as the ids are, and a read of an id's is one shard's. Each
+    /// hash keeps a marker field (`!`, not an id) so that a shard where
+    /// this node holds no id still has one, and a lost hash is told.
+    ///
+    /// When the slots moved since the last write (a reshard), the ids are
+    /// in other shards now: answers `false` (as for a lost hash), so the
+    /// Router writes every held id again (`full`). A hash of a tag no shard
+    /// has any more is no longer renewed and expires with the heartbeat
+    /// TTL. A failover keeps the slots, and the promoted replica has the
+    /// hashes.
+    async fn write_presence_sharded(&self, counts: &[HeldCount], full: bool) -> Result<bool, ApiError> {
+        let topology = self.topology().ok_or(ApiError::BusUnavailable)?;
+        let last = self
+            .presence_topology
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let moved = last.as_ref().is_some_and(|t| !t.same_slots(&topology));
+        let tags: Vec<&str> = (0..topology.shards.len())
+            .map(|k| topology.shard_tag(k).ok_or(ApiError::BusUnavailable))
+            .collect::<Result<_, _>>()?;
+        let mut groups: Vec<Vec<&HeldCount>> = vec![Vec::new(); tags.len()];
+        for c in counts {
+            groups[topology.shard_of(Names::slot_of_id(&c.id))].push(c);
+        }
+        let mut existed = true;
+        for (tag, group) in tags.iter().zip(&groups) {
+            let key = self.names.shard_presence_key(tag, &self.instance);
+            existed &= self.write_presence_hash(key, group, full).await?;
+        }
+        if full || last.is_none() || moved {
+            *self
+                .presence_topology
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(topology);
+        }
+        Ok(existed && !moved)
+    }
+
+    /// Writes `counts` to one presence hash `key` (see
+    /// [`Cluster::write_presence`]). Answers whether it was there before.
+    async fn write_presence_hash(
+        &self,
+        key: String,
+        counts: &[&HeldCount],
+        full: bool,
+    ) -> Result<bool, ApiError> {
         let ttl = self.settings.heartbeat_ttl_ms;
+        let marker = self.names.sharded();
         let mut existed = true;
         let mut chunks = counts.chunks(PRESENCE_BATCH).peekable();
         let mut first = true;
@@ -2225,6 +2298,9 @@ impl Cluster {
                 pipe.exists(&key);
                 if full {
                     pipe.del(&key).ignore();
+                }
+                if marker {
+                    pipe.hset(&key, PRESENCE_MARKER, "").ignore();
                 }
             }
             // `<streams>`, or `<streams> <subjects as a JSON array>`.
@@ -2275,9 +2351,23 @@ impl Cluster {
         let fields: Vec<Option<String>> = if others.is_empty() {
             Vec::new()
         } else {
+            // On a Redis Cluster, in the hashes of the id's shard.
+            let tag = if self.names.sharded() {
+                let topology = self.topology().ok_or(ApiError::BusUnavailable)?;
+                let k = topology.shard_of(Names::slot_of_id(id));
+                Some(topology.shard_tag(k).ok_or(ApiError::BusUnavailable)?.to_owned())
+            } else {
+                None
+            };
             let mut pipe = redis::pipe();
             for n in &others {
-                pipe.hget(self.names.presence_key(&n.instance), id);
+                pipe.hget(
+                    match &tag {
+                        Some(tag) => self.names.shard_presence_key(tag, &n.instance),
+                        None => self.names.presence_key(&n.instance),
+                    },
+                    id,
+                );
             }
             self.command("HGET", async move |mut c| pipe.query_async(&mut c).await)
                 .await?
@@ -2975,7 +3065,13 @@ mod tests {
             assert_eq!(slot_of(key.as_bytes()), fleet, "{key}");
         }
         assert_eq!(n.id_of(n.broadcast()), None);
-        // Each shard's broadcast channel (Topology::broadcast_tag).
+        // A node's presence for the ids of one shard: in that shard's tag.
+        assert_eq!(n.shard_presence_key("!b3", "i1"), "sb:presence:{!b3}:i1");
+        assert_eq!(
+            slot_of(n.shard_presence_key("!b3", "i1").as_bytes()),
+            slot_of(b"!b3")
+        );
+        // Each shard's broadcast channel (Topology::shard_tag).
         assert!(n.is_broadcast("sb:broadcast:{!b17}"));
         assert!(!n.is_broadcast("sb:id:{b17}"));
         assert!(!n.is_broadcast("other:broadcast:{!b17}"));

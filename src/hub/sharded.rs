@@ -21,8 +21,8 @@ pub(crate) const SLOTS: u16 = 16_384;
 /// The hash tag of the fleet's own keys (not an id's: ids never hold `!`).
 pub(crate) const FLEET_TAG: &str = "!fleet";
 
-/// The start of each shard's broadcast tag ([`Topology::broadcast_tag`]).
-pub(crate) const BROADCAST_TAG: &str = "!b";
+/// The start of each shard's tag ([`Topology::shard_tag`]).
+pub(crate) const SHARD_TAG: &str = "!b";
 
 /// The slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the
 /// first `{` and the next `}`, if not empty) or of the whole key, modulo
@@ -119,8 +119,8 @@ pub(crate) struct Topology {
     pub(crate) shards: Vec<Shard>,
     /// The index in `shards` of each slot's shard (`u8::MAX`: none).
     owner: Arc<[u8]>,
-    /// Each shard's broadcast tag ([`Topology::broadcast_tag`]).
-    broadcast_tags: Vec<String>,
+    /// Each shard's tag ([`Topology::shard_tag`]).
+    shard_tags: Vec<String>,
 }
 
 /// Most tags tried to find one in each shard's slots: every slot is hit
@@ -220,38 +220,40 @@ impl Topology {
         if let Some(slot) = owner.iter().position(|&o| o == u8::MAX) {
             return Err(format!("slot {slot} is served by no master"));
         }
-        let mut broadcast_tags = vec![String::new(); out.len()];
+        let mut shard_tags = vec![String::new(); out.len()];
         let mut missing = out.len();
         for n in 0..TAG_TRIES {
             if missing == 0 {
                 break;
             }
-            let tag = format!("{BROADCAST_TAG}{n}");
+            let tag = format!("{SHARD_TAG}{n}");
             let k = usize::from(owner[usize::from(slot_of(tag.as_bytes()))]);
-            if broadcast_tags[k].is_empty() {
-                broadcast_tags[k] = tag;
+            if shard_tags[k].is_empty() {
+                shard_tags[k] = tag;
                 missing -= 1;
             }
         }
-        if let Some(k) = broadcast_tags.iter().position(String::is_empty) {
+        if let Some(k) = shard_tags.iter().position(String::is_empty) {
             return Err(format!("no broadcast tag found in the slots of shard {k}"));
         }
         Ok(Topology {
             shards: out,
             owner: owner.into(),
-            broadcast_tags,
+            shard_tags,
         })
     }
 
-    /// The hash tag of shard `k`'s broadcast channel: the first of `!b0`,
-    /// `!b1`, ... whose slot the shard serves (not an id: `!` is not an id
-    /// character). A broadcast is SPUBLISHed once per shard, on its
-    /// channel, and each node hands the copy shard `k`'s link brings to
-    /// the ids of shard `k` only: in the order that shard ran their
-    /// publishes, the same on every node (`docs/cluster.md`,
-    /// "Broadcasts").
-    pub(crate) fn broadcast_tag(&self, k: usize) -> Option<&str> {
-        self.broadcast_tags.get(k).map(String::as_str)
+    /// The hash tag of shard `k`: the first of `!b0`, `!b1`, ... whose slot
+    /// the shard serves (not an id: `!` is not an id character). Two
+    /// things of the shard carry it:
+    /// - its broadcast channel: a broadcast is SPUBLISHed once per shard,
+    ///   and each node hands the copy shard `k`'s link brings to the ids
+    ///   of shard `k` only, in the order that shard ran their publishes,
+    ///   the same on every node (`docs/cluster.md`, "Broadcasts");
+    /// - each node's presence hash for the ids of shard `k`, so that
+    ///   presence is spread over the shards as the ids are.
+    pub(crate) fn shard_tag(&self, k: usize) -> Option<&str> {
+        self.shard_tags.get(k).map(String::as_str)
     }
 
     /// Whether `other` puts every slot in the same shard as this one
@@ -380,7 +382,7 @@ mod tests {
     /// Each shard has a broadcast tag in its own slots, even a shard of a
     /// single slot, and the same slots give the same tags.
     #[test]
-    fn each_shard_has_a_broadcast_tag_in_its_slots() {
+    fn each_shard_has_a_tag_in_its_slots() {
         let reply = || {
             redis::Value::Array(vec![
                 shard(&[0, 9000], vec![node(7001, "master", "online")]),
@@ -389,9 +391,9 @@ mod tests {
             ])
         };
         let t = Topology::parse(reply(), false).unwrap();
-        let tags: Vec<String> = (0..3).map(|k| t.broadcast_tag(k).unwrap().to_owned()).collect();
+        let tags: Vec<String> = (0..3).map(|k| t.shard_tag(k).unwrap().to_owned()).collect();
         for (k, tag) in tags.iter().enumerate() {
-            assert!(tag.starts_with(BROADCAST_TAG), "{tag}");
+            assert!(tag.starts_with(SHARD_TAG), "{tag}");
             assert_eq!(t.shard_of(slot_of(tag.as_bytes())), k, "{tag}");
             assert_eq!(
                 t.shard_of(slot_of(format!("sb:broadcast:{{{tag}}}").as_bytes())),
@@ -400,8 +402,8 @@ mod tests {
         }
         assert_eq!(slot_of(tags[1].as_bytes()), 9001);
         let again = Topology::parse(reply(), false).unwrap();
-        assert!((0..3).all(|k| again.broadcast_tag(k) == Some(tags[k].as_str())));
-        assert_eq!(t.broadcast_tag(3), None);
+        assert!((0..3).all(|k| again.shard_tag(k) == Some(tags[k].as_str())));
+        assert_eq!(t.shard_tag(3), None);
     }
 
     #[test]
