@@ -607,6 +607,17 @@ fn a_broadcast_one_shard_did_not_take_is_a_503_that_says_so() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(r.status, 200, "{}", r.text());
+    // Sent to every shard this time: the key now holds that answer, past
+    // the claim's first few seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    let again = request(a.addr, "POST", "/broadcast", &key, b"once").unwrap();
+    assert_eq!(
+        (again.status, again.header("idempotent-replayed")),
+        (200, Some("true")),
+        "{}",
+        again.text()
+    );
+    assert_eq!(again.json()["delivered"], r.json()["delivered"], "{}", again.text());
     let lines = lines_within(streams.get_mut(paused_id).unwrap(), Duration::from_secs(2));
     assert!(
         lines.iter().any(|l| l.ends_with("'once'")),

@@ -367,8 +367,16 @@ impl Bus {
     /// shard's (each shard sends its own copy, in its order among its ids'
     /// messages: [`Cluster::broadcast_sharded`]); every id on one Redis.
     fn broadcast_part(&self, k: usize) -> Option<Part> {
-        let topology = self.link.as_ref()?.topology.as_ref()?;
-        Some(self.part(topology, k))
+        if !self.cluster.names.sharded() {
+            return None;
+        }
+        // A sharded link always has its topology; without one, no id
+        // (every copy to every id would hand each stream the broadcast once
+        // per shard).
+        Some(match self.link.as_ref().and_then(|l| l.topology.as_ref()) {
+            Some(topology) => self.part(topology, k),
+            None => Part(Arc::new(|_: &str| false)),
+        })
     }
 
     /// The ids shard `k` of `topology` carries, for the Router.

@@ -97,10 +97,22 @@ const SHARDED_PRELUDE: &str = "local function fmt(n) return string.format('%.0f'
 /// fleet's slot, before its copies go to every shard
 /// ([`Cluster::broadcast_sharded`]).
 ///
-/// KEYS: the idempotency key. ARGV: the claim, the key's TTL in ms.
-/// Answers `{1}` (claimed) or `{0, <what the key holds>}`.
+/// KEYS: the idempotency key. ARGV: the claim, its TTL in ms (short until
+/// every copy went: [`Cluster::claim_ms`]). Answers `{1}` (claimed) or
+/// `{0, <what the key holds>}`.
 const CLAIM_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end \
     return {0, redis.call('GET', KEYS[1])}";
+
+/// Every copy of a broadcast went: its claim holds for the key's whole
+/// TTL. KEYS: the key. ARGV: the claim, the TTL in ms.
+const EXTEND_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
+
+/// Gives a broadcast's claim back when not every copy went, so that a retry
+/// is sent; only if the key still holds this claim (it may have expired
+/// and been claimed again). KEYS: the key. ARGV: the claim.
+const RELEASE_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    return redis.call('DEL', KEYS[1]) end return 0";
 
 /// Publishes a message fleet-wide in one step, so that it has one event id
 /// and one place in its id's order on every node:
@@ -321,9 +333,16 @@ pub(crate) enum PublishFailed {
     ClockAhead(Duration),
     /// A broadcast on a Redis Cluster whose copies went to `reached` of
     /// its `shards` shards, not to the others: the ids of those got it,
-    /// the others' did not. Its `Idempotency-Key` was given back, so a
-    /// retry sends it again, to every shard.
-    Partial { reached: usize, shards: usize },
+    /// the others' did not (`late`: a master that did not answer in time
+    /// may still send its copy). Its `Idempotency-Key` was given back, so a
+    /// retry sends it again, to every shard; unless Redis did not answer
+    /// that either (`key_kept`: the claim then expires within that).
+    Partial {
+        reached: usize,
+        shards: usize,
+        late: bool,
+        key_kept: Option<Duration>,
+    },
 }
 
 /// The field that keeps a Redis Cluster's per-shard presence hash there
@@ -1631,9 +1650,12 @@ impl Cluster {
             None => None,
             Some((key, request)) => {
                 let key = self.names.idempotency_key(None, key);
-                let claim = format!("{request} {}/b{}", self.instance, self.seq.load(Relaxed));
+                let number = self.seq.fetch_add(1, Relaxed) + 1;
+                let claim = format!("{request} {}/{number}", self.instance);
                 let (script, k, c) = (self.claim_script.clone(), key.clone(), claim.clone());
-                let ms = key_ttl.as_millis() as u64;
+                // Short until every copy went (then `key_ttl`): a claim
+                // stranded by a failure goes soon, not a retry's 200.
+                let ms = self.claim_ms(key_ttl);
                 let reply = self
                     .command_on(self.publish_conn(), "PUBLISH", async move |mut conn| {
                         script
@@ -1648,9 +1670,17 @@ impl Cluster {
                     Ok(reply) => reply.into_iter(),
                     Err(e) => {
                         self.stats.publish_errors.fetch_add(1, Relaxed);
-                        return Err(match e {
-                            ApiError::RedisRefused(why) => PublishFailed::Refused(why),
-                            _ => PublishFailed::Unknown,
+                        if let ApiError::RedisRefused(why) = e {
+                            return Err(PublishFailed::Refused(why));
+                        }
+                        // Redis may have claimed it: nothing was sent, so
+                        // the claim is given back, or it expires soon.
+                        let kept = self.release_claim(&key, &claim).await;
+                        return Err(PublishFailed::Partial {
+                            reached: 0,
+                            shards: channels.len(),
+                            late: false,
+                            key_kept: kept.then(|| Duration::from_millis(self.claim_ms(key_ttl))),
                         });
                     }
                 };
@@ -1715,34 +1745,82 @@ impl Cluster {
             self.stats.publish_errors.fetch_add(1, Relaxed);
             // Some copy timed out: Redis may still send it.
             let unknown = counts.len() + refusals < shards;
-            if let Some((key, _)) = &claimed
-                && (reached > 0 || !unknown)
-            {
-                // A retry sends it again (to every shard).
-                let key = key.clone();
-                let _ = self
-                    .command("DEL", async move |mut c| {
-                        redis::cmd("DEL").arg(key).query_async::<u64>(&mut c).await
-                    })
-                    .await;
+            if reached == 0 && !unknown {
+                // Every copy refused: nothing went anywhere.
+                if let Some((key, claim)) = &claimed {
+                    self.release_claim(key, claim).await;
+                }
+                return Err(refused.map_or(PublishFailed::Unknown, PublishFailed::Refused));
             }
-            return Err(match (reached, refused) {
-                (0, Some(why)) if !unknown => PublishFailed::Refused(why),
-                (0, _) => PublishFailed::Unknown,
-                _ => PublishFailed::Partial { reached, shards },
+            // A retry sends it again, to every shard.
+            let kept = match &claimed {
+                Some((key, claim)) => self.release_claim(key, claim).await,
+                None => false,
+            };
+            return Err(PublishFailed::Partial {
+                reached,
+                shards,
+                late: unknown,
+                key_kept: kept.then(|| Duration::from_millis(self.claim_ms(key_ttl))),
             });
         }
         self.stats.publishes.fetch_add(1, Relaxed);
-        let mut here = 0;
-        for (seq, rx) in echoes {
-            here += self.local_echo(seq, rx).await.unwrap_or(0);
+        if let Some((key, claim)) = &claimed {
+            // Every copy went: the claim holds for the key's whole TTL.
+            let (script, key, claim) = (EXTEND_SCRIPT, key.clone(), claim.clone());
+            let ms = key_ttl.as_millis() as u64;
+            let _ = self
+                .command("PUBLISH", async move |mut c| {
+                    redis::cmd("EVAL")
+                        .arg(script)
+                        .arg(1)
+                        .arg(key)
+                        .arg(claim)
+                        .arg(ms)
+                        .query_async::<i64>(&mut c)
+                        .await
+                })
+                .await;
         }
+        let echoes = echoes.into_iter().map(|(seq, rx)| self.local_echo(seq, rx));
+        let here: u64 = futures_util::future::join_all(echoes)
+            .await
+            .into_iter()
+            .map(|n| n.unwrap_or(0))
+            .sum();
         Ok(PublishOutcome::Fresh {
             nodes: receivers.saturating_sub(1),
             local: LocalDelivery::Delivered(here),
             claim: claimed.map(|(_, claim)| claim),
             event: None,
         })
+    }
+
+    /// How long a broadcast's claim of its `Idempotency-Key` holds until
+    /// every copy went ([`Cluster::broadcast_sharded`]): a few command
+    /// timeouts (at least 2 s), at most `key_ttl`.
+    fn claim_ms(&self, key_ttl: Duration) -> u64 {
+        let short = (4 * self.settings.command_timeout_ms).max(2_000);
+        short.min(key_ttl.as_millis() as u64)
+    }
+
+    /// Gives back a broadcast's claim `claim` of `key` (only if it is still
+    /// this one: [`RELEASE_SCRIPT`]). Answers whether it may still be
+    /// there (Redis did not answer): it then expires after
+    /// [`Cluster::claim_ms`].
+    async fn release_claim(&self, key: &str, claim: &str) -> bool {
+        let (key, claim) = (key.to_owned(), claim.to_owned());
+        self.command("PUBLISH", async move |mut c| {
+            redis::cmd("EVAL")
+                .arg(RELEASE_SCRIPT)
+                .arg(1)
+                .arg(key)
+                .arg(claim)
+                .query_async::<i64>(&mut c)
+                .await
+        })
+        .await
+        .is_err()
     }
 
     /// Reads the fleet's history for a stream of `id` that resumes after
@@ -2264,10 +2342,15 @@ impl Cluster {
         for c in counts {
             groups[topology.shard_of(Names::slot_of_id(&c.id))].push(c);
         }
-        let mut existed = true;
-        for (tag, group) in tags.iter().zip(&groups) {
+        // Every shard's, at once: one whose master is down fails its own
+        // write (all is written again at the next beat), not the others'.
+        let writes = tags.iter().zip(&groups).map(|(tag, group)| {
             let key = self.names.shard_presence_key(tag, &self.instance);
-            existed &= self.write_presence_hash(key, group, full).await?;
+            self.write_presence_hash(key, group, full)
+        });
+        let mut existed = true;
+        for written in futures_util::future::join_all(writes).await {
+            existed &= written?;
         }
         if full || last.is_none() || moved {
             *self

@@ -174,7 +174,23 @@ impl Broker for Redis {
                 here.count(id).await.unwrap_or(0) > 0 || cluster.is_lingering(id)
             };
             let ttl = Duration::from_millis(here.publish.idempotency_ttl_ms);
-            let failed = match cluster.publish(id, msg, keyed, ttl, subscribed_here).await {
+            let published = if id.is_none() && cluster.names.sharded() {
+                // A broadcast on a Redis Cluster is several steps (its
+                // key's claim, then a copy per shard): they run to their
+                // end even if the publisher goes away meanwhile, so that a
+                // claim is never left without its copies sent or given back.
+                let (c, m) = (Arc::clone(cluster), msg.to_owned());
+                let k = keyed.map(|(key, request)| (key.to_owned(), request.to_owned()));
+                actix_rt::spawn(async move {
+                    let keyed = k.as_ref().map(|(key, request)| (key.as_str(), request.as_str()));
+                    c.publish(None, &m, keyed, ttl, async { true }).await
+                })
+                .await
+                .unwrap_or(Err(PublishFailed::Unknown))
+            } else {
+                cluster.publish(id, msg, keyed, ttl, subscribed_here).await
+            };
+            let failed = match published {
                 Ok(PublishOutcome::Mismatch) => return Err(ApiError::IdempotencyKeyReused),
                 Ok(PublishOutcome::Repeat(first)) => return Ok(here.replayed(first)),
                 Ok(PublishOutcome::Fresh {
@@ -232,16 +248,39 @@ fn undelivered(id: Option<&str>, failed: PublishFailed, keyed: bool) -> Undelive
         _ => ApiError::BusUnavailable,
     };
     let outcome = match (failed, keyed) {
-        (PublishFailed::Partial { reached, shards }, _) => {
+        (
+            PublishFailed::Partial {
+                reached,
+                shards,
+                late,
+                key_kept,
+            },
+            _,
+        ) => {
+            let mut outcome = if reached == 0 {
+                "not delivered anywhere".to_owned()
+            } else {
+                format!(
+                    "partly delivered: the ids of {reached} of the Redis Cluster's {shards} shards got it, \
+                     the others' did not"
+                )
+            };
+            if late {
+                outcome += "; a shard's master that did not answer in time may still send its copy late";
+            }
+            outcome += &match key_kept {
+                None => "; a retry sends it to every shard again, so streams that got it may get it twice"
+                    .to_owned(),
+                Some(d) => format!(
+                    "; its Idempotency-Key could not be given back: a retry with it within {} s is answered \
+                     as a repeat; retry after that, or with a new key",
+                    d.as_secs().max(1)
+                ),
+            };
             return Undelivered {
                 id: None,
                 error,
-                outcome: format!(
-                    "partly delivered: the ids of {reached} of the Redis Cluster's {shards} shards got \
-                     it, the others' did not (a shard's master stopped answering); a retry sends it to \
-                     every shard again, so streams of those {reached} may get it twice"
-                )
-                .into(),
+                outcome: outcome.into(),
             };
         }
         (PublishFailed::NotSent, _) => "not delivered anywhere: the bus is down; retry",
