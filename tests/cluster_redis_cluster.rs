@@ -617,7 +617,12 @@ fn a_broadcast_one_shard_did_not_take_is_a_503_that_says_so() {
         "{}",
         again.text()
     );
-    assert_eq!(again.json()["delivered"], r.json()["delivered"], "{}", again.text());
+    assert_eq!(
+        again.json()["delivered"],
+        r.json()["delivered"],
+        "{}",
+        again.text()
+    );
     let lines = lines_within(streams.get_mut(paused_id).unwrap(), Duration::from_secs(2));
     assert!(
         lines.iter().any(|l| l.ends_with("'once'")),
