@@ -32,6 +32,9 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import redis_cluster  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release")
 # What one process keeps for itself besides streams (listeners, Redis, logs).
@@ -74,24 +77,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cluster_ports(n, start=43001):
-    """`n` ports below 55,535 whose cluster bus port (+10,000) is free too.
-    Probed, then given to redis-server: a port taken in between fails the
-    start loudly (redis-server exits), never silently."""
-    ports = []
-    for p in range(start, 55_535):
-        try:
-            for q in (p, p + 10_000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", q))
-        except OSError:
-            continue
-        ports.append(p)
-        if len(ports) == n:
-            return ports
-    raise SystemExit("no free ports for a Redis Cluster")
 
 
 def meminfo():
@@ -332,27 +317,21 @@ def measure(run, result, n, processes, source_ips, total_s, shutdown_ms):
     if args.redis_cluster:
         # Three masters, no replicas (a replica's replication would take
         # CPU from the same two cores; the fault tests have replicas).
-        ports = cluster_ports(3)
-        redis_pids = []
-        # A fresh directory per run: a node that finds an earlier run's
-        # nodes.conf is already in a cluster, and `--cluster create` fails.
+        ports = redis_cluster.free_ports(3, 43001, cluster=True)
+        redis_pids, nodes = [], []
         conf_dir = tempfile.mkdtemp(prefix="c1m-redis-cluster-")
         for i, p in enumerate(ports):
-            node = run.start(f"redis-{p}", [*nice, "redis-server", "--port", str(p), *redis_args,
-                                           "--cluster-enabled", "yes", "--cluster-node-timeout", "5000",
-                                           "--dir", conf_dir, "--cluster-config-file", f"nodes-{p}.conf",
+            node = run.start(f"redis-{p}", [*nice, "redis-server", *redis_cluster.node_args(p, conf_dir),
+                                           *redis_args,
                                            # Why Redis closes a client is only in its log.
                                            "--logfile", f"{redis_log}.{i}"])
             redis_pids.append(node.pid)
+            nodes.append(node)
         time.sleep(0.5)
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, stdout=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while not all("cluster_state:ok" in subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"],
-                                                           capture_output=True, text=True).stdout for p in ports):
-            if time.time() > deadline:
-                raise SystemExit("the Redis Cluster did not come up")
-            time.sleep(0.2)
+        for p, node in zip(ports, nodes):
+            if node.poll() is not None:
+                raise SystemExit(f"redis-server on {p} exited (its port taken?)")
+        redis_cluster.create(ports)
         bus = {"SWITCHBOARD__CLUSTER__REDIS_CLUSTER_NODES": ",".join(f"127.0.0.1:{p}" for p in ports)}
         result["redis_cluster_masters"] = len(ports)
     else:

@@ -43,28 +43,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWITCHBOARD = os.path.join(ROOT, "target", "release", "switchboard")
 FLOODTEST = os.path.join(ROOT, "target", "release", "floodtest")
 NCHAN_MODULE = "/usr/lib/nginx/modules/ngx_nchan_module.so"
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+import redis_cluster  # noqa: E402
+from serve import start_switchboard  # noqa: E402
 STREAMS = 200
 MARK = b"pubmsg"
 SETUPS = ["switchboard-one", "switchboard-cluster", "nchan-one", "nchan-cluster"]
-
-
-def ports(n, start, cluster=False):
-    """`n` free ports from `start` (with a Redis Cluster node's bus port,
-    +10,000, free too). Probed and then given to a server: a port taken in
-    between fails that server's start loudly (checked below), never
-    silently."""
-    out = []
-    for p in range(start, 55_535):
-        try:
-            for q in ((p, p + 10_000) if cluster else (p,)):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", q))
-        except OSError:
-            continue
-        out.append(p)
-        if len(out) == n:
-            return out
-    raise SystemExit("no free ports")
 
 
 def wait_port(port, proc, what, within=15):
@@ -102,41 +86,34 @@ class Setup:
         common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning",
                   "--dir", self.dir]
         if self.name.endswith("-one"):
-            (p,) = ports(1, 44001)
+            (p,) = redis_cluster.free_ports(1, 44001)
             proc = self.start(["redis-server", "--port", str(p), *common])
             wait_port(p, proc, "redis-server")
             self.redis_pids = [proc.pid]
             return [p]
-        ps = ports(3, 44101, cluster=True)
+        ps = redis_cluster.free_ports(3, 44101, cluster=True)
         for p in ps:
-            proc = self.start(["redis-server", "--port", str(p), *common, "--cluster-enabled", "yes",
-                               "--cluster-config-file", f"nodes-{p}.conf", "--cluster-node-timeout", "5000"])
+            # `--dir` comes last in `common`: node_args' own wins.
+            proc = self.start(["redis-server", *common, *redis_cluster.node_args(p, self.dir)])
             wait_port(p, proc, "redis-server (cluster node)")
             self.redis_pids.append(proc.pid)
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ps],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, stdout=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while not all("cluster_state:ok" in subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"],
-                                                           capture_output=True, text=True).stdout for p in ps):
-            if time.time() > deadline:
-                raise SystemExit("the Redis Cluster did not come up")
-            time.sleep(0.2)
+        redis_cluster.create(ps)
         return ps
 
     def servers(self, redis_ports):
         """Starts node A and node B; answers their ports."""
-        a, b = ports(2, 45001 + 10 * SETUPS.index(self.name))
-        for port in (a, b):
+        out = []
+        for i in range(2):
             if self.name.startswith("switchboard"):
-                env = {"SWITCHBOARD__SERVER__PORT": str(port), "SWITCHBOARD__SERVER__ADMIN_PORT": "0",
-                       "SWITCHBOARD__LOG__LEVEL": "warn", "SWITCHBOARD__CLUSTER__PREFIX": "pubrate"}
+                # Port 0: switchboard picks its own and reports it.
+                env = {**os.environ, "SWITCHBOARD__LOG__LEVEL": "warn", "SWITCHBOARD__CLUSTER__PREFIX": "pubrate"}
                 if len(redis_ports) == 1:
                     env["SWITCHBOARD__CLUSTER__REDIS_URL"] = f"redis://127.0.0.1:{redis_ports[0]}"
                 else:
                     env["SWITCHBOARD__CLUSTER__REDIS_CLUSTER_NODES"] = ",".join(
                         f"127.0.0.1:{p}" for p in redis_ports)
-                proc = self.start([SWITCHBOARD], env=env)
-                wait_port(port, proc, "switchboard")
+                proc, port, _ = start_switchboard(SWITCHBOARD, env, stdout=subprocess.DEVNULL)
+                self.procs.append(proc)
                 deadline = time.time() + 15
                 while subprocess.run(["curl", "-fs", f"http://127.0.0.1:{port}/readyz"],
                                      stdout=subprocess.DEVNULL).returncode != 0:
@@ -144,6 +121,9 @@ class Setup:
                         raise SystemExit("switchboard is not ready")
                     time.sleep(0.1)
             else:
+                # nginx cannot report a port it picked: probed, and its
+                # start is checked.
+                (port,) = redis_cluster.free_ports(1, 45001 + 10 * SETUPS.index(self.name) + i)
                 d = os.path.join(self.dir, f"nginx-{port}")
                 os.makedirs(d)
                 conf = os.path.join(d, "nginx.conf")
@@ -152,7 +132,8 @@ class Setup:
                 proc = self.start([shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf, "-p", d],
                                   stderr=subprocess.DEVNULL)
                 wait_port(port, proc, "nginx")
-        return a, b
+            out.append(port)
+        return out
 
     def stop(self):
         # The servers first, each waited for (they leave the fleet through
