@@ -1747,10 +1747,19 @@ impl Cluster {
             let unknown = counts.len() + refusals < shards;
             if reached == 0 && !unknown {
                 // Every copy refused: nothing went anywhere.
-                if let Some((key, claim)) = &claimed {
-                    self.release_claim(key, claim).await;
+                let kept = match &claimed {
+                    Some((key, claim)) => self.release_claim(key, claim).await,
+                    None => false,
+                };
+                if !kept {
+                    return Err(refused.map_or(PublishFailed::Unknown, PublishFailed::Refused));
                 }
-                return Err(refused.map_or(PublishFailed::Unknown, PublishFailed::Refused));
+                return Err(PublishFailed::Partial {
+                    reached: 0,
+                    shards,
+                    late: false,
+                    key_kept: Some(Duration::from_millis(self.claim_ms(key_ttl))),
+                });
             }
             // A retry sends it again, to every shard.
             let kept = match &claimed {

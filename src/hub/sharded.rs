@@ -6,8 +6,10 @@
 //! Every key and channel of an id carries the id as its hash tag
 //! (`<prefix>:history:{<id>}`, `<prefix>:id:{<id>}`, ...), so they share
 //! one slot and one script can touch them all; the fleet's own keys (node
-//! heartbeats, presence, the `/dispatcher` count, broadcasts) carry
-//! `{!fleet}`, which no id can be (`!` is not an id character). See
+//! heartbeats, the `/dispatcher` count, a broadcast's idempotency key)
+//! carry `{!fleet}`, which no id can be (`!` is not an id character). Each
+//! shard's broadcast channel and each node's presence hash for a shard's
+//! ids carry that shard's tag (`{!b<n>}`, [`Topology::shard_tag`]). See
 //! [`super::cluster::Names`].
 
 use std::sync::Arc;
