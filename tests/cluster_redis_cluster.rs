@@ -54,12 +54,23 @@ fn ids_on_every_shard(redis: &RedisCluster, per_shard: usize) -> Vec<(String, us
 }
 
 /// Opens a stream with event ids of each of `ids` on `addr`, and waits
-/// until each id's channel has `subscribers` nodes on its shard.
+/// until each id's channel has one node on its shard.
 fn open_all(
     redis: &RedisCluster,
     p: &str,
     addr: SocketAddr,
     ids: &[(String, usize)],
+) -> HashMap<String, StreamClient> {
+    open_on(redis, p, addr, ids, 1)
+}
+
+/// [`open_all`], waiting for `subscribers` nodes on each id's channel.
+fn open_on(
+    redis: &RedisCluster,
+    p: &str,
+    addr: SocketAddr,
+    ids: &[(String, usize)],
+    subscribers: i64,
 ) -> HashMap<String, StreamClient> {
     let mut streams = HashMap::new();
     for (id, _) in ids {
@@ -72,8 +83,8 @@ fn open_all(
     for (id, _) in ids {
         let channel = format!("{p}:id:{{{id}}}");
         assert_eq!(
-            redis.wait_shard_numsub(&channel, 1, WAIT),
-            1,
+            redis.wait_shard_numsub(&channel, subscribers, WAIT),
+            subscribers,
             "{channel} subscribed"
         );
     }
@@ -471,17 +482,7 @@ fn a_broadcast_comes_in_one_order_with_each_ids_messages_on_every_node() {
     let b = start_node(node_settings(&redis, &p, "b"));
     let ids = ids_on_every_shard(&redis, 4);
     let mut on_a = open_all(&redis, &p, a.addr, &ids);
-    let mut on_b = HashMap::new();
-    for (id, _) in &ids {
-        let mut s = open_ids(b.addr, id, None);
-        assert_eq!(s.status, 200, "GET /test/{id}");
-        assert!(s.line().contains("Switchboard welcomes you!"));
-        on_b.insert(id.clone(), s);
-    }
-    for (id, _) in &ids {
-        let channel = format!("{p}:id:{{{id}}}");
-        assert_eq!(redis.wait_shard_numsub(&channel, 2, WAIT), 2, "{channel}");
-    }
+    let mut on_b = open_on(&redis, &p, b.addr, &ids, 2);
     const ROUNDS: usize = 100;
     // Four publishers, each with its own ids (so each id's messages go in
     // one order), half on each node; a broadcaster on each node.

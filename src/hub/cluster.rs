@@ -1480,15 +1480,7 @@ impl Cluster {
         }
         if fresh == 0 {
             self.awaited().remove(&seq);
-            let stored: String = reply
-                .next()
-                .and_then(|v| redis::from_redis_value(v).ok())
-                .unwrap_or_default();
-            let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
-            if Some(bound_to) != keyed.map(|(_, request)| request) {
-                return Ok(PublishOutcome::Mismatch);
-            }
-            return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));
+            return Ok(repeat_of(reply.next(), keyed.map(|(_, request)| request)));
         }
         let event: Option<u64> = reply
             .next()
@@ -1689,15 +1681,7 @@ impl Cluster {
                     .and_then(|v| redis::from_redis_value(v).ok())
                     .unwrap_or(0);
                 if fresh == 0 {
-                    let stored: String = reply
-                        .next()
-                        .and_then(|v| redis::from_redis_value(v).ok())
-                        .unwrap_or_default();
-                    let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
-                    if bound_to != request {
-                        return Ok(PublishOutcome::Mismatch);
-                    }
-                    return Ok(PublishOutcome::Repeat(serde_json::from_str(rest).ok()));
+                    return Ok(repeat_of(reply.next(), Some(request)));
                 }
                 Some((key, claim))
             }
@@ -1776,20 +1760,8 @@ impl Cluster {
         self.stats.publishes.fetch_add(1, Relaxed);
         if let Some((key, claim)) = &claimed {
             // Every copy went: the claim holds for the key's whole TTL.
-            let (script, key, claim) = (EXTEND_SCRIPT, key.clone(), claim.clone());
             let ms = key_ttl.as_millis() as u64;
-            let _ = self
-                .command("PUBLISH", async move |mut c| {
-                    redis::cmd("EVAL")
-                        .arg(script)
-                        .arg(1)
-                        .arg(key)
-                        .arg(claim)
-                        .arg(ms)
-                        .query_async::<i64>(&mut c)
-                        .await
-                })
-                .await;
+            let _ = self.on_claim(EXTEND_SCRIPT, key, claim, &[ms]).await;
         }
         let echoes = echoes.into_iter().map(|(seq, rx)| self.local_echo(seq, rx));
         let here: u64 = futures_util::future::join_all(echoes)
@@ -1818,18 +1790,24 @@ impl Cluster {
     /// there (Redis did not answer): it then expires after
     /// [`Cluster::claim_ms`].
     async fn release_claim(&self, key: &str, claim: &str) -> bool {
-        let (key, claim) = (key.to_owned(), claim.to_owned());
+        self.on_claim(RELEASE_SCRIPT, key, claim, &[]).await.is_err()
+    }
+
+    /// Runs `script` (one of the claim's: [`EXTEND_SCRIPT`],
+    /// [`RELEASE_SCRIPT`]) on `key` with ARGV `claim`, then `more`.
+    async fn on_claim(
+        &self,
+        script: &'static str,
+        key: &str,
+        claim: &str,
+        more: &[u64],
+    ) -> Result<i64, ApiError> {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(script).arg(1).arg(key).arg(claim).arg(more);
         self.command("PUBLISH", async move |mut c| {
-            redis::cmd("EVAL")
-                .arg(RELEASE_SCRIPT)
-                .arg(1)
-                .arg(key)
-                .arg(claim)
-                .query_async::<i64>(&mut c)
-                .await
+            eval.query_async::<i64>(&mut c).await
         })
         .await
-        .is_err()
     }
 
     /// Reads the fleet's history for a stream of `id` that resumes after
@@ -2985,6 +2963,20 @@ pub(crate) struct Payload<'a> {
     pub(crate) event: Option<u64>,
     /// The message line.
     pub(crate) text: &'a str,
+}
+
+/// What a key's claim that was already there holds (`stored`: the
+/// script's second answer): the first publish's answer, or a `Mismatch` if
+/// it was for another target or message than `request`.
+fn repeat_of(stored: Option<redis::Value>, request: Option<&str>) -> PublishOutcome {
+    let stored: String = stored
+        .and_then(|v| redis::from_redis_value(v).ok())
+        .unwrap_or_default();
+    let (bound_to, rest) = stored.split_once(' ').unwrap_or((&stored, ""));
+    if Some(bound_to) != request {
+        return PublishOutcome::Mismatch;
+    }
+    PublishOutcome::Repeat(serde_json::from_str(rest).ok())
 }
 
 /// A bus payload: `"<origin>@<event> <text>"`, or `"<origin> <text>"`
