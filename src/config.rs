@@ -241,12 +241,26 @@ pub struct StreamSettings {
     pub max_pending_bytes: usize,
     /// The `retry:` hint sent first on an SSE stream.
     pub sse_retry_ms: u64,
+    /// Longest a long-poll waits for a message before it answers empty.
+    pub poll_timeout_ms: u64,
+    /// How long a long-poll client stays present after its answer.
+    pub poll_linger_ms: u64,
 }
 
 impl StreamSettings {
     /// `tick_interval_ms` as a duration.
     pub(crate) fn tick_interval(&self) -> Duration {
         Duration::from_millis(self.tick_interval_ms)
+    }
+
+    /// `poll_timeout_ms` as a duration.
+    pub(crate) fn poll_timeout(&self) -> Duration {
+        Duration::from_millis(self.poll_timeout_ms)
+    }
+
+    /// `poll_linger_ms` as a duration.
+    pub(crate) fn poll_linger(&self) -> Duration {
+        Duration::from_millis(self.poll_linger_ms)
     }
 }
 
@@ -820,6 +834,12 @@ impl Settings {
         }
         if self.stream.sse_retry_ms == 0 {
             return invalid("stream.sse_retry_ms", "must be at least 1");
+        }
+        if !(100..=600_000).contains(&self.stream.poll_timeout_ms) {
+            return invalid("stream.poll_timeout_ms", "must be 100 to 600000");
+        }
+        if self.stream.poll_linger_ms > 600_000 {
+            return invalid("stream.poll_linger_ms", "must be at most 600000");
         }
         if self.history.size > 100_000 {
             return invalid("history.size", "must be at most 100000");

@@ -72,6 +72,14 @@ pub(crate) enum ApiError {
     /// `?since=` or `Last-Event-ID` is not an event id: 400.
     #[error("{0} must be an event id (a decimal number)")]
     BadEventId(&'static str),
+    /// `?transport=` other than `poll` or `stream`: 400.
+    #[error(
+        "transport must be \"poll\" (long-poll) or \"stream\" (the head decides: chunked, SSE or WebSocket)"
+    )]
+    BadTransport,
+    /// `?transport=poll` on a WebSocket upgrade: 400.
+    #[error("a long-poll (?transport=poll) is a plain GET, not a WebSocket upgrade")]
+    PollUpgrade,
     /// No such route: 404.
     #[error("not found")]
     NotFound,
@@ -358,6 +366,8 @@ impl ResponseError for ApiError {
             | ApiError::BadIdempotencyKey(_)
             | ApiError::RepeatedOrigin
             | ApiError::BadWebSocket(_)
+            | ApiError::BadTransport
+            | ApiError::PollUpgrade
             | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,
             ApiError::HookRefused { status, .. } => {

@@ -128,6 +128,7 @@ impl SubscribeHook {
             Transport::Plain => "chunked",
             Transport::Sse => "sse",
             Transport::Ws => "ws",
+            Transport::Poll => "poll",
         };
         let client = client.to_canonical().to_string();
         // Everything the application is told is in the digest: a yes is

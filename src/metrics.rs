@@ -438,10 +438,11 @@ impl Collector for StatsCollector {
         ];
         encode_counters(&mut enc, &counters)?;
         // Streams opened, by transport: the plain ones are the rest.
-        let (opened, sse, ws) = (
+        let (opened, sse, ws, poll) = (
             s.streams_opened.load(Relaxed),
             s.streams_sse.load(Relaxed),
             s.streams_ws.load(Relaxed),
+            s.streams_poll.load(Relaxed),
         );
         let mut m = enc.encode_descriptor(
             "streams_opened",
@@ -450,9 +451,10 @@ impl Collector for StatsCollector {
             MetricType::Counter,
         )?;
         for (transport, n) in [
-            ("chunked", opened.saturating_sub(sse + ws)),
+            ("chunked", opened.saturating_sub(sse + ws + poll)),
             ("sse", sse),
             ("ws", ws),
+            ("poll", poll),
         ] {
             ConstCounter::new(n).encode(m.encode_family(&[("transport", transport)])?)?;
         }

@@ -108,6 +108,9 @@ pub(crate) struct Stats {
     pub(crate) streams_sse: AtomicU64,
     /// Streams opened as WebSockets.
     pub(crate) streams_ws: AtomicU64,
+    /// Long-polls opened (`?transport=poll`): each poll is a stream that
+    /// ends with its answer.
+    pub(crate) streams_poll: AtomicU64,
     /// WebSocket data messages clients sent (ignored: a stream only sends).
     pub(crate) ws_frames_ignored: AtomicU64,
     /// WebSocket pings answered.
@@ -259,6 +262,7 @@ impl Stats {
             tls_reload_failures: AtomicU64::new(0),
             streams_sse: AtomicU64::new(0),
             streams_ws: AtomicU64::new(0),
+            streams_poll: AtomicU64::new(0),
             ws_frames_ignored: AtomicU64::new(0),
             ws_pings: AtomicU64::new(0),
             ws_protocol_errors: AtomicU64::new(0),
@@ -397,6 +401,7 @@ impl Stats {
             "transports": {
                 "sse_opened": get(&self.streams_sse),
                 "ws_opened": get(&self.streams_ws),
+                "poll_opened": get(&self.streams_poll),
                 "ws_frames_ignored": get(&self.ws_frames_ignored),
                 "ws_pings": get(&self.ws_pings),
                 "ws_protocol_errors": get(&self.ws_protocol_errors),

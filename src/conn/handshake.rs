@@ -25,6 +25,10 @@ pub(crate) enum Transport {
     Sse,
     /// One WebSocket text frame per event.
     Ws,
+    /// Long-poll (`?transport=poll`): one JSON answer with the messages
+    /// after `since`, at once or when the next arrives, or an empty list
+    /// after `stream.poll_timeout_ms`; then the response ends.
+    Poll,
 }
 
 /// A stream request's options.
@@ -56,6 +60,7 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
+    let mut poll = false;
     let mut req = StreamRequest {
         transport: Transport::Plain,
         http10: version == "HTTP/1.0",
@@ -74,6 +79,7 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
                 }
                 "token" if !value.is_empty() => give_token(&mut req.token, value)?,
                 "ids" => req.ids = matches!(value, "" | "1" | "true" | "yes"),
+                "transport" => poll = transport(value)?,
                 _ => {}
             }
         }
@@ -107,6 +113,13 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         let token = bearer_credentials(value.as_bytes())
             .ok_or_else(|| ApiError::BadToken("Authorization is not \"Bearer <token>\"".to_owned()))?;
         give_token(&mut req.token, &String::from_utf8_lossy(token))?;
+    }
+    if poll {
+        if upgrade {
+            return Err(ApiError::PollUpgrade);
+        }
+        req.transport = Transport::Poll;
+        return Ok(req);
     }
     if upgrade {
         // Only an upgrade needs the headers gathered (for tungstenite).
@@ -158,6 +171,18 @@ pub(crate) fn origin(head: &[u8]) -> Result<Option<&str>, ApiError> {
         }
     }
     Ok(found)
+}
+
+/// `?transport=`: `poll` asks for long-poll; `stream` (or nothing) for
+/// the transport the head asks for (chunked, SSE or WebSocket). Anything
+/// else is refused rather than served as something the client did not
+/// ask for.
+fn transport(value: &str) -> Result<bool, ApiError> {
+    match value {
+        "poll" => Ok(true),
+        "" | "stream" => Ok(false),
+        _ => Err(ApiError::BadTransport),
+    }
 }
 
 /// A media type without its parameters, lower case.

@@ -565,6 +565,11 @@ pub(crate) struct Router<S: StreamActor> {
     window: Arc<InFlight>,
     /// A [`Router::pump`] is scheduled.
     pumping: bool,
+    /// Long-poll clients between their polls, per id: when each one's
+    /// linger ends (`stream.poll_linger_ms` after its answer). They count
+    /// in the id's presence until then, or until a poll of the id takes
+    /// the place back. Empty at rest.
+    lingering: HashMap<Arc<str>, SmallVec<[Instant; 1]>>,
 }
 
 impl<S: StreamActor> Router<S> {
@@ -600,6 +605,7 @@ impl<S: StreamActor> Router<S> {
             fanouts: VecDeque::new(),
             window: Arc::new(InFlight::new(FANOUT_WINDOW)),
             pumping: false,
+            lingering: HashMap::new(),
         }
     }
 
@@ -1092,6 +1098,38 @@ impl<S: StreamActor> Router<S> {
         self.table.get(id).map_or(0, SmallVec::len)
             + self.reading.get(id).map_or(0, SmallVec::len)
             + self.awaiting.get(id).map_or(0, SmallVec::len)
+            + self.lingering.get(id).map_or(0, SmallVec::len)
+    }
+
+    /// A long-poll of `id` answered: its client counts in presence for
+    /// `linger` more, unless it polls again first.
+    fn linger(&mut self, id: Arc<str>, linger: Duration, ctx: &mut Context<Self>) {
+        self.lingering
+            .entry(Arc::clone(&id))
+            .or_default()
+            .push(Instant::now() + linger);
+        ctx.run_later(linger, move |r, _| {
+            let now = Instant::now();
+            if let Some(until) = r.lingering.get_mut(&id) {
+                until.retain(|t| *t > now);
+                if until.is_empty() {
+                    r.lingering.remove(&id);
+                    shrink_if_sparse(&mut r.lingering);
+                }
+                r.presence_changed(&id);
+            }
+        });
+    }
+
+    /// A long-poll of `id` logged in: the client that lingers longest
+    /// takes its place back (it is not counted twice).
+    fn unlinger(&mut self, id: &str) {
+        if let Some(until) = self.lingering.get_mut(id) {
+            until.remove(0);
+            if until.is_empty() {
+                self.lingering.remove(id);
+            }
+        }
     }
 
     /// `id`'s count of streams here changed; a broker that keeps presence
@@ -1125,6 +1163,7 @@ impl<S: StreamActor> Router<S> {
                 .keys()
                 .chain(self.reading.keys())
                 .chain(self.awaiting.keys())
+                .chain(self.lingering.keys())
                 .cloned()
                 .collect::<HashSet<_>>()
                 .into_iter()
@@ -1342,6 +1381,9 @@ pub(crate) struct LoginAt<S: Actor> {
     pub(crate) login: Login<S>,
     /// Resume after this event id (`None`: start at the last one).
     pub(crate) since: Option<u64>,
+    /// A long-poll: it takes back the place of one of its id's lingering
+    /// clients ([`Logout::linger`]).
+    pub(crate) poll: bool,
 }
 
 impl<S: Actor> Message for LoginAt<S> {
@@ -1528,6 +1570,9 @@ pub(crate) struct Logout {
     pub(crate) id: Arc<str>,
     /// The connection that ended.
     pub(crate) conn: ConnId,
+    /// A long-poll that gave its answer: its client still counts in the
+    /// id's presence this long (`stream.poll_linger_ms`).
+    pub(crate) linger: Option<Duration>,
 }
 
 /// The publish backlog is full: the message was not taken (nothing of it
@@ -1768,7 +1813,12 @@ impl<S: StreamActor> Handler<LoginAt<S>> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: LoginAt<S>, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, ctx| r.login(m.login, m.since, true, ctx));
+        guarded(self, ctx, |r, ctx| {
+            if m.poll {
+                r.unlinger(&m.login.id);
+            }
+            r.login(m.login, m.since, true, ctx);
+        });
     }
 }
 
@@ -1803,8 +1853,11 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: Logout, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, _| {
+        guarded(self, ctx, |r, ctx| {
             r.presence_changed(&m.id);
+            if let Some(linger) = m.linger {
+                r.linger(Arc::clone(&m.id), linger, ctx);
+            }
             r.floors.remove(&m.conn);
             r.member_left(&m.conn);
             let mut left = false;
@@ -2410,7 +2463,14 @@ mod tests {
         };
         match since {
             None => router.send(login).await.unwrap(),
-            Some(since) => router.send(LoginAt { login, since }).await.unwrap(),
+            Some(since) => router
+                .send(LoginAt {
+                    login,
+                    since,
+                    poll: false,
+                })
+                .await
+                .unwrap(),
         }
         (addr, conn, logs)
     }
@@ -2591,6 +2651,7 @@ mod tests {
             .send(Logout {
                 id: Arc::from("a"),
                 conn: c1,
+                linger: None,
             })
             .await
             .unwrap();
@@ -2702,6 +2763,7 @@ mod tests {
                 .send(Logout {
                     id: Arc::from("a"),
                     conn,
+                    linger: None,
                 })
                 .await
                 .unwrap();

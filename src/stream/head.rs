@@ -54,6 +54,7 @@ impl<'a> Head<'a> {
     pub(crate) fn fields(&self) -> [(&'static str, &'static str); 3] {
         let content_type = match self.transport {
             Transport::Sse => "text/event-stream",
+            Transport::Poll => "application/json",
             Transport::Plain | Transport::Ws => "text/plain; charset=utf-8",
         };
         [
@@ -88,7 +89,11 @@ impl<'a> Head<'a> {
             write!(out, "{name}: {value}\r\n").expect("format into Vec");
         }
         self.cors.write(out);
-        if self.framing() == Framing::Close {
+        // A long-poll's lean connection ends with its answer: the lean
+        // path serves one request per connection (a client's next poll on
+        // a kept-alive connection would reach actix-web, which serves it
+        // too, but a client must not be left guessing).
+        if self.framing() == Framing::Close || self.transport == Transport::Poll {
             out.extend_from_slice(b"connection: close\r\n");
         }
         out.extend_from_slice(b"\r\n");

@@ -52,6 +52,10 @@ use crate::stats::Stats;
 /// How long a WebSocket that sent its close frame waits for the client's.
 const WS_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a long-poll's written answer may wait for the client to read
+/// it before the connection is cut.
+const POLL_FLUSH_WAIT: Duration = Duration::from_secs(10);
+
 /// Reads of the client side per turn of the watcher before it yields.
 const WATCH_READS: usize = 16;
 
@@ -190,6 +194,28 @@ struct Tracking {
     ws: Option<Box<ws::Inbox>>,
     /// WebSocket: our close frame is sent; nothing else goes out.
     closing: bool,
+    /// Long-poll: how far its answer is written.
+    poll: PollAnswer,
+}
+
+/// A long-poll's answer, written as it comes: its start
+/// (`{"id":..,"messages":[`) with the first message or at the end, each
+/// message as a piece of its own (so each is counted written or dropped
+/// as a stream's message is, and no batch is held here), then its tail
+/// (`],"last_event_id":N,"gap":B}`) on the next turn after the first
+/// message (messages already on their way join it), at the timeout, or
+/// when the stream is ended from this side.
+#[derive(Default)]
+struct PollAnswer {
+    /// Messages written into the answer.
+    messages: u32,
+    /// The resume said messages may be missing before these.
+    gap: bool,
+    /// The tail is due (one timer armed, however many messages come).
+    ending: bool,
+    /// The tail is written: nothing more goes in; the stream stops once
+    /// the answer is with the kernel.
+    done: bool,
 }
 
 impl Stream {
@@ -236,6 +262,7 @@ impl Stream {
             Transport::Plain => {}
             Transport::Sse => drop(shared.stats.streams_sse.fetch_add(1, Relaxed)),
             Transport::Ws => drop(shared.stats.streams_ws.fetch_add(1, Relaxed)),
+            Transport::Poll => drop(shared.stats.streams_poll.fetch_add(1, Relaxed)),
         }
         // The lean path writes the response head; actix-web writes a
         // fallback's (`routes::stream`) and frames its body itself: the
@@ -254,6 +281,7 @@ impl Stream {
                 since: open.req.since,
                 ws: None,
                 closing: false,
+                poll: PollAnswer::default(),
             })
         });
         let max = stream.core.shared.settings.max_pending_bytes;
@@ -299,6 +327,10 @@ impl Stream {
             // Frames a WebSocket client sent right behind its handshake.
             if opened.is_ok() && stream.transport == Transport::Ws && !open.early.is_empty() {
                 stream.ws_input(ctx, &open.early);
+            }
+            if stream.transport == Transport::Poll {
+                let wait = stream.core.shared.settings.poll_timeout();
+                ctx.run_later(wait, |s: &mut Stream, ctx| s.poll_end(ctx));
             }
             if let Some(left) = open.expires {
                 ctx.run_later(left, |s: &mut Stream, ctx| {
@@ -390,6 +422,9 @@ impl Stream {
                     buf.extend_from_slice(b"\n\n");
                     sink.push_line(buf, framing, counted, max, stats)
                 }
+                // A long-poll writes no events, only its answer
+                // (`Stream::poll_message`, `Stream::poll_end`).
+                Transport::Poll => Ok(Written::Done),
                 Transport::Ws => {
                     // Room for the frame header, written once the length is known.
                     buf.extend_from_slice(&[0; 10]);
@@ -424,6 +459,12 @@ impl Stream {
     /// `code` and `reason` and waits a moment for the client's; other
     /// transports write `line` (if any) and the end of the body.
     fn end(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, line: Option<&str>) {
+        if self.transport == Transport::Poll {
+            // What arrived so far is its answer; the client polls again
+            // (and learns then why it may not).
+            self.poll_end(ctx);
+            return;
+        }
         if self.transport == Transport::Ws {
             let frame = ws::close(code, reason);
             if self.tracking.as_ref().is_some_and(|tracking| tracking.closing) || !self.emit_raw(ctx, &frame)
@@ -537,6 +578,7 @@ impl Actor for Stream {
             Some(tracking) => self.core.shared.router.do_send(LoginAt {
                 login,
                 since: tracking.since,
+                poll: self.transport == Transport::Poll,
             }),
         }
         ctx.spawn(Watch);
@@ -554,9 +596,14 @@ impl Actor for Stream {
 /// per-address slot must not leak with it (issue 40).
 impl Drop for Stream {
     fn drop(&mut self) {
+        // A long-poll that gave its answer lingers in presence: its
+        // client is expected back.
+        let answered = self.tracking.as_ref().is_some_and(|t| t.poll.done);
+        let linger = self.core.shared.settings.poll_linger();
         self.core.shared.router.do_send(Logout {
             id: Arc::clone(&self.core.id),
             conn: self.core.conn,
+            linger: (answered && !linger.is_zero()).then_some(linger),
         });
         let stats = &self.core.shared.stats;
         // Messages still pending never reached the client's kernel.
@@ -579,6 +626,12 @@ impl Stream {
         if let Some(tracking) = &mut self.tracking {
             tracking.position = resume.position;
         }
+        if self.transport == Transport::Poll {
+            // No welcome line and no ticks: what it missed is its answer
+            // now; if nothing, it waits for the next message.
+            self.catch_up(ctx, resume, true);
+            return;
+        }
         let id = Arc::clone(&self.core.id);
         let ok = self.emit(
             ctx,
@@ -598,7 +651,12 @@ impl Stream {
     /// `ok`: the stream can still write (if not, the messages are counted
     /// dropped). Returns whether everything was written.
     fn catch_up(&mut self, ctx: &mut Context<Self>, resume: Resume, mut ok: bool) -> bool {
-        if let (true, Some(gap)) = (ok, resume.gap) {
+        if let (Some(tracking), true) = (&mut self.tracking, self.transport == Transport::Poll) {
+            if resume.gap.is_some() && !tracking.poll.done {
+                tracking.poll.gap = true;
+                self.poll_end_soon(ctx);
+            }
+        } else if let (true, Some(gap)) = (ok, resume.gap) {
             let after = gap.after;
             ok = match gap.next {
                 Some(next) => self.emit(
@@ -641,6 +699,9 @@ impl Stream {
         event: Option<u64>,
         accepted: Option<Instant>,
     ) -> bool {
+        if self.transport == Transport::Poll {
+            return self.poll_message(ctx, msg, event, accepted);
+        }
         if let (Some(tracking), Some(event)) = (&mut self.tracking, event) {
             tracking.position = tracking.position.max(event);
         }
@@ -657,6 +718,120 @@ impl Stream {
         }
         ok
     }
+}
+
+/// A long-poll's answer.
+impl Stream {
+    /// Writes one message into the answer (its start first, if this is
+    /// the first), and has the answer end on the next turn. Returns
+    /// whether it was written (one that was not is counted dropped).
+    fn poll_message(
+        &mut self,
+        ctx: &mut Context<Self>,
+        msg: &str,
+        event: Option<u64>,
+        accepted: Option<Instant>,
+    ) -> bool {
+        let Some(tracking) = self.tracking.as_mut() else {
+            return false;
+        };
+        if tracking.poll.done {
+            // It came after the answer: the client's next poll gets it
+            // from history (or is told of a gap).
+            self.core.shared.stats.messages_dropped.fetch_add(1, Relaxed);
+            return false;
+        }
+        if let Some(event) = event {
+            tracking.position = tracking.position.max(event);
+        }
+        let first = tracking.poll.messages == 0;
+        tracking.poll.messages += 1;
+        let (framing, max) = (self.framing, self.core.shared.settings.max_pending_bytes);
+        let (sink, stats, id) = (&mut self.sink, &self.core.shared.stats, &self.core.id);
+        let written = LINE.with_borrow_mut(|buf| {
+            buf.clear();
+            if first {
+                poll_start(buf, id);
+            } else {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(b"{\"event_id\":");
+            match event {
+                Some(event) => write!(buf, "{event}").expect("format into Vec"),
+                None => buf.extend_from_slice(b"null"),
+            }
+            buf.extend_from_slice(b",\"data\":");
+            // unwrap: a string always serializes.
+            serde_json::to_writer(&mut *buf, msg).expect("a string serializes");
+            buf.push(b'}');
+            sink.push_line(buf, framing, Counted::Message(accepted), max, stats)
+        });
+        let ok = self.after_write(ctx, written);
+        if ok {
+            self.poll_end_soon(ctx);
+        } else {
+            self.core.shared.stats.messages_dropped.fetch_add(1, Relaxed);
+        }
+        ok
+    }
+
+    /// Has the answer end on the next turn of this worker, so messages
+    /// already in the mailbox join it.
+    fn poll_end_soon(&mut self, ctx: &mut Context<Self>) {
+        if let Some(tracking) = self.tracking.as_mut()
+            && !tracking.poll.ending
+        {
+            tracking.poll.ending = true;
+            ctx.run_later(Duration::ZERO, |s: &mut Stream, ctx| s.poll_end(ctx));
+        }
+    }
+
+    /// Writes the answer's tail (and its start, if no message came) and
+    /// ends the response; the stream stops once it is with the kernel.
+    fn poll_end(&mut self, ctx: &mut Context<Self>) {
+        let Some(tracking) = self.tracking.as_mut() else {
+            ctx.stop();
+            return;
+        };
+        if tracking.poll.done {
+            return;
+        }
+        tracking.poll.done = true;
+        let (position, gap, empty) = (tracking.position, tracking.poll.gap, tracking.poll.messages == 0);
+        let (framing, max) = (self.framing, self.core.shared.settings.max_pending_bytes);
+        let (sink, stats, id) = (&mut self.sink, &self.core.shared.stats, &self.core.id);
+        let written = LINE.with_borrow_mut(|buf| {
+            buf.clear();
+            if empty {
+                poll_start(buf, id);
+            }
+            write!(buf, "],\"last_event_id\":{position},\"gap\":{gap}}}").expect("format into Vec");
+            sink.push_line(buf, framing, Counted::Other, max, stats)
+        });
+        if !self.after_write(ctx, written) {
+            return;
+        }
+        self.sink.finish(self.framing, &self.core.shared.stats);
+        if !self.sink.is_pending() {
+            ctx.stop();
+            return;
+        }
+        // The answer waits for the client to read it ([`Flush`] stops the
+        // stream once it has); one that never does is cut.
+        if !self.flushing {
+            self.flushing = true;
+            ctx.spawn(Flush);
+        }
+        ctx.run_later(POLL_FLUSH_WAIT, |_, ctx| ctx.stop());
+    }
+}
+
+/// A long-poll answer's start: `{"id":<id>,"messages":[`.
+fn poll_start(buf: &mut Vec<u8>, id: &str) {
+    buf.extend_from_slice(b"{\"id\":");
+    // unwrap: a string always serializes.
+    serde_json::to_writer(&mut *buf, id).expect("a string serializes");
+    buf.extend_from_slice(b",\"messages\":[");
 }
 
 impl Handler<Welcome> for Stream {
@@ -695,6 +870,8 @@ impl Handler<Note> for Stream {
         };
         let json = &note.json;
         let _ = match (self.transport, note.kind) {
+            // A long-poll's answer holds messages only.
+            (Transport::Poll, _) => true,
             (Transport::Sse, _) => self.emit(ctx, kind, Counted::Other, format_args!("{json}")),
             (_, NoteKind::Join) => self.emit(ctx, kind, Counted::Other, format_args!("Join: {json}")),
             (_, NoteKind::Leave) => self.emit(ctx, kind, Counted::Other, format_args!("Leave: {json}")),
@@ -779,7 +956,8 @@ impl ActorFuture<Stream> for Flush {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 act.flushing = false;
-                if result.is_err() {
+                let answered = act.tracking.as_ref().is_some_and(|t| t.poll.done);
+                if result.is_err() || answered {
                     ctx.stop();
                 }
                 Poll::Ready(())
