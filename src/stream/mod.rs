@@ -775,14 +775,16 @@ impl Stream {
         ok
     }
 
-    /// Has the answer end on the next turn of this worker, so messages
-    /// already in the mailbox join it.
+    /// Has the answer end once the actor has handled what is in its
+    /// mailbox now ([`EndPoll`]), so messages already there join it.
     fn poll_end_soon(&mut self, ctx: &mut Context<Self>) {
         if let Some(tracking) = self.tracking.as_mut()
             && !tracking.poll.ending
         {
             tracking.poll.ending = true;
-            ctx.run_later(Duration::ZERO, |s: &mut Stream, ctx| s.poll_end(ctx));
+            // Not a zero timer: the timer wheel's millisecond would be
+            // most of a poll's latency on loopback.
+            ctx.spawn(EndPoll);
         }
     }
 
@@ -936,6 +938,25 @@ impl ActorFuture<Stream> for Watch {
         // More to read: let the other tasks of this worker run first.
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+/// Ends a long-poll's answer ([`Stream::poll_end`]) the next time the
+/// actor's spawned futures are polled: after the messages its mailbox
+/// holds now. Zero-sized.
+struct EndPoll;
+
+impl ActorFuture<Stream> for EndPoll {
+    type Output = ();
+
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut Stream,
+        ctx: &mut Context<Stream>,
+        _: &mut task::Context<'_>,
+    ) -> Poll<()> {
+        act.poll_end(ctx);
+        Poll::Ready(())
     }
 }
 
