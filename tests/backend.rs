@@ -457,6 +457,27 @@ fn the_subscribe_hook_decides_on_every_transport() {
         );
         assert_eq!(cors.as_deref(), Some("http://app.example"));
     }
+    // A long-poll is asked about as a stream is, on each poll.
+    let r = request(
+        srv.addr,
+        "GET",
+        &format!("/test/allow-4?transport=poll&since=1&token={}", token("allow-4")),
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(hook_log(&app).pop().unwrap()["transport"], "poll");
+    let path = format!("/test/deny-poll?transport=poll&token={}", token("deny-poll"));
+    let (got, why, _, cors) = refused_at(srv.addr, &path, &origin);
+    assert_eq!(
+        (got, why.as_str()),
+        (
+            403,
+            "the application refused this stream: not a member of deny-poll"
+        )
+    );
+    assert_eq!(cors.as_deref(), Some("http://app.example"));
     // A bad token is refused before the application is asked.
     let asked = hook_log(&app).len();
     let (status, _, _, _) = refused_at(srv.addr, "/test/allow-9?token=nope", &[]);
@@ -496,8 +517,8 @@ fn the_subscribe_hook_decides_on_every_transport() {
     );
 
     let st = srv.stats();
-    assert_eq!(st["hooks"]["refused"], 4, "{st}");
-    assert_eq!(st["hooks"]["admitted"], 4, "{st}");
+    assert_eq!(st["hooks"]["refused"], 5, "{st}");
+    assert_eq!(st["hooks"]["admitted"], 5, "{st}");
     // The streams it admitted are streams like any other.
     let r = srv.post("/send/allow-1", "hooked");
     assert_eq!(r.status, 200, "{}", r.text());
