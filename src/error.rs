@@ -77,6 +77,9 @@ pub(crate) enum ApiError {
         "transport must be \"poll\" (long-poll) or \"stream\" (the head decides: chunked, SSE or WebSocket)"
     )]
     BadTransport,
+    /// `?wait=` that is not a number of milliseconds, or not on a poll: 400.
+    #[error("wait must be a number of milliseconds, on a long-poll (?transport=poll)")]
+    BadWait,
     /// `?transport=poll` on a WebSocket upgrade: 400.
     #[error("a long-poll (?transport=poll) is a plain GET, not a WebSocket upgrade")]
     PollUpgrade,
@@ -232,6 +235,15 @@ pub(crate) enum ApiError {
     },
 }
 
+/// The headers of an answer a page on another origin may read besides
+/// the CORS-safelisted ones: how long to wait before retrying (429, 503)
+/// and why a token was refused (401). Without this a page's client sees
+/// the status but not the `Retry-After` it must honour.
+pub(crate) const EXPOSE_HEADERS: &str = "Retry-After, WWW-Authenticate";
+
+/// [`EXPOSE_HEADERS`] as a header line.
+const EXPOSE_LINE: &[u8] = b"access-control-expose-headers: Retry-After, WWW-Authenticate\r\n";
+
 /// The CORS headers of an answer a lean path writes itself.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Cors<'a> {
@@ -252,6 +264,9 @@ impl Cors<'_> {
         }
         if self.vary || self.allow.is_some() {
             out.extend_from_slice(b"vary: Origin\r\n");
+        }
+        if self.allow.is_some() {
+            out.extend_from_slice(EXPOSE_LINE);
         }
     }
 }
@@ -367,6 +382,7 @@ impl ResponseError for ApiError {
             | ApiError::RepeatedOrigin
             | ApiError::BadWebSocket(_)
             | ApiError::BadTransport
+            | ApiError::BadWait
             | ApiError::PollUpgrade
             | ApiError::BadEventId(_) => StatusCode::BAD_REQUEST,
             ApiError::BadToken(_) => StatusCode::UNAUTHORIZED,

@@ -117,6 +117,10 @@ pub(crate) fn cors(cors: Cors<'_>, res: &mut HttpResponse) {
     if let Some(origin) = allowed {
         res.headers_mut()
             .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        res.headers_mut().insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            header::HeaderValue::from_static(crate::error::EXPOSE_HEADERS),
+        );
     }
     if vary {
         res.headers_mut()

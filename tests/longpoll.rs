@@ -194,6 +194,78 @@ fn since_beyond_history_is_answered_with_a_gap_and_what_is_kept() {
     let v = answer(&poll(server.addr, "/test/empty?transport=poll&since=1", &[]));
     assert_eq!(v["gap"], true, "{v}");
     assert_eq!(data(&v), Vec::<String>::new());
+    // It stands where the server is now, so polling on from there waits
+    // rather than being told of the same gap at once, over and over.
+    let at = v["last_event_id"].as_u64().unwrap();
+    assert!(
+        at >= e0,
+        "last_event_id {at} is still before this server's messages"
+    );
+    let started = Instant::now();
+    let v = answer(&poll(
+        server.addr,
+        &format!("/test/empty?transport=poll&since={at}"),
+        &[],
+    ));
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "answered at once: {v}"
+    );
+    assert_eq!(v["gap"], false, "{v}");
+}
+
+/// `?wait=0` answers at once with where the id stands (what a client
+/// that starts fresh anchors on); `?wait=<ms>` shortens the wait.
+#[test]
+fn wait_bounds_a_polls_wait() {
+    let server = TestServer::start(short_polls());
+    let e0 = send(&server, "at", "old");
+    let started = Instant::now();
+    let v = answer(&poll(server.addr, "/test/at?transport=poll&wait=0", &[]));
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "did not answer at once"
+    );
+    assert_eq!(data(&v), Vec::<String>::new());
+    assert_eq!(v["gap"], false);
+    let anchor = v["last_event_id"].as_u64().unwrap();
+    assert!(anchor >= e0, "{anchor} is before the last message {e0}");
+    // From the anchor, nothing is missed: what came since is answered.
+    let e1 = send(&server, "at", "new");
+    let v = answer(&poll(
+        server.addr,
+        &format!("/test/at?transport=poll&since={anchor}&wait=0"),
+        &[],
+    ));
+    assert_eq!(
+        v["messages"],
+        serde_json::json!([{"event_id": e1, "data": "new"}])
+    );
+    let started = Instant::now();
+    let v = answer(&poll(
+        server.addr,
+        &format!("/test/at?transport=poll&since={e1}&wait=300"),
+        &[],
+    ));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(1200),
+        "answered after {waited:?}, not after wait=300"
+    );
+    assert_eq!(v["last_event_id"], e1);
+    // More than poll_timeout_ms is poll_timeout_ms.
+    let started = Instant::now();
+    answer(&poll(
+        server.addr,
+        &format!("/test/at?transport=poll&since={e1}&wait=60000"),
+        &[],
+    ));
+    assert!(started.elapsed() < Duration::from_millis(3000));
+    for bad in ["/test/at?transport=poll&wait=soon", "/test/at?wait=0"] {
+        let r = poll(server.addr, bad, &[]);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.error().starts_with("wait must be a number"), "{}", r.text());
+    }
 }
 
 #[test]
@@ -280,6 +352,11 @@ fn a_refused_token_is_answered_with_cors_headers_and_the_preflight_allows_the_po
     assert!(
         r.header("www-authenticate")
             .is_some_and(|v| v.starts_with("Bearer"))
+    );
+    // The page may read why, and (on a 429 or 503) how long to wait.
+    assert_eq!(
+        r.header("access-control-expose-headers"),
+        Some("Retry-After, WWW-Authenticate")
     );
     let other = app::hs256("poll-secret-0123456789-0123456789", "someone-else");
     let r = poll(

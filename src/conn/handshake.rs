@@ -46,6 +46,9 @@ pub(crate) struct StreamRequest {
     pub(crate) token: Option<String>,
     /// WebSocket: the `Sec-WebSocket-Accept` value to answer with.
     pub(crate) ws_accept: Option<String>,
+    /// Long-poll: `?wait=<ms>`, the longest this poll waits for a message
+    /// (at most `stream.poll_timeout_ms`; 0: it answers at once).
+    pub(crate) wait_ms: Option<u64>,
 }
 
 /// Reads a validated stream request head (request line to blank line);
@@ -68,6 +71,7 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         since: None,
         token: None,
         ws_accept: None,
+        wait_ms: None,
     };
     if let Some((_, query)) = target.split_once('?') {
         for pair in query.split('&') {
@@ -80,6 +84,9 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
                 "token" if !value.is_empty() => give_token(&mut req.token, value)?,
                 "ids" => req.ids = matches!(value, "" | "1" | "true" | "yes"),
                 "transport" => poll = transport(value)?,
+                "wait" => {
+                    req.wait_ms = Some(event_id(value.as_bytes(), "wait").map_err(|_| ApiError::BadWait)?)
+                }
                 _ => {}
             }
         }
@@ -113,6 +120,9 @@ pub(crate) fn read_request(head: &[u8]) -> Result<StreamRequest, ApiError> {
         let token = bearer_credentials(value.as_bytes())
             .ok_or_else(|| ApiError::BadToken("Authorization is not \"Bearer <token>\"".to_owned()))?;
         give_token(&mut req.token, &String::from_utf8_lossy(token))?;
+    }
+    if !poll && req.wait_ms.is_some() {
+        return Err(ApiError::BadWait);
     }
     if poll {
         if upgrade {

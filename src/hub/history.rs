@@ -342,7 +342,16 @@ pub(crate) fn fleet_resume(read: FleetRead, since: Option<u64>) -> (Resume, Opti
             None => break,
         }
     }
-    (Resume::after(since, replay, cause.is_some()), cause)
+    let mut resume = Resume::after(since, replay, cause.is_some());
+    if resume.gap.is_some() && resume.replay.is_empty() {
+        // Nothing kept after the gap: the stream has (or is told it may
+        // miss) everything up to the clock, so that is where it stands. Left
+        // at `since`, a client that resumes from there before the next
+        // message would be told of the same gap again (a long-poll would
+        // answer at once, over and over).
+        resume.position = resume.position.max(read.clock);
+    }
+    (resume, cause)
 }
 
 /// What a stream is owed when the read of the fleet's history failed: a

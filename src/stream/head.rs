@@ -145,7 +145,9 @@ mod tests {
         assert!(sse.starts_with(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
         ));
-        assert!(sse.ends_with("access-control-allow-origin: http://p\r\nvary: Origin\r\n\r\n"));
+        assert!(sse.ends_with(
+            "access-control-allow-origin: http://p\r\nvary: Origin\r\naccess-control-expose-headers: Retry-After, WWW-Authenticate\r\n\r\n"
+        ));
         let (ws, f) = head_of(
             "GET /test/a HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",

@@ -216,6 +216,10 @@ struct PollAnswer {
     /// The tail is written: nothing more goes in; the stream stops once
     /// the answer is with the kernel.
     done: bool,
+    /// The Router's Welcome came: the answer knows where the id stands.
+    welcomed: bool,
+    /// The answer's end came before the Welcome: it ends with it.
+    due: bool,
 }
 
 impl Stream {
@@ -329,7 +333,11 @@ impl Stream {
                 stream.ws_input(ctx, &open.early);
             }
             if stream.transport == Transport::Poll {
-                let wait = stream.core.shared.settings.poll_timeout();
+                let most = stream.core.shared.settings.poll_timeout();
+                let wait = open
+                    .req
+                    .wait_ms
+                    .map_or(most, |ms| most.min(Duration::from_millis(ms)));
                 ctx.run_later(wait, |s: &mut Stream, ctx| s.poll_end(ctx));
             }
             if let Some(left) = open.expires {
@@ -461,8 +469,14 @@ impl Stream {
     fn end(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, line: Option<&str>) {
         if self.transport == Transport::Poll {
             // What arrived so far is its answer; the client polls again
-            // (and learns then why it may not).
-            self.poll_end(ctx);
+            // (and learns then why it may not). Before its Welcome it
+            // knows nothing to answer with: it closes, and the client
+            // polls again from where it was.
+            if self.tracking.as_ref().is_some_and(|t| t.poll.welcomed) {
+                self.poll_end(ctx);
+            } else {
+                ctx.stop();
+            }
             return;
         }
         if self.transport == Transport::Ws {
@@ -628,8 +642,15 @@ impl Stream {
         }
         if self.transport == Transport::Poll {
             // No welcome line and no ticks: what it missed is its answer
-            // now; if nothing, it waits for the next message.
+            // now; if nothing, it waits for the next message (unless its
+            // wait is already over).
             self.catch_up(ctx, resume, true);
+            if let Some(tracking) = self.tracking.as_mut() {
+                tracking.poll.welcomed = true;
+                if tracking.poll.due {
+                    self.poll_end_soon(ctx);
+                }
+            }
             return;
         }
         let id = Arc::clone(&self.core.id);
@@ -796,6 +817,12 @@ impl Stream {
             return;
         };
         if tracking.poll.done {
+            return;
+        }
+        if !tracking.poll.welcomed {
+            // Its wait is over before the Router said where the id stands
+            // (`?wait=0`, or a slow Welcome in cluster mode).
+            tracking.poll.due = true;
             return;
         }
         tracking.poll.done = true;
