@@ -646,14 +646,25 @@ fn a_publish_on_a_redis_cluster_waits_for_its_masters_replica() {
     s.cluster.command_timeout_ms = 1000;
     let n = start_node(s);
     let ids = ids_on_every_shard(&redis, 1);
+    // A replica that has not finished its first sync with its master
+    // acknowledges nothing yet (seen once under a loaded CI box): each
+    // shard's first publish may be retried until it has.
     for (id, _) in &ids {
-        let r = post(n.addr, &format!("/send/{id}"), "kept");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let r = loop {
+            let r = post(n.addr, &format!("/send/{id}"), "kept");
+            if r.status == 200 || Instant::now() > deadline {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
         assert_eq!(r.status, 200, "{id}: {}", r.text());
     }
     let (paused_id, _) = &ids[0];
     let (other_id, _) = &ids[1];
     let replica = redis.replica_of(redis.slot_of(paused_id));
     let pid = redis.nodes[replica].pid().expect("redis pid");
+    let short = n.stats()["cluster"]["wait_short"].as_u64().unwrap();
     common::process::send_signal(pid, "STOP");
     let r = post(n.addr, &format!("/send/{paused_id}"), "unreplicated");
     let other = post(n.addr, &format!("/send/{other_id}"), "replicated");
@@ -664,7 +675,7 @@ fn a_publish_on_a_redis_cluster_waits_for_its_masters_replica() {
         outcome.starts_with("unknown") && outcome.contains("redis_wait_replicas"),
         "{outcome}"
     );
-    assert_eq!(n.stats()["cluster"]["wait_short"], 1);
+    assert_eq!(n.stats()["cluster"]["wait_short"], short + 1);
     assert_eq!(other.status, 200, "{}", other.text());
     // The replica back: 200 again.
     let deadline = Instant::now() + Duration::from_secs(10);
