@@ -189,29 +189,76 @@ fn since_beyond_history_is_answered_with_a_gap_and_what_is_kept() {
     ));
     assert_eq!(v["gap"], true, "{v}");
     assert_eq!(data(&v), ["m3", "m4"]);
-    // An event id from before this server started: a gap too, answered
-    // at once even with nothing kept for the id.
-    let v = answer(&poll(server.addr, "/test/empty?transport=poll&since=1", &[]));
+    // An event id from before this server started, with nothing kept for
+    // the id: the gap is told with the next message (or the timeout), not
+    // at once: a client would otherwise poll in a loop.
+    let started = Instant::now();
+    let waiting = poll_later(server.addr, "/test/empty?transport=poll&since=1");
+    wait_active(&server, 1);
+    let e5 = send(&server, "empty", "first");
+    let v = answer(&waiting.join().unwrap());
+    assert!(
+        started.elapsed() < Duration::from_millis(1400),
+        "not answered by the message"
+    );
     assert_eq!(v["gap"], true, "{v}");
-    assert_eq!(data(&v), Vec::<String>::new());
-    // It stands where the server is now, so polling on from there waits
-    // rather than being told of the same gap at once, over and over.
+    assert_eq!(
+        v["messages"],
+        serde_json::json!([{"event_id": e5, "data": "first"}])
+    );
+    // A quiet id's timeout answer stands where the server is, so polling
+    // on from there is not told of the same gap again, and a resume point
+    // never falls behind the history's time to live.
+    let v = answer(&poll(server.addr, "/test/quiet?transport=poll&since=1", &[]));
+    assert_eq!(v["gap"], true, "{v}");
     let at = v["last_event_id"].as_u64().unwrap();
     assert!(
-        at >= e0,
+        at >= e5,
         "last_event_id {at} is still before this server's messages"
     );
-    let started = Instant::now();
     let v = answer(&poll(
         server.addr,
-        &format!("/test/empty?transport=poll&since={at}"),
+        &format!("/test/quiet?transport=poll&since={at}"),
         &[],
     ));
-    assert!(
-        started.elapsed() >= Duration::from_millis(1400),
-        "answered at once: {v}"
-    );
     assert_eq!(v["gap"], false, "{v}");
+    assert!(v["last_event_id"].as_u64().unwrap() >= at);
+}
+
+/// An answer holds at most half of `stream.max_pending_bytes` of
+/// messages (the first always): a large replay comes over several polls,
+/// each from the last message of the one before, every message once, in
+/// order. Without the budget, an answer too big to send would be cut poll
+/// after poll, and the client would never get past it.
+#[test]
+fn a_large_replay_comes_over_several_answers() {
+    let mut s = short_polls();
+    s.stream.max_pending_bytes = 16_384;
+    s.history.size = 100;
+    let server = TestServer::start(s);
+    let e0 = send(&server, "big", "start");
+    let sent: Vec<String> = (0..40).map(|i| format!("{i:02}{}", "x".repeat(1500))).collect();
+    for m in &sent {
+        send(&server, "big", m);
+    }
+    let (mut since, mut got, mut answers) = (e0, Vec::new(), 0);
+    while got.len() < sent.len() {
+        answers += 1;
+        assert!(answers <= 20, "{} of {} after 20 answers", got.len(), sent.len());
+        let r = poll(
+            server.addr,
+            &format!("/test/big?transport=poll&since={since}"),
+            &[],
+        );
+        assert!(r.body.len() <= 8192 + 1600, "an answer of {} bytes", r.body.len());
+        let v = answer(&r);
+        assert_eq!(v["gap"], false, "{v}");
+        got.extend(data(&v));
+        since = v["last_event_id"].as_u64().unwrap();
+    }
+    assert_eq!(got, sent);
+    assert!(answers >= 5, "{answers} answers for 60 KB at 8 KB each");
+    assert_eq!(server.stats()["connections"]["slow_disconnects"], 0);
 }
 
 /// `?wait=0` answers at once with where the id stands (what a client
@@ -421,6 +468,7 @@ fn a_refused_token_is_answered_with_cors_headers_and_the_preflight_allows_the_po
 fn a_poll_client_stays_present_between_its_polls() {
     let mut s = short_polls();
     s.stream.poll_linger_ms = 1500;
+    s.debug.fault_injection = true;
     let server = TestServer::start(s);
     let presence = || {
         server.admin_get("/presence/p").json()["streams"]
@@ -456,6 +504,28 @@ fn a_poll_client_stays_present_between_its_polls() {
         started.elapsed() >= Duration::from_millis(1000),
         "left before its linger"
     );
+    // A question of where the id stands (`wait=0`, the client's first
+    // ask) is no client between polls: it does not linger.
+    answer(&poll(server.addr, "/test/p?transport=poll&wait=0", &[]));
+    wait_active(&server, 0);
+    assert_eq!(presence(), 0);
+    // A Router that crashes and restarts while a client lingers still
+    // lets it go when its time is up.
+    let waiting = poll_later(server.addr, "/test/p?transport=poll");
+    wait_active(&server, 1);
+    send(&server, "p", "last");
+    answer(&waiting.join().unwrap());
+    wait_active(&server, 0);
+    assert_eq!(presence(), 1);
+    assert_eq!(server.admin_post("/admin/crash/router", "").status, 202);
+    let started = Instant::now();
+    while presence() != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "lingers for ever after a Router restart"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Polls from one address are bounded by `limits.streams_per_ip` like

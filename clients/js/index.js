@@ -43,6 +43,9 @@ export class SwitchboardError extends Error {
  * Subscribes to the stream of `id` on the switchboard server at `baseUrl`
  * and keeps the subscription alive until `close()`.
  */
+/** How much sooner than pollTimeoutMs a poll asks the server to answer. */
+const POLL_MARGIN_MS = 10000;
+
 export function connect(baseUrl, id, options = {}) {
   return new Subscription(baseUrl, id, options);
 }
@@ -342,7 +345,12 @@ class Subscription {
       let first = true;
       while (live()) {
         const since = this._lastEventId;
-        const url = `${this._base}/test/${this._id}?transport=poll${since != null ? `&since=${since}` : ''}`;
+        // The server answers within `wait` (or its own, shorter,
+        // stream.poll_timeout_ms), well before this client gives up on
+        // the request (pollTimeoutMs), whatever the server is set to.
+        const total = this._o.pollTimeoutMs;
+        const wait = Math.max(1000, Math.round(total - Math.min(POLL_MARGIN_MS, total / 2)));
+        const url = `${this._base}/test/${this._id}?transport=poll&wait=${wait}${since != null ? `&since=${since}` : ''}`;
         const timer = setTimeout(() => ac.abort(new Error('poll timed out')), this._o.pollTimeoutMs);
         let res;
         let answer;

@@ -343,12 +343,15 @@ pub(crate) fn fleet_resume(read: FleetRead, since: Option<u64>) -> (Resume, Opti
         }
     }
     let mut resume = Resume::after(since, replay, cause.is_some());
-    if resume.gap.is_some() && resume.replay.is_empty() {
-        // Nothing kept after the gap: the stream has (or is told it may
-        // miss) everything up to the clock, so that is where it stands. Left
-        // at `since`, a client that resumes from there before the next
-        // message would be told of the same gap again (a long-poll would
-        // answer at once, over and over).
+    if resume.replay.is_empty() {
+        // Nothing kept after `since`: the stream has (or, after a gap, is
+        // told it may miss) everything up to the clock, so that is where
+        // it stands. Left at `since`, a client that resumes from there
+        // before the next message would be told of the same gap again,
+        // and a quiet id's resume point would fall behind the history's
+        // time to live and be told of a gap that is not one. (With a
+        // replay, the position moves with each message replayed: each
+        // event's id must be a point to resume from.)
         resume.position = resume.position.max(read.clock);
     }
     (resume, cause)

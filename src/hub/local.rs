@@ -38,7 +38,10 @@ impl Local {
     /// crashed and holds nothing).
     pub(crate) async fn count(&self, id: &str) -> Option<usize> {
         self.count_of
-            .send(Count { id: id.to_owned() })
+            .send(Count {
+                id: id.to_owned(),
+                present: false,
+            })
             .await
             .ok()
             .flatten()

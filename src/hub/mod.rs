@@ -183,7 +183,10 @@ impl<S: StreamActor> Hub<S> {
     pub(crate) async fn presence(&self, id: &str) -> Result<cluster::Presence, ApiError> {
         let here = self
             .router
-            .send(Count { id: id.to_owned() })
+            .send(Count {
+                id: id.to_owned(),
+                present: true,
+            })
             .await
             .ok()
             .flatten()

@@ -173,6 +173,9 @@ pub(crate) struct NoteFor {
     pub(crate) note: Note,
 }
 
+/// How often lingering long-poll clients whose time is up leave presence.
+const LINGER_SWEEP: Duration = Duration::from_millis(250);
+
 /// The most subjects of an id `/presence/{id}` lists (and a node writes).
 pub(crate) const MAX_SUBJECTS: usize = 1_000;
 
@@ -1098,27 +1101,44 @@ impl<S: StreamActor> Router<S> {
         self.table.get(id).map_or(0, SmallVec::len)
             + self.reading.get(id).map_or(0, SmallVec::len)
             + self.awaiting.get(id).map_or(0, SmallVec::len)
-            + self.lingering.get(id).map_or(0, SmallVec::len)
+    }
+
+    /// `id`'s presence here: its streams, and its long-poll clients
+    /// between two polls ([`Router::linger`]).
+    fn present(&self, id: &str) -> usize {
+        self.count(id) + self.lingering.get(id).map_or(0, SmallVec::len)
     }
 
     /// A long-poll of `id` answered: its client counts in presence for
     /// `linger` more, unless it polls again first.
-    fn linger(&mut self, id: Arc<str>, linger: Duration, ctx: &mut Context<Self>) {
+    fn linger(&mut self, id: Arc<str>, linger: Duration) {
         self.lingering
-            .entry(Arc::clone(&id))
+            .entry(id)
             .or_default()
             .push(Instant::now() + linger);
-        ctx.run_later(linger, move |r, _| {
-            let now = Instant::now();
-            if let Some(until) = r.lingering.get_mut(&id) {
-                until.retain(|t| *t > now);
-                if until.is_empty() {
-                    r.lingering.remove(&id);
-                    shrink_if_sparse(&mut r.lingering);
-                }
-                r.presence_changed(&id);
+    }
+
+    /// Lingering clients whose time is up leave presence. Run every
+    /// [`LINGER_SWEEP`] from `started` (so a restarted Router keeps
+    /// sweeping what it held: timers of its own would go with the crash).
+    fn sweep_lingering(&mut self) {
+        if self.lingering.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut left = Vec::new();
+        self.lingering.retain(|id, until| {
+            let before = until.len();
+            until.retain(|t| *t > now);
+            if until.len() != before {
+                left.push(Arc::clone(id));
             }
+            !until.is_empty()
         });
+        shrink_if_sparse(&mut self.lingering);
+        for id in &left {
+            self.presence_changed(id);
+        }
     }
 
     /// A long-poll of `id` logged in: the client that lingers longest
@@ -1177,7 +1197,7 @@ impl<S: StreamActor> Router<S> {
         let counts: Counts = ids
             .into_iter()
             .map(|id| HeldCount {
-                streams: self.count(&id),
+                streams: self.present(&id),
                 subjects: self.subjects.get(&id).map(|_| {
                     let subjects = self.subjects_of(&id);
                     let subjects: Vec<&str> = subjects.iter().map(|s| &**s).collect();
@@ -1204,7 +1224,8 @@ impl<S: StreamActor> Router<S> {
                         router.presence_full |= !existed && expected && !full;
                         router.presence_expected = !router.table.is_empty()
                             || !router.reading.is_empty()
-                            || !router.awaiting.is_empty();
+                            || !router.awaiting.is_empty()
+                            || !router.lingering.is_empty();
                     }
                     Err(()) if full => router.presence_full = true,
                     Err(()) => router
@@ -1264,6 +1285,9 @@ impl<S: StreamActor> Actor for Router<S> {
                 guarded(r, ctx, |r, _| r.broker.upkeep());
             });
         }
+        ctx.run_interval(LINGER_SWEEP, |r, ctx| {
+            guarded(r, ctx, |r, _| r.sweep_lingering());
+        });
         ctx.run_interval(FLOOR_TTL, |r, ctx| {
             guarded(r, ctx, |r, _| {
                 r.floors.retain(|_, (_, since)| since.elapsed() < FLOOR_TTL);
@@ -1776,13 +1800,19 @@ pub(crate) struct HeldIds;
 pub(crate) struct Count {
     /// The id.
     pub(crate) id: String,
+    /// Presence: long-poll clients between their polls count too.
+    pub(crate) present: bool,
 }
 
 impl<S: StreamActor> Handler<Count> for Router<S> {
     type Result = Option<usize>;
 
-    fn handle(&mut self, Count { id }: Count, ctx: &mut Context<Self>) -> Option<usize> {
-        guarded(self, ctx, |r, _| r.count(&id))
+    fn handle(&mut self, Count { id, present }: Count, ctx: &mut Context<Self>) -> Option<usize> {
+        guarded(
+            self,
+            ctx,
+            |r, _| if present { r.present(&id) } else { r.count(&id) },
+        )
     }
 }
 
@@ -1853,10 +1883,10 @@ impl<S: StreamActor> Handler<Logout> for Router<S> {
     type Result = ();
 
     fn handle(&mut self, m: Logout, ctx: &mut Context<Self>) {
-        guarded(self, ctx, |r, ctx| {
+        guarded(self, ctx, |r, _| {
             r.presence_changed(&m.id);
             if let Some(linger) = m.linger {
-                r.linger(Arc::clone(&m.id), linger, ctx);
+                r.linger(Arc::clone(&m.id), linger);
             }
             r.floors.remove(&m.conn);
             r.member_left(&m.conn);
@@ -2717,7 +2747,12 @@ mod tests {
         assert_eq!(p.event, Some(theirs));
         s.send(Take).await.unwrap();
         assert_eq!(*log.events.lock().unwrap(), [Some(mine), Some(theirs)]);
-        let count = |id: &str| router.send(Count { id: id.into() });
+        let count = |id: &str| {
+            router.send(Count {
+                id: id.into(),
+                present: false,
+            })
+        };
         assert_eq!(count("a").await.unwrap(), Some(1));
         assert_eq!(count("z").await.unwrap(), Some(0));
     }

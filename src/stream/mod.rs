@@ -194,32 +194,51 @@ struct Tracking {
     ws: Option<Box<ws::Inbox>>,
     /// WebSocket: our close frame is sent; nothing else goes out.
     closing: bool,
-    /// Long-poll: how far its answer is written.
-    poll: PollAnswer,
+    /// Long-poll: the answer's bytes so far (its budget is half of
+    /// `stream.max_pending_bytes`).
+    poll_bytes: u32,
+    /// Long-poll: how far its answer is.
+    poll: PollFlags,
 }
 
 /// A long-poll's answer, written as it comes: its start
 /// (`{"id":..,"messages":[`) with the first message or at the end, each
 /// message as a piece of its own (so each is counted written or dropped
 /// as a stream's message is, and no batch is held here), then its tail
-/// (`],"last_event_id":N,"gap":B}`) on the next turn after the first
-/// message (messages already on their way join it), at the timeout, or
-/// when the stream is ended from this side.
-#[derive(Default)]
-struct PollAnswer {
-    /// Messages written into the answer.
-    messages: u32,
+/// (`],"last_event_id":N,"gap":B}`) once the messages already on their way
+/// have joined the first ([`EndPoll`]), at the timeout, or when the stream
+/// is ended from this side. Bits in one byte, beside `poll_bytes`, so that
+/// [`Tracking`] stays in a 48-byte allocation for every tracked stream.
+#[derive(Default, Clone, Copy)]
+struct PollFlags(u8);
+
+impl PollFlags {
+    /// The answer's start is written.
+    const STARTED: u8 = 1;
     /// The resume said messages may be missing before these.
-    gap: bool,
-    /// The tail is due (one timer armed, however many messages come).
-    ending: bool,
+    const GAP: u8 = 2;
+    /// The tail is due ([`EndPoll`] spawned once, however many messages come).
+    const ENDING: u8 = 4;
     /// The tail is written: nothing more goes in; the stream stops once
     /// the answer is with the kernel.
-    done: bool,
+    const DONE: u8 = 8;
     /// The Router's Welcome came: the answer knows where the id stands.
-    welcomed: bool,
+    const WELCOMED: u8 = 16;
     /// The answer's end came before the Welcome: it ends with it.
-    due: bool,
+    const DUE: u8 = 32;
+    /// The answer reached its byte budget: later messages wait for the
+    /// next poll (they are kept, or a gap tells of them).
+    const FULL: u8 = 64;
+    /// `?wait=0`: a question of where the id stands; no linger after it.
+    const AT_ONCE: u8 = 128;
+
+    fn has(self, flag: u8) -> bool {
+        self.0 & flag != 0
+    }
+
+    fn set(&mut self, flag: u8) {
+        self.0 |= flag;
+    }
 }
 
 impl Stream {
@@ -285,7 +304,8 @@ impl Stream {
                 since: open.req.since,
                 ws: None,
                 closing: false,
-                poll: PollAnswer::default(),
+                poll_bytes: 0,
+                poll: PollFlags::default(),
             })
         });
         let max = stream.core.shared.settings.max_pending_bytes;
@@ -334,11 +354,22 @@ impl Stream {
             }
             if stream.transport == Transport::Poll {
                 let most = stream.core.shared.settings.poll_timeout();
-                let wait = open
-                    .req
-                    .wait_ms
-                    .map_or(most, |ms| most.min(Duration::from_millis(ms)));
-                ctx.run_later(wait, |s: &mut Stream, ctx| s.poll_end(ctx));
+                // The worker's wheel, not a timer per poll: its first Tick
+                // ends the poll, with or without the Router's Welcome.
+                ticker::register_poll(ctx.address().downgrade(), most);
+                match open.req.wait_ms.map(Duration::from_millis) {
+                    // A shorter wait, asked for: a timer of its own, which
+                    // ends it once the Welcome said where the id stands.
+                    Some(wait) if wait < most => {
+                        if wait.is_zero()
+                            && let Some(tracking) = stream.tracking.as_mut()
+                        {
+                            tracking.poll.set(PollFlags::AT_ONCE);
+                        }
+                        ctx.run_later(wait, |s: &mut Stream, ctx| s.poll_end(ctx, false));
+                    }
+                    _ => {}
+                }
             }
             if let Some(left) = open.expires {
                 ctx.run_later(left, |s: &mut Stream, ctx| {
@@ -472,8 +503,12 @@ impl Stream {
             // (and learns then why it may not). Before its Welcome it
             // knows nothing to answer with: it closes, and the client
             // polls again from where it was.
-            if self.tracking.as_ref().is_some_and(|t| t.poll.welcomed) {
-                self.poll_end(ctx);
+            if self
+                .tracking
+                .as_ref()
+                .is_some_and(|t| t.poll.has(PollFlags::WELCOMED))
+            {
+                self.poll_end(ctx, false);
             } else {
                 ctx.stop();
             }
@@ -553,6 +588,12 @@ impl Handler<Tick> for Stream {
     type Result = ();
 
     fn handle(&mut self, _: Tick, ctx: &mut Context<Self>) {
+        if self.transport == Transport::Poll {
+            // A poll gets no ticks: this is its timeout
+            // (`ticker::register_poll`).
+            self.poll_end(ctx, true);
+            return;
+        }
         self.core.seq += 1;
         let (seq, id) = (self.core.seq, Arc::clone(&self.core.id));
         self.emit(
@@ -612,7 +653,10 @@ impl Drop for Stream {
     fn drop(&mut self) {
         // A long-poll that gave its answer lingers in presence: its
         // client is expected back.
-        let answered = self.tracking.as_ref().is_some_and(|t| t.poll.done);
+        let answered = self
+            .tracking
+            .as_ref()
+            .is_some_and(|t| t.poll.has(PollFlags::DONE) && !t.poll.has(PollFlags::AT_ONCE));
         let linger = self.core.shared.settings.poll_linger();
         self.core.shared.router.do_send(Logout {
             id: Arc::clone(&self.core.id),
@@ -646,8 +690,8 @@ impl Stream {
             // wait is already over).
             self.catch_up(ctx, resume, true);
             if let Some(tracking) = self.tracking.as_mut() {
-                tracking.poll.welcomed = true;
-                if tracking.poll.due {
+                tracking.poll.set(PollFlags::WELCOMED);
+                if tracking.poll.has(PollFlags::DUE) {
                     self.poll_end_soon(ctx);
                 }
             }
@@ -672,12 +716,27 @@ impl Stream {
     /// `ok`: the stream can still write (if not, the messages are counted
     /// dropped). Returns whether everything was written.
     fn catch_up(&mut self, ctx: &mut Context<Self>, resume: Resume, mut ok: bool) -> bool {
-        if let (Some(tracking), true) = (&mut self.tracking, self.transport == Transport::Poll) {
-            if resume.gap.is_some() && !tracking.poll.done {
-                tracking.poll.gap = true;
-                self.poll_end_soon(ctx);
+        if self.transport == Transport::Poll {
+            // A gap is told in the answer (`"gap": true`), which comes
+            // with the kept messages, or when the next one arrives: a
+            // gap with nothing kept does not answer at once (with no
+            // history at all it would, for every poll, and the client
+            // would spin). Kept messages past the answer's byte budget
+            // wait for the next poll (from the last one written).
+            if let Some(tracking) = self.tracking.as_mut()
+                && resume.gap.is_some()
+                && !tracking.poll.has(PollFlags::DONE)
+            {
+                tracking.poll.set(PollFlags::GAP);
             }
-        } else if let (true, Some(gap)) = (ok, resume.gap) {
+            for (event, msg) in resume.replay {
+                if !self.poll_message(ctx, &msg, Some(event), None) {
+                    break;
+                }
+            }
+            return ok;
+        }
+        if let (true, Some(gap)) = (ok, resume.gap) {
             let after = gap.after;
             ok = match gap.next {
                 Some(next) => self.emit(
@@ -744,8 +803,12 @@ impl Stream {
 /// A long-poll's answer.
 impl Stream {
     /// Writes one message into the answer (its start first, if this is
-    /// the first), and has the answer end on the next turn. Returns
-    /// whether it was written (one that was not is counted dropped).
+    /// the first), and has the answer end soon ([`Stream::poll_end_soon`]).
+    /// Returns whether it was written. A live message (`accepted`) that
+    /// was not is counted dropped; the client's next poll gets it from
+    /// history (or is told of a gap). A replay (`accepted` `None`) past
+    /// the answer's byte budget stops there, uncounted: the next poll
+    /// starts from the last one written.
     fn poll_message(
         &mut self,
         ctx: &mut Context<Self>,
@@ -756,19 +819,20 @@ impl Stream {
         let Some(tracking) = self.tracking.as_mut() else {
             return false;
         };
-        if tracking.poll.done {
-            // It came after the answer: the client's next poll gets it
-            // from history (or is told of a gap).
-            self.core.shared.stats.messages_dropped.fetch_add(1, Relaxed);
-            return false;
+        let refuse = |stream: &Stream| {
+            if accepted.is_some() {
+                stream.core.shared.stats.messages_dropped.fetch_add(1, Relaxed);
+            }
+            false
+        };
+        if tracking.poll.has(PollFlags::DONE) || tracking.poll.has(PollFlags::FULL) {
+            return refuse(self);
         }
-        if let Some(event) = event {
-            tracking.position = tracking.position.max(event);
-        }
-        let first = tracking.poll.messages == 0;
-        tracking.poll.messages += 1;
+        let first = !tracking.poll.has(PollFlags::STARTED);
+        let budget = self.core.shared.settings.max_pending_bytes / 2;
         let (framing, max) = (self.framing, self.core.shared.settings.max_pending_bytes);
         let (sink, stats, id) = (&mut self.sink, &self.core.shared.stats, &self.core.id);
+        let used = tracking.poll_bytes as usize;
         let written = LINE.with_borrow_mut(|buf| {
             buf.clear();
             if first {
@@ -785,24 +849,43 @@ impl Stream {
             // unwrap: a string always serializes.
             serde_json::to_writer(&mut *buf, msg).expect("a string serializes");
             buf.push(b'}');
-            sink.push_line(buf, framing, Counted::Message(accepted), max, stats)
+            // The first message always goes (its bytes are bounded by
+            // message.max_bytes, below the pending bound); later ones
+            // only within the budget, so that a large replay cannot make
+            // every answer too big to send, poll after poll.
+            if !first && used + buf.len() > budget {
+                return None;
+            }
+            Some((
+                buf.len(),
+                sink.push_line(buf, framing, Counted::Message(accepted), max, stats),
+            ))
         });
-        let ok = self.after_write(ctx, written);
-        if ok {
-            self.poll_end_soon(ctx);
-        } else {
-            self.core.shared.stats.messages_dropped.fetch_add(1, Relaxed);
+        let Some((len, written)) = written else {
+            tracking.poll.set(PollFlags::FULL);
+            return refuse(self);
+        };
+        tracking.poll_bytes = tracking.poll_bytes.saturating_add(len as u32);
+        tracking.poll.set(PollFlags::STARTED);
+        if written.is_err() {
+            self.after_write(ctx, written);
+            return refuse(self);
         }
-        ok
+        if let Some(event) = event {
+            tracking.position = tracking.position.max(event);
+        }
+        self.after_write(ctx, written);
+        self.poll_end_soon(ctx);
+        true
     }
 
     /// Has the answer end once the actor has handled what is in its
     /// mailbox now ([`EndPoll`]), so messages already there join it.
     fn poll_end_soon(&mut self, ctx: &mut Context<Self>) {
         if let Some(tracking) = self.tracking.as_mut()
-            && !tracking.poll.ending
+            && !tracking.poll.has(PollFlags::ENDING)
         {
-            tracking.poll.ending = true;
+            tracking.poll.set(PollFlags::ENDING);
             // Not a zero timer: the timer wheel's millisecond would be
             // most of a poll's latency on loopback.
             ctx.spawn(EndPoll);
@@ -811,22 +894,34 @@ impl Stream {
 
     /// Writes the answer's tail (and its start, if no message came) and
     /// ends the response; the stream stops once it is with the kernel.
-    fn poll_end(&mut self, ctx: &mut Context<Self>) {
+    /// Before the Router's Welcome a poll does not know where its id
+    /// stands: it waits for it (a `?wait` timer, or `?wait=0`), unless
+    /// `force` (its timeout: the Welcome has not come in
+    /// `stream.poll_timeout_ms`, a cluster bus down), when it answers
+    /// with nothing, from where it asked (`since`, or `null`).
+    fn poll_end(&mut self, ctx: &mut Context<Self>, force: bool) {
         let Some(tracking) = self.tracking.as_mut() else {
             ctx.stop();
             return;
         };
-        if tracking.poll.done {
+        if tracking.poll.has(PollFlags::DONE) {
             return;
         }
-        if !tracking.poll.welcomed {
-            // Its wait is over before the Router said where the id stands
-            // (`?wait=0`, or a slow Welcome in cluster mode).
-            tracking.poll.due = true;
+        let welcomed = tracking.poll.has(PollFlags::WELCOMED);
+        if !welcomed && !force {
+            tracking.poll.set(PollFlags::DUE);
             return;
         }
-        tracking.poll.done = true;
-        let (position, gap, empty) = (tracking.position, tracking.poll.gap, tracking.poll.messages == 0);
+        tracking.poll.set(PollFlags::DONE);
+        let position = if welcomed {
+            Some(tracking.position)
+        } else {
+            tracking.since
+        };
+        let (gap, empty) = (
+            tracking.poll.has(PollFlags::GAP),
+            !tracking.poll.has(PollFlags::STARTED),
+        );
         let (framing, max) = (self.framing, self.core.shared.settings.max_pending_bytes);
         let (sink, stats, id) = (&mut self.sink, &self.core.shared.stats, &self.core.id);
         let written = LINE.with_borrow_mut(|buf| {
@@ -834,7 +929,11 @@ impl Stream {
             if empty {
                 poll_start(buf, id);
             }
-            write!(buf, "],\"last_event_id\":{position},\"gap\":{gap}}}").expect("format into Vec");
+            match position {
+                Some(at) => write!(buf, "],\"last_event_id\":{at},\"gap\":{gap}}}"),
+                None => write!(buf, "],\"last_event_id\":null,\"gap\":{gap}}}"),
+            }
+            .expect("format into Vec");
             sink.push_line(buf, framing, Counted::Other, max, stats)
         });
         if !self.after_write(ctx, written) {
@@ -982,7 +1081,7 @@ impl ActorFuture<Stream> for EndPoll {
         ctx: &mut Context<Stream>,
         _: &mut task::Context<'_>,
     ) -> Poll<()> {
-        act.poll_end(ctx);
+        act.poll_end(ctx, false);
         Poll::Ready(())
     }
 }
@@ -1004,7 +1103,7 @@ impl ActorFuture<Stream> for Flush {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 act.flushing = false;
-                let answered = act.tracking.as_ref().is_some_and(|t| t.poll.done);
+                let answered = act.tracking.as_ref().is_some_and(|t| t.poll.has(PollFlags::DONE));
                 if result.is_err() || answered {
                     ctx.stop();
                 }

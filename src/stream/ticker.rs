@@ -17,8 +17,15 @@
 //!
 //! A stream that stops is not taken out at once: the wheel drops its address
 //! the next time it visits the slot and finds the actor gone.
+//!
+//! A second wheel per worker times long-polls out the same way
+//! ([`register_poll`]): a waiting poll would otherwise hold a timer of its
+//! own for `stream.poll_timeout_ms`, about 120 bytes more than an idle
+//! stream (measured by `scripts/longpoll-bench.py`). Its first tick is the
+//! poll's timeout; the poll ends with it, and the wheel forgets it.
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 use actix::{Message, WeakAddr};
@@ -63,6 +70,24 @@ impl Wheel {
 
 thread_local! {
     static WHEEL: RefCell<Option<Wheel>> = const { RefCell::new(None) };
+    static POLL_WHEEL: RefCell<Option<Wheel>> = const { RefCell::new(None) };
+}
+
+/// Which wheel of a worker: the streams' ticks, or the long-polls'
+/// timeouts (each has one period).
+#[derive(Clone, Copy)]
+enum Which {
+    Ticks,
+    PollTimeouts,
+}
+
+impl Which {
+    fn wheel(self) -> &'static LocalKey<RefCell<Option<Wheel>>> {
+        match self {
+            Which::Ticks => &WHEEL,
+            Which::PollTimeouts => &POLL_WHEEL,
+        }
+    }
 }
 
 /// The wheel's slot width and slot count for a tick period.
@@ -75,11 +100,23 @@ pub(super) fn geometry(period: Duration) -> (Duration, usize) {
 /// thread, inside its runtime; the first call there starts the wheel. (All
 /// streams of a worker belong to one server, so they share one period.)
 pub(super) fn register(addr: WeakAddr<Stream>, period: Duration) {
+    register_in(Which::Ticks, addr, period);
+}
+
+/// Sends `addr` a [`Tick`] `period` from now (up to one slot width early):
+/// a long-poll's timeout (`stream.poll_timeout_ms`, one period for the
+/// worker's polls). The poll ends with it; if it has not (it cannot
+/// have, but if), it gets another each period until it stops.
+pub(super) fn register_poll(addr: WeakAddr<Stream>, period: Duration) {
+    register_in(Which::PollTimeouts, addr, period);
+}
+
+fn register_in(which: Which, addr: WeakAddr<Stream>, period: Duration) {
     let now = Instant::now();
-    WHEEL.with_borrow_mut(|wheel| {
+    which.wheel().with_borrow_mut(|wheel| {
         let wheel = wheel.get_or_insert_with(|| {
             let (width, slots) = geometry(period);
-            actix_rt::spawn(turn());
+            actix_rt::spawn(turn(which));
             Wheel {
                 slots: (0..slots).map(|_| Vec::new()).collect(),
                 width,
@@ -102,9 +139,9 @@ pub(super) fn register(addr: WeakAddr<Stream>, period: Duration) {
 /// Sleeps until the next slot that holds streams is due, visits it, and so
 /// on until the worker has no streams left; the next stream starts a new
 /// wheel. A worker with few streams wakes only when one of them is due.
-async fn turn() {
+async fn turn(which: Which) {
     loop {
-        let Some((skip, due)) = WHEEL.with_borrow(|cell| {
+        let Some((skip, due)) = which.wheel().with_borrow(|cell| {
             cell.as_ref().map(|w| {
                 let skip = w.next_busy();
                 (skip, w.visited_at + w.width * skip as u32)
@@ -115,7 +152,7 @@ async fn turn() {
         // Streams that register meanwhile go to slots already past, so
         // `skip` stays right.
         tokio::time::sleep_until(due.into()).await;
-        let more = WHEEL.with_borrow_mut(|cell| {
+        let more = which.wheel().with_borrow_mut(|cell| {
             let Some(wheel) = cell else { return false };
             wheel.current = (wheel.current + skip) % wheel.slots.len();
             wheel.visited_at = due;
