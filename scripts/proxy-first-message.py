@@ -248,6 +248,10 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rounds, f, indent=1)
+    # The client must have shown every message it was sent.
+    short = [n + 1 for n, r in enumerate(rounds) if r["client"]["missing"] or not r["client"]["shown"]]
+    if short:
+        sys.exit(f"the client missed messages in round(s) {short}")
 
 
 if __name__ == "__main__":

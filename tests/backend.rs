@@ -461,7 +461,7 @@ fn the_subscribe_hook_decides_on_every_transport() {
     let r = request(
         srv.addr,
         "GET",
-        &format!("/test/allow-4?transport=poll&since=1&token={}", token("allow-4")),
+        &format!("/test/allow-4?transport=poll&wait=0&token={}", token("allow-4")),
         &[],
         b"",
     )

@@ -462,6 +462,74 @@ fn node_receives_every_message_in_order_over_websocket() {
     every_message_in_order("websocket", &["--experimental-websocket", "--no-warnings"]);
 }
 
+/// In Node, behind the buffering nginx: the client's defaults (SSE read
+/// from `fetch`, then long-poll) see no welcome, fall back to long-poll,
+/// and get every message in order, those published while they waited for
+/// the welcome first (the client anchored on where the id stood). Straight
+/// to switchboard, the same client stays on SSE.
+#[test]
+fn node_falls_back_to_long_poll_behind_a_buffering_proxy_and_stays_on_sse_without_it() {
+    let srv = Server::start(&[]);
+    let nginx = Nginx::start(srv.addr);
+    let options = json!({ "fallbackAfterMs": 1500 });
+    let proxied = format!("http://127.0.0.1:{}", nginx.port);
+    let mut behind = Node::start(
+        "subscribe.mjs",
+        json!({ "base": proxied, "id": "node-proxied", "options": options }),
+    );
+    let mut direct = Node::start(
+        "subscribe.mjs",
+        json!({ "base": srv.url(), "id": "node-direct", "options": options }),
+    );
+    behind.wait(Duration::from_secs(15), "connecting over SSE", |seen| {
+        seen.iter()
+            .any(|v| is_state(v, "connecting") && v["transport"] == "sse")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let mut sent = vec![("early".to_owned(), srv.send("node-proxied", "early"))];
+    behind.wait(Duration::from_secs(15), "open on long-poll", |seen| {
+        seen.iter()
+            .any(|v| is_state(v, "open") && v["transport"] == "poll")
+    });
+    direct.wait(Duration::from_secs(15), "open on SSE", |seen| {
+        seen.iter().any(|v| is_state(v, "open"))
+    });
+    let mut direct_sent = Vec::new();
+    for n in 1..=20 {
+        let msg = tricky(n);
+        sent.push((msg.clone(), srv.send("node-proxied", &msg)));
+        direct_sent.push((msg.clone(), srv.send("node-direct", &msg)));
+    }
+    behind.wait(Duration::from_secs(20), "21 messages behind the proxy", |seen| {
+        count(seen, "message") >= sent.len()
+    });
+    direct.wait(Duration::from_secs(20), "20 messages straight", |seen| {
+        count(seen, "message") >= direct_sent.len()
+    });
+    assert_eq!(
+        received(&behind.of("message")),
+        sent,
+        "behind the proxy: every message once, in order"
+    );
+    assert!(behind.of("message").iter().all(|m| m["transport"] == "poll"));
+    assert!(behind.of("gap").is_empty(), "{:?}", behind.of("gap"));
+    assert!(
+        !behind
+            .seen
+            .iter()
+            .any(|v| is_state(v, "open") && v["transport"] == "sse"),
+        "the proxy let a welcome through: {:?}",
+        behind.of("state")
+    );
+    assert_eq!(received(&direct.of("message")), direct_sent);
+    assert!(direct.of("message").iter().all(|m| m["transport"] == "sse"));
+    assert!(
+        !direct.seen.iter().any(|v| v["transport"] == "poll"),
+        "fell back without a proxy: {:?}",
+        direct.of("state")
+    );
+}
+
 /// The server crashes after m1..m3 and starts again on the same port. The
 /// client reconnects, resumes with m3's id, and the new process, whose
 /// history starts after it, says so: one gap, after m3 (a long-poll with
