@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import resource
 import shutil
 import socket
@@ -45,6 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWITCHBOARD = os.path.join(ROOT, "target", "release", "switchboard")
 NCHAN_MODULE = "/usr/lib/nginx/modules/ngx_nchan_module.so"
 sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+from nginx import start_nginx  # noqa: E402
 from serve import start_switchboard  # noqa: E402
 
 CLIENT_IPS = [f"127.0.0.{i}" for i in range(2, 12)]
@@ -83,37 +83,8 @@ class Server:
             self.proc, self.port, self.admin = start_switchboard(
                 SWITCHBOARD, env, stderr=open(os.path.join(self.dir, "log"), "w"), stdout=subprocess.DEVNULL)
         else:
-            self.proc, self.port = self.start_nginx(poll_timeout_ms)
+            self.proc, self.port = start_nginx(self.dir, lambda port: nchan_conf(self.dir, port, poll_timeout_ms))
             self.admin = None
-
-    def start_nginx(self, poll_timeout_ms):
-        """nginx cannot report a port it picked: a free one is tried, and
-        another if something took it first (its error log says so)."""
-        for _ in range(5):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            conf = os.path.join(self.dir, "nginx.conf")
-            with open(conf, "w") as f:
-                f.write(nchan_conf(self.dir, port, poll_timeout_ms))
-            proc = subprocess.Popen(["nginx", "-p", self.dir, "-c", conf], stdout=subprocess.DEVNULL,
-                                    stderr=open(os.path.join(self.dir, "stderr"), "w"))
-            deadline = time.time() + 10
-            while time.time() < deadline:
-                if proc.poll() is not None:
-                    break
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    return proc, port
-                except OSError:
-                    time.sleep(0.1)
-            proc.kill()
-            proc.wait()
-            log = open(os.path.join(self.dir, "error.log")).read() if os.path.exists(
-                os.path.join(self.dir, "error.log")) else ""
-            if "Address already in use" not in log:
-                raise SystemExit(f"nginx did not start: {log[-500:]}")
-        raise SystemExit("nginx: no free port in 5 tries")
 
     def sub_path(self, i):
         return f"/test/p{i}?transport=poll" if self.kind == "switchboard" else f"/sub/p{i}"

@@ -30,19 +30,17 @@ Needs a release build, nginx and Debian's chromium.
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWITCHBOARD = os.path.join(ROOT, "target", "release", "switchboard")
 CLIENT = os.path.join(ROOT, "clients", "js", "index.js")
 CHROMIUM = "/usr/bin/chromium"
 sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+from nginx import start_nginx  # noqa: E402
 from serve import start_switchboard  # noqa: E402
 
 NGINX_CONF = """worker_processes 1;
@@ -154,33 +152,6 @@ class Collector:
         self.server.server_close()
 
 
-def start_nginx(d, upstream, collector):
-    """nginx cannot report a port it picked: a free one is tried, and
-    another if something took it first."""
-    for _ in range(5):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        conf = os.path.join(d, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(d=d, port=port, upstream=upstream, collector=collector))
-        proc = subprocess.Popen(["nginx", "-p", d, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return proc, port
-            except OSError:
-                time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        log = open(os.path.join(d, "error.log")).read() if os.path.exists(os.path.join(d, "error.log")) else ""
-        if "Address already in use" not in log:
-            raise SystemExit(f"nginx did not start: {log[-500:]}")
-    raise SystemExit("nginx: no free port in 5 tries")
-
-
 def one_round(n, args, work):
     d = tempfile.mkdtemp(prefix=f"first-message-{n}-", dir=work)
     os.makedirs(os.path.join(d, "www"))
@@ -195,7 +166,8 @@ def one_round(n, args, work):
     nginx = chromium = None
     collector = Collector()
     try:
-        nginx, proxy = start_nginx(d, port, collector.port)
+        nginx, proxy = start_nginx(
+            d, lambda listen: NGINX_CONF.format(d=d, port=listen, upstream=port, collector=collector.port))
         profile = os.path.join(d, "profile")
         chromium = subprocess.Popen(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
