@@ -6,7 +6,7 @@ export type TransportName = 'sse' | 'poll' | 'websocket';
 /**
  * - `connecting`: an attempt is under way (each attempt reports it once).
  * - `open`: events flow (SSE and WebSocket: the server's welcome arrived;
- *   long-poll: a poll is waiting at the server).
+ *   long-poll: once a poll is sent).
  * - `reconnecting`: the attempt failed or the stream ended; the next
  *   attempt comes after `delayMs`.
  * - `closed`: for good: `close()` was called, or the server refused in a
@@ -149,7 +149,7 @@ export interface ConnectOptions {
   lastEventId?: string | number | null;
   /** Learn the status of an EventSource or WebSocket failure with one fetch. Default true. */
   probe?: boolean;
-  /** EventSource's withCredentials (cookies on a cross-origin stream). Default false. */
+  /** EventSource's withCredentials. switchboard sends no Access-Control-Allow-Credentials yet: use a token. Default false. */
   withCredentials?: boolean;
   /** The fetch to use (default: the global one). */
   fetch?: typeof fetch;
