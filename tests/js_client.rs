@@ -41,7 +41,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -165,43 +164,28 @@ impl Server {
         }
     }
 
-    /// Starts it on `port` (0: any) and reads its address file; its log
-    /// if it exited first.
+    /// Starts it on `port` (0: any) and reads its addresses from its
+    /// "switchboard listening" log line; its log if it exited first.
     fn try_start(port: u16, env: &[(&str, &str)]) -> Result<Server, String> {
-        static STARTED: AtomicUsize = AtomicUsize::new(0);
-        let n = STARTED.fetch_add(1, Ordering::Relaxed);
-        let file = scratch(&format!("server-{n}")).join("addresses");
         let mut cmd = Command::new(BIN);
         cmd.env("SWITCHBOARD__SERVER__PORT", port.to_string())
-            .env("SWITCHBOARD__SERVER__ADDRESS_FILE", &file)
             .env("SWITCHBOARD__SERVER__WORKERS", "2");
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut proc = Proc::spawn(cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
-        let text = loop {
-            if let Ok(text) = std::fs::read_to_string(&file) {
-                break text;
-            }
+        while proc.log_fields("switchboard listening").is_empty() {
             if !proc.child_alive() {
                 std::thread::sleep(Duration::from_millis(100));
                 return Err(proc.log_text());
             }
-            assert!(Instant::now() < deadline, "no address file:\n{}", proc.log_text());
+            assert!(Instant::now() < deadline, "not listening:\n{}", proc.log_text());
             std::thread::sleep(Duration::from_millis(10));
-        };
-        let named = |kind: &str| -> SocketAddr {
-            text.lines()
-                .find_map(|l| l.strip_prefix(kind))
-                .unwrap_or_else(|| panic!("no {kind:?} in the address file: {text}"))
-                .trim()
-                .parse()
-                .unwrap()
-        };
+        }
         Ok(Server {
-            addr: named("public "),
-            admin: named("admin "),
+            addr: proc.wait_listening()[0],
+            admin: proc.wait_admin(),
             proc,
         })
     }

@@ -390,14 +390,6 @@ class Subscription {
           this._call('onMessage', { data: m.data, eventId, seq: null, raw: m.data, transport: 'poll' });
         }
         if (answer.last_event_id != null) this._lastEventId = String(answer.last_event_id);
-        if (answer.gap && messages.length === 0 && this._lastEventId === since) {
-          // A gap answered at once that moved nothing on (the server's
-          // history starts after `since` and has nothing yet): polling on
-          // from the same point would be answered at once again. Wait a
-          // little (jittered) instead of spinning; what is published
-          // meanwhile is kept and comes with the next answer.
-          await sleep((0.5 + Math.random() / 2) * this._o.retryBaseMs, ac.signal);
-        }
       }
     })().catch((error) => sink.fail({ error }));
     return { close: () => ac.abort() };
@@ -689,17 +681,6 @@ class SseParser {
     else if (field === 'event') this._event = value;
     else if (field === 'id' && !value.includes('\0')) this._id = value;
   }
-}
-
-/** Resolves after `ms`, or at once when `signal` aborts. */
-function sleep(ms, signal) {
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener('abort', () => {
-      clearTimeout(timer);
-      resolve();
-    }, { once: true });
-  });
 }
 
 /** The status, Retry-After and body of a refusal. */
